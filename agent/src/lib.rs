@@ -1,0 +1,5 @@
+//! roce-agent's user side: configuration, loading and attaching the kernel programs,
+//! collecting their maps, and exporting what they saw.
+
+/// The kernel object built from `ebpf/` by the build script.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce-ebpf"));

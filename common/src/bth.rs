@@ -1,0 +1,299 @@
+//! InfiniBand Base Transport Header and the extension headers that follow it.
+
+pub const BTH_LEN: usize = 12;
+pub const RETH_LEN: usize = 16;
+pub const AETH_LEN: usize = 4;
+pub const DETH_LEN: usize = 8;
+pub const IMMDT_LEN: usize = 4;
+pub const IETH_LEN: usize = 4;
+pub const ATOMIC_ETH_LEN: usize = 28;
+pub const ATOMIC_ACK_ETH_LEN: usize = 8;
+pub const XRCETH_LEN: usize = 4;
+pub const ICRC_LEN: usize = 4;
+
+/// Transport bits (opcode 7:5).
+pub const TRANSPORT_RC: u8 = 0x00;
+pub const TRANSPORT_UC: u8 = 0x20;
+pub const TRANSPORT_RD: u8 = 0x40;
+pub const TRANSPORT_UD: u8 = 0x60;
+pub const TRANSPORT_CNP: u8 = 0x80;
+pub const TRANSPORT_XRC: u8 = 0xA0;
+
+/// Operation codes (low five bits), shared by RC, UC and XRC where they apply.
+pub mod op {
+    pub const SEND_FIRST: u8 = 0x00;
+    pub const SEND_MIDDLE: u8 = 0x01;
+    pub const SEND_LAST: u8 = 0x02;
+    pub const SEND_LAST_IMM: u8 = 0x03;
+    pub const SEND_ONLY: u8 = 0x04;
+    pub const SEND_ONLY_IMM: u8 = 0x05;
+    pub const WRITE_FIRST: u8 = 0x06;
+    pub const WRITE_MIDDLE: u8 = 0x07;
+    pub const WRITE_LAST: u8 = 0x08;
+    pub const WRITE_LAST_IMM: u8 = 0x09;
+    pub const WRITE_ONLY: u8 = 0x0A;
+    pub const WRITE_ONLY_IMM: u8 = 0x0B;
+    pub const READ_REQUEST: u8 = 0x0C;
+    pub const READ_RESPONSE_FIRST: u8 = 0x0D;
+    pub const READ_RESPONSE_MIDDLE: u8 = 0x0E;
+    pub const READ_RESPONSE_LAST: u8 = 0x0F;
+    pub const READ_RESPONSE_ONLY: u8 = 0x10;
+    pub const ACKNOWLEDGE: u8 = 0x11;
+    pub const ATOMIC_ACKNOWLEDGE: u8 = 0x12;
+    pub const COMPARE_SWAP: u8 = 0x13;
+    pub const FETCH_ADD: u8 = 0x14;
+    pub const SEND_LAST_INV: u8 = 0x16;
+    pub const SEND_ONLY_INV: u8 = 0x17;
+}
+
+/// The CNP opcode of RoCEv2 (Annex A17); 0x80 is accepted too, as some NICs send it.
+pub const OPCODE_CNP: u8 = 0x81;
+
+/// Fields of a parsed BTH, in host order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bth {
+    pub opcode: u8,
+    /// Byte 1: SE, M, PadCnt, TVer.
+    pub flags: u8,
+    pub pkey: u16,
+    pub fecn: bool,
+    pub becn: bool,
+    pub dest_qp: u32,
+    pub ack_req: bool,
+    pub psn: u32,
+}
+
+impl Bth {
+    /// Parses a BTH from its three big-endian words.
+    #[inline(always)]
+    pub fn from_words(w0: u32, w1: u32, w2: u32) -> Self {
+        Bth {
+            opcode: (w0 >> 24) as u8,
+            flags: (w0 >> 16) as u8,
+            pkey: w0 as u16,
+            fecn: w1 & 0x8000_0000 != 0,
+            becn: w1 & 0x4000_0000 != 0,
+            dest_qp: w1 & 0x00FF_FFFF,
+            ack_req: w2 & 0x8000_0000 != 0,
+            psn: w2 & 0x00FF_FFFF,
+        }
+    }
+
+    #[inline(always)]
+    pub fn pad_count(&self) -> u8 {
+        (self.flags >> 4) & 0x3
+    }
+
+    #[inline(always)]
+    pub fn transport(&self) -> u8 {
+        self.opcode & 0xE0
+    }
+
+    #[inline(always)]
+    pub fn is_cnp(&self) -> bool {
+        is_cnp(self.opcode)
+    }
+}
+
+#[inline(always)]
+pub fn is_cnp(opcode: u8) -> bool {
+    opcode == OPCODE_CNP || opcode == 0x80
+}
+
+/// True for opcodes whose BTH is followed (after any XRCETH) by an AETH.
+#[inline(always)]
+pub fn has_aeth(opcode: u8) -> bool {
+    let t = opcode & 0xE0;
+    if t != TRANSPORT_RC && t != TRANSPORT_XRC {
+        return false;
+    }
+    matches!(
+        opcode & 0x1F,
+        op::READ_RESPONSE_FIRST
+            | op::READ_RESPONSE_LAST
+            | op::READ_RESPONSE_ONLY
+            | op::ACKNOWLEDGE
+            | op::ATOMIC_ACKNOWLEDGE
+    )
+}
+
+/// True for the ACKNOWLEDGE opcode (RC 0x11, XRC 0xB1): the packets counted as ACK/NAK.
+#[inline(always)]
+pub fn is_acknowledge(opcode: u8) -> bool {
+    opcode == op::ACKNOWLEDGE || opcode == TRANSPORT_XRC | op::ACKNOWLEDGE
+}
+
+/// True for RC and XRC request opcodes: the packets whose PSNs are tracked for gaps.
+#[inline(always)]
+pub fn is_tracked_request(opcode: u8) -> bool {
+    let t = opcode & 0xE0;
+    if t != TRANSPORT_RC && t != TRANSPORT_XRC {
+        return false;
+    }
+    let o = opcode & 0x1F;
+    o <= op::READ_REQUEST
+        || o == op::COMPARE_SWAP
+        || o == op::FETCH_ADD
+        || o == op::SEND_LAST_INV
+        || o == op::SEND_ONLY_INV
+}
+
+/// True for FIRST and MIDDLE packets of a multi-packet message, whose payload is one path MTU.
+#[inline(always)]
+pub fn is_first_or_middle(opcode: u8) -> bool {
+    let t = opcode & 0xE0;
+    if t != TRANSPORT_RC && t != TRANSPORT_XRC && t != TRANSPORT_UC {
+        return false;
+    }
+    matches!(
+        opcode & 0x1F,
+        op::SEND_FIRST | op::SEND_MIDDLE | op::WRITE_FIRST | op::WRITE_MIDDLE
+    )
+}
+
+/// Bytes of extension headers between the BTH and the payload, for the opcodes we
+/// need payload sizes of (requests and responses of RC/UC/XRC/UD). CNPs: 16 reserved.
+#[inline(always)]
+pub fn ext_headers_len(opcode: u8) -> usize {
+    let t = opcode & 0xE0;
+    if t == TRANSPORT_CNP {
+        return 16;
+    }
+    // XRC requests carry an XRCETH; XRC responses do not.
+    let xrc = if t == TRANSPORT_XRC && is_tracked_request(opcode) {
+        XRCETH_LEN
+    } else {
+        0
+    };
+    let deth = if t == TRANSPORT_UD { DETH_LEN } else { 0 };
+    let o = opcode & 0x1F;
+    let ext = match o {
+        op::SEND_LAST_IMM | op::SEND_ONLY_IMM | op::WRITE_LAST_IMM => IMMDT_LEN,
+        op::WRITE_FIRST | op::WRITE_ONLY | op::READ_REQUEST => RETH_LEN,
+        op::WRITE_ONLY_IMM => RETH_LEN + IMMDT_LEN,
+        op::READ_RESPONSE_FIRST
+        | op::READ_RESPONSE_LAST
+        | op::READ_RESPONSE_ONLY
+        | op::ACKNOWLEDGE => AETH_LEN,
+        op::ATOMIC_ACKNOWLEDGE => AETH_LEN + ATOMIC_ACK_ETH_LEN,
+        op::COMPARE_SWAP | op::FETCH_ADD => ATOMIC_ETH_LEN,
+        op::SEND_LAST_INV | op::SEND_ONLY_INV => IETH_LEN,
+        _ => 0,
+    };
+    xrc + deth + ext
+}
+
+/// True when a RETH follows the BTH (and XRCETH) directly.
+#[inline(always)]
+pub fn has_reth(opcode: u8) -> bool {
+    let t = opcode & 0xE0;
+    if t != TRANSPORT_RC && t != TRANSPORT_XRC && t != TRANSPORT_UC {
+        return false;
+    }
+    matches!(
+        opcode & 0x1F,
+        op::WRITE_FIRST | op::WRITE_ONLY | op::WRITE_ONLY_IMM | op::READ_REQUEST
+    )
+}
+
+/// Class of an AETH syndrome (bits 7:5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyndromeClass {
+    Ack,
+    RnrNak,
+    Nak,
+    Reserved,
+}
+
+#[inline(always)]
+pub fn syndrome_class(syndrome: u8) -> SyndromeClass {
+    match syndrome >> 5 {
+        0b000 => SyndromeClass::Ack,
+        0b001 => SyndromeClass::RnrNak,
+        0b011 => SyndromeClass::Nak,
+        _ => SyndromeClass::Reserved,
+    }
+}
+
+/// A short name for an opcode, for tables and logs.
+pub fn opcode_name(opcode: u8) -> &'static str {
+    if is_cnp(opcode) {
+        return "CNP";
+    }
+    match opcode & 0x1F {
+        op::SEND_FIRST => "SEND_FIRST",
+        op::SEND_MIDDLE => "SEND_MIDDLE",
+        op::SEND_LAST => "SEND_LAST",
+        op::SEND_LAST_IMM => "SEND_LAST_IMM",
+        op::SEND_ONLY => "SEND_ONLY",
+        op::SEND_ONLY_IMM => "SEND_ONLY_IMM",
+        op::WRITE_FIRST => "WRITE_FIRST",
+        op::WRITE_MIDDLE => "WRITE_MIDDLE",
+        op::WRITE_LAST => "WRITE_LAST",
+        op::WRITE_LAST_IMM => "WRITE_LAST_IMM",
+        op::WRITE_ONLY => "WRITE_ONLY",
+        op::WRITE_ONLY_IMM => "WRITE_ONLY_IMM",
+        op::READ_REQUEST => "READ_REQUEST",
+        op::READ_RESPONSE_FIRST => "READ_RESPONSE_FIRST",
+        op::READ_RESPONSE_MIDDLE => "READ_RESPONSE_MIDDLE",
+        op::READ_RESPONSE_LAST => "READ_RESPONSE_LAST",
+        op::READ_RESPONSE_ONLY => "READ_RESPONSE_ONLY",
+        op::ACKNOWLEDGE => "ACKNOWLEDGE",
+        op::ATOMIC_ACKNOWLEDGE => "ATOMIC_ACKNOWLEDGE",
+        op::COMPARE_SWAP => "COMPARE_SWAP",
+        op::FETCH_ADD => "FETCH_ADD",
+        op::SEND_LAST_INV => "SEND_LAST_INV",
+        op::SEND_ONLY_INV => "SEND_ONLY_INV",
+        _ => "RESERVED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_bth_words() {
+        let b = Bth::from_words(0x0A40_FFFF, 0x4000_1234, 0x8000_0102);
+        assert_eq!(b.opcode, 0x0A);
+        assert_eq!(b.pad_count(), 0);
+        assert_eq!(b.flags, 0x40);
+        assert_eq!(b.pkey, 0xFFFF);
+        assert!(!b.fecn && b.becn);
+        assert_eq!(b.dest_qp, 0x1234);
+        assert!(b.ack_req);
+        assert_eq!(b.psn, 0x102);
+    }
+
+    #[test]
+    fn syndrome_classes_follow_bits_7_to_5() {
+        assert_eq!(syndrome_class(0x1F), SyndromeClass::Ack);
+        assert_eq!(syndrome_class(0x20), SyndromeClass::RnrNak);
+        assert_eq!(syndrome_class(0x60), SyndromeClass::Nak);
+        assert_eq!(syndrome_class(0x63), SyndromeClass::Nak);
+        assert_eq!(syndrome_class(0x40), SyndromeClass::Reserved);
+    }
+
+    #[test]
+    fn request_opcodes_are_rc_and_xrc_only() {
+        assert!(is_tracked_request(0x04));
+        assert!(is_tracked_request(0x0C));
+        assert!(is_tracked_request(0x14));
+        assert!(is_tracked_request(0xA4));
+        assert!(!is_tracked_request(0x24)); // UC
+        assert!(!is_tracked_request(0x64)); // UD
+        assert!(!is_tracked_request(0x11)); // ACK
+        assert!(!is_tracked_request(0x10)); // READ response
+        assert!(!is_tracked_request(0x81)); // CNP
+    }
+
+    #[test]
+    fn aeth_follows_responses_and_acks() {
+        for o in [0x0D, 0x0F, 0x10, 0x11, 0x12, 0xB1] {
+            assert!(has_aeth(o), "{o:#x}");
+        }
+        for o in [0x0E, 0x04, 0x31, 0x81] {
+            assert!(!has_aeth(o), "{o:#x}");
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! The classifier: Ethernet [+VLAN] / IPv4|IPv6 / UDP / (BTH | VXLAN / Ethernet / IP / UDP / BTH).
+//!
+//! A pure function over any [`Packet`]; the XDP program and the reference
+//! classifier both call [`classify`], so they agree by construction.
+
+use crate::bth::{self, Bth, BTH_LEN, XRCETH_LEN};
+use crate::config::RuntimeConfig;
+use crate::counters::{Class, Reason};
+use crate::flow::{addr_v4_mapped, FlowKey, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
+use crate::packet::Packet;
+use crate::wire::*;
+
+/// A RoCEv2 packet parsed as far as its BTH (and the AETH/RETH that counting needs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Parsed {
+    /// `Class::Roce` or `Class::RoceInVxlan`.
+    pub tunnelled: bool,
+    /// Flow key without ifindex and direction (the caller knows those).
+    pub key: FlowKey,
+    /// Outer IPv4 TOS / IPv6 traffic class.
+    pub outer_tos: u8,
+    /// Inner TOS / traffic class (0 when not tunnelled).
+    pub inner_tos: u8,
+    /// UDP source port of the RoCE datagram (the inner one when tunnelled).
+    pub sport: u16,
+    /// UDP length of the RoCE datagram.
+    pub udp_len: u16,
+    pub bth: Bth,
+    /// AETH syndrome, when the opcode carries one and it was present.
+    pub syndrome: Option<u8>,
+    /// RETH DMA length of a READ request.
+    pub read_len: u32,
+    /// An AETH or RETH that counting needs was cut off.
+    pub ext_truncated: bool,
+}
+
+impl Parsed {
+    pub fn class(&self) -> Class {
+        if self.tunnelled {
+            Class::RoceInVxlan
+        } else {
+            Class::Roce
+        }
+    }
+
+    /// Payload bytes of the RoCE packet (after extension headers, before pad and ICRC).
+    pub fn payload_len(&self) -> u32 {
+        let overhead = (UDP_HLEN + BTH_LEN + bth::ext_headers_len(self.bth.opcode) + bth::ICRC_LEN)
+            as u32
+            + self.bth.pad_count() as u32;
+        (self.udp_len as u32).saturating_sub(overhead)
+    }
+}
+
+/// What the classifier made of one frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// RoCEv2, plain or in VXLAN: counts on a flow.
+    Flow(Parsed),
+    /// Parsed, but not RoCE: counts only in its class.
+    Other(Class),
+    /// Could not be parsed as far as the BTH: counts under its reason, creates no flow.
+    Malformed(Reason),
+}
+
+/// The IP layer of one header chain.
+struct Ip {
+    proto: u8,
+    l4: usize,
+    tos: u8,
+    v6: bool,
+    src: [u32; 4],
+    dst: [u32; 4],
+}
+
+enum IpStep {
+    Ip(Ip),
+    NotIp,
+    Bad(Reason),
+}
+
+/// Reasons of the outer or the inner header chain.
+struct Reasons {
+    ipv4: Reason,
+    ihl: Reason,
+    frag4: Reason,
+    ipv6: Reason,
+    ext: Reason,
+    too_many_ext: Reason,
+    frag6: Reason,
+    bth: Reason,
+}
+
+const OUTER: Reasons = Reasons {
+    ipv4: Reason::TruncatedIpv4,
+    ihl: Reason::BadIpv4Ihl,
+    frag4: Reason::Ipv4Fragment,
+    ipv6: Reason::TruncatedIpv6,
+    ext: Reason::TruncatedIpv6Ext,
+    too_many_ext: Reason::TooManyIpv6Ext,
+    frag6: Reason::Ipv6Fragment,
+    bth: Reason::TruncatedBth,
+};
+
+const INNER: Reasons = Reasons {
+    ipv4: Reason::TruncatedInnerIpv4,
+    ihl: Reason::BadInnerIpv4Ihl,
+    frag4: Reason::InnerIpv4Fragment,
+    ipv6: Reason::TruncatedInnerIpv6,
+    ext: Reason::TruncatedInnerIpv6Ext,
+    too_many_ext: Reason::TooManyInnerIpv6Ext,
+    frag6: Reason::InnerIpv6Fragment,
+    bth: Reason::TruncatedInnerBth,
+};
+
+/// Classifies one frame (starting at its Ethernet header).
+#[inline(always)]
+pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
+    let mut ethertype = match p.be16_at(12) {
+        Some(t) => t,
+        None => return Outcome::Malformed(Reason::TruncatedEth),
+    };
+    let mut off = ETH_HLEN;
+    for _ in 0..MAX_VLAN_TAGS {
+        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
+            break;
+        }
+        ethertype = match p.be16_at(off + 2) {
+            Some(t) => t,
+            None => return Outcome::Malformed(Reason::TruncatedVlan),
+        };
+        off += VLAN_HLEN;
+    }
+    if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
+        return Outcome::Malformed(Reason::TooManyVlanTags);
+    }
+    let outer = match parse_ip(p, off, ethertype, &OUTER) {
+        IpStep::Ip(ip) => ip,
+        IpStep::NotIp => return Outcome::Other(Class::NonIp),
+        IpStep::Bad(r) => return Outcome::Malformed(r),
+    };
+    if outer.proto != IPPROTO_UDP {
+        return Outcome::Other(Class::OtherIp);
+    }
+    let Some(dport) = p.be16_at(outer.l4 + 2) else {
+        return Outcome::Malformed(Reason::TruncatedUdp);
+    };
+    // Read the rest of the UDP header (source port and length) in one checked step.
+    let Some(udp_len) = p.be16_at(outer.l4 + 4) else {
+        return Outcome::Malformed(Reason::TruncatedUdp);
+    };
+    if p.be16_at(outer.l4 + 6).is_none() {
+        return Outcome::Malformed(Reason::TruncatedUdp);
+    }
+    let sport = p.be16_at(outer.l4).unwrap_or(0);
+
+    let mut key = FlowKey::default();
+    key.src = outer.src;
+    key.dst = outer.dst;
+    if outer.v6 {
+        key.flags |= KEY_OUTER_V6;
+    }
+
+    if dport == cfg.roce_port {
+        return match parse_roce(p, outer.l4 + UDP_HLEN, &OUTER) {
+            Ok(mut parsed) => {
+                parsed.key = key;
+                parsed.outer_tos = outer.tos;
+                parsed.sport = sport;
+                parsed.udp_len = udp_len;
+                Outcome::Flow(parsed)
+            }
+            Err(r) => Outcome::Malformed(r),
+        };
+    }
+    if dport != cfg.vxlan_port {
+        return Outcome::Other(Class::OtherUdp);
+    }
+
+    // VXLAN (RFC 7348): flags, 3 reserved, VNI, 1 reserved.
+    let vx = outer.l4 + UDP_HLEN;
+    let (Some(vx_flags), Some(vni_word)) = (p.u8_at(vx), p.be32_at(vx + 4)) else {
+        return Outcome::Malformed(Reason::TruncatedVxlan);
+    };
+    if vx_flags & VXLAN_FLAG_I == 0 {
+        // The Linux VXLAN driver drops these too.
+        return Outcome::Malformed(Reason::BadVxlanFlags);
+    }
+    let inner_eth = vx + VXLAN_HLEN;
+    let Some(inner_type) = p.be16_at(inner_eth + 12) else {
+        return Outcome::Malformed(Reason::TruncatedInnerEth);
+    };
+    let inner = match parse_ip(p, inner_eth + ETH_HLEN, inner_type, &INNER) {
+        IpStep::Ip(ip) => ip,
+        IpStep::NotIp => return Outcome::Other(Class::VxlanOther),
+        IpStep::Bad(r) => return Outcome::Malformed(r),
+    };
+    if inner.proto != IPPROTO_UDP {
+        return Outcome::Other(Class::VxlanOther);
+    }
+    let (Some(inner_sport), Some(inner_dport), Some(inner_udp_len), Some(_)) = (
+        p.be16_at(inner.l4),
+        p.be16_at(inner.l4 + 2),
+        p.be16_at(inner.l4 + 4),
+        p.be16_at(inner.l4 + 6),
+    ) else {
+        return Outcome::Malformed(Reason::TruncatedInnerUdp);
+    };
+    if inner_dport != cfg.roce_port {
+        return Outcome::Other(Class::VxlanOther);
+    }
+    match parse_roce(p, inner.l4 + UDP_HLEN, &INNER) {
+        Ok(mut parsed) => {
+            key.vni = vni_word >> 8;
+            key.inner_src = inner.src;
+            key.inner_dst = inner.dst;
+            key.flags |= KEY_TUNNELLED;
+            if inner.v6 {
+                key.flags |= KEY_INNER_V6;
+            }
+            parsed.tunnelled = true;
+            parsed.key = key;
+            parsed.outer_tos = outer.tos;
+            parsed.inner_tos = inner.tos;
+            parsed.sport = inner_sport;
+            parsed.udp_len = inner_udp_len;
+            Outcome::Flow(parsed)
+        }
+        Err(r) => Outcome::Malformed(r),
+    }
+}
+
+#[inline(always)]
+fn parse_ip<P: Packet>(p: &P, off: usize, ethertype: u16, r: &Reasons) -> IpStep {
+    if ethertype == ETH_P_IPV4 {
+        parse_ipv4(p, off, r)
+    } else if ethertype == ETH_P_IPV6 {
+        parse_ipv6(p, off, r)
+    } else {
+        IpStep::NotIp
+    }
+}
+
+#[inline(always)]
+fn parse_ipv4<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
+    let Some(ver_ihl) = p.u8_at(off) else {
+        return IpStep::Bad(r.ipv4);
+    };
+    if ver_ihl >> 4 != 4 {
+        return IpStep::Bad(Reason::BadIpVersion);
+    }
+    let hlen = ((ver_ihl & 0x0F) as usize) * 4;
+    if hlen < IPV4_MIN_HLEN {
+        return IpStep::Bad(r.ihl);
+    }
+    // The whole header, options included, must be there.
+    if p.u8_at(off + hlen - 1).is_none() {
+        return IpStep::Bad(r.ipv4);
+    }
+    let (Some(tos), Some(frag), Some(proto), Some(src), Some(dst)) = (
+        p.u8_at(off + 1),
+        p.be16_at(off + 6),
+        p.u8_at(off + 9),
+        p.raw32_at(off + 12),
+        p.raw32_at(off + 16),
+    ) else {
+        return IpStep::Bad(r.ipv4);
+    };
+    if frag & 0x1FFF != 0 {
+        return IpStep::Bad(r.frag4);
+    }
+    IpStep::Ip(Ip {
+        proto,
+        l4: off + hlen,
+        tos,
+        v6: false,
+        src: addr_v4_mapped(src),
+        dst: addr_v4_mapped(dst),
+    })
+}
+
+#[inline(always)]
+fn parse_ipv6<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
+    let (Some(w0), Some(next), Some(src), Some(dst)) = (
+        p.be32_at(off),
+        p.u8_at(off + 6),
+        p.addr6_at(off + 8),
+        p.addr6_at(off + 24),
+    ) else {
+        return IpStep::Bad(r.ipv6);
+    };
+    if w0 >> 28 != 6 {
+        return IpStep::Bad(Reason::BadIpVersion);
+    }
+    let tos = (w0 >> 20) as u8;
+    let mut proto = next;
+    let mut l4 = off + IPV6_HLEN;
+    for _ in 0..MAX_IPV6_EXT_HEADERS {
+        match proto {
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
+                let (Some(n), Some(len)) = (p.u8_at(l4), p.u8_at(l4 + 1)) else {
+                    return IpStep::Bad(r.ext);
+                };
+                proto = n;
+                l4 += (len as usize + 1) * 8;
+            }
+            IPPROTO_FRAGMENT => {
+                let (Some(n), Some(frag)) = (p.u8_at(l4), p.be16_at(l4 + 2)) else {
+                    return IpStep::Bad(r.ext);
+                };
+                if frag & 0xFFF8 != 0 {
+                    return IpStep::Bad(r.frag6);
+                }
+                proto = n;
+                l4 += 8;
+            }
+            _ => break,
+        }
+    }
+    if matches!(
+        proto,
+        IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_FRAGMENT
+    ) {
+        return IpStep::Bad(r.too_many_ext);
+    }
+    IpStep::Ip(Ip {
+        proto,
+        l4,
+        tos,
+        v6: true,
+        src,
+        dst,
+    })
+}
+
+#[inline(always)]
+fn parse_roce<P: Packet>(p: &P, off: usize, r: &Reasons) -> Result<Parsed, Reason> {
+    let (Some(w0), Some(w1), Some(w2)) = (p.be32_at(off), p.be32_at(off + 4), p.be32_at(off + 8))
+    else {
+        return Err(r.bth);
+    };
+    let bth = Bth::from_words(w0, w1, w2);
+    let mut parsed = Parsed {
+        bth,
+        ..Parsed::default()
+    };
+    let ext = off + BTH_LEN;
+    if bth::has_aeth(bth.opcode) {
+        match p.u8_at(ext) {
+            Some(s) => parsed.syndrome = Some(s),
+            None => parsed.ext_truncated = true,
+        }
+    } else if bth.opcode & 0x1F == bth::op::READ_REQUEST && bth::is_tracked_request(bth.opcode) {
+        let reth = if bth.transport() == bth::TRANSPORT_XRC {
+            ext + XRCETH_LEN
+        } else {
+            ext
+        };
+        match p.be32_at(reth + 12) {
+            Some(len) => parsed.read_len = len,
+            None => parsed.ext_truncated = true,
+        }
+    }
+    Ok(parsed)
+}

@@ -1,0 +1,40 @@
+//! The CONFIG map's single entry: what the agent tells the kernel programs.
+
+use crate::wire::{DEFAULT_ROCE_PORT, DEFAULT_VXLAN_PORT};
+
+/// Path MTU (log2) assumed for READ requests until a flow's own is learnt: 4096.
+pub const DEFAULT_PMTU_LOG2: u8 = 12;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    pub roce_port: u16,
+    pub vxlan_port: u16,
+    /// log2 of the default path MTU (8..=12).
+    pub default_pmtu_log2: u8,
+    pub _pad: [u8; 3],
+    /// Reserved for flags (sampling, direction) added by later features.
+    pub flags: u32,
+    pub _pad2: u32,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            roce_port: DEFAULT_ROCE_PORT,
+            vxlan_port: DEFAULT_VXLAN_PORT,
+            default_pmtu_log2: DEFAULT_PMTU_LOG2,
+            _pad: [0; 3],
+            flags: 0,
+            _pad2: 0,
+        }
+    }
+}
+
+/// The IB MTUs, as log2: 256, 512, 1024, 2048, 4096.
+pub const IB_MTU_LOG2: [u8; 5] = [8, 9, 10, 11, 12];
+
+/// log2 of an IB MTU in bytes, or None when it is not one of the five.
+pub fn pmtu_log2(bytes: u32) -> Option<u8> {
+    IB_MTU_LOG2.into_iter().find(|l| 1u32 << l == bytes)
+}

@@ -1,0 +1,182 @@
+//! The FLOWS map's key and value, and the one function that counts a packet on a flow.
+
+use crate::bth::{self, SyndromeClass};
+use crate::classify::Parsed;
+use crate::psn;
+
+/// `FlowKey::flags` bits.
+pub const KEY_OUTER_V6: u32 = 1 << 0;
+pub const KEY_INNER_V6: u32 = 1 << 1;
+pub const KEY_TUNNELLED: u32 = 1 << 2;
+pub const KEY_EGRESS: u32 = 1 << 3;
+
+/// One direction of one queue pair, as seen on one interface.
+/// Addresses are four raw (network-order) words; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d).
+/// Built from whole words only, so that the kernel never needs a byte-wise memset.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// Inner addresses when tunnelled, zero otherwise.
+    pub inner_src: [u32; 4],
+    pub inner_dst: [u32; 4],
+    /// VXLAN network identifier (valid when `KEY_TUNNELLED`).
+    pub vni: u32,
+    /// BTH destination QP.
+    pub dest_qp: u32,
+    pub ifindex: u32,
+    /// `KEY_*` bits: address families, tunnelled, direction.
+    pub flags: u32,
+}
+
+impl FlowKey {
+    pub fn tunnelled(&self) -> bool {
+        self.flags & KEY_TUNNELLED != 0
+    }
+    pub fn outer_v6(&self) -> bool {
+        self.flags & KEY_OUTER_V6 != 0
+    }
+    pub fn inner_v6(&self) -> bool {
+        self.flags & KEY_INNER_V6 != 0
+    }
+    pub fn egress(&self) -> bool {
+        self.flags & KEY_EGRESS != 0
+    }
+}
+
+/// The IPv4-mapped form of a raw IPv4 address word.
+#[inline(always)]
+pub fn addr_v4_mapped(raw: u32) -> [u32; 4] {
+    [0, 0, u32::from_ne_bytes([0, 0, 0xFF, 0xFF]), raw]
+}
+
+/// Per-CPU counters of one flow. The user side merges CPUs with [`FlowStats::merge`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowStats {
+    pub packets: u64,
+    /// Frame bytes from the Ethernet header on, no FCS.
+    pub bytes: u64,
+    /// Outer ECN codepoints, indexed by codepoint (Not-ECT, ECT(1), ECT(0), CE).
+    pub ecn: [u64; 4],
+    /// Inner ECN codepoints (tunnelled flows only).
+    pub inner_ecn: [u64; 4],
+    pub cnps: u64,
+    pub acks: u64,
+    pub naks: u64,
+    pub rnr_naks: u64,
+    pub psn_gaps: u64,
+    pub first_seen_ns: u64,
+    pub last_seen_ns: u64,
+    /// PSN tracking state (see `psn`).
+    pub psn: psn::PsnState,
+    pub sport: u16,
+    /// Outer DSCP of the last packet.
+    pub last_dscp: u8,
+    pub _pad: [u8; 5],
+}
+
+impl FlowStats {
+    /// Counts one packet of `frame_len` bytes at time `now_ns` on this flow.
+    #[inline(always)]
+    pub fn record(&mut self, p: &Parsed, frame_len: u32, now_ns: u64, default_pmtu_log2: u8) {
+        if self.packets == 0 {
+            self.first_seen_ns = now_ns;
+        }
+        self.packets += 1;
+        self.bytes += frame_len as u64;
+        self.last_seen_ns = now_ns;
+        self.sport = p.sport;
+        self.last_dscp = p.outer_tos >> 2;
+        self.ecn[(p.outer_tos & 3) as usize] += 1;
+        if p.tunnelled {
+            self.inner_ecn[(p.inner_tos & 3) as usize] += 1;
+        }
+        let opcode = p.bth.opcode;
+        if bth::is_cnp(opcode) {
+            self.cnps += 1;
+        } else if bth::is_acknowledge(opcode) {
+            if let Some(s) = p.syndrome {
+                match bth::syndrome_class(s) {
+                    SyndromeClass::Ack => self.acks += 1,
+                    SyndromeClass::RnrNak => self.rnr_naks += 1,
+                    SyndromeClass::Nak => self.naks += 1,
+                    SyndromeClass::Reserved => {}
+                }
+            }
+        } else if bth::is_tracked_request(opcode) && self.psn.observe(p, default_pmtu_log2) {
+            self.psn_gaps += 1;
+        }
+    }
+
+    /// Adds another CPU's (or another table's) counters of the same flow.
+    pub fn merge(&mut self, o: &FlowStats) {
+        if o.packets == 0 {
+            return;
+        }
+        let newer = o.last_seen_ns >= self.last_seen_ns || self.packets == 0;
+        if self.packets == 0 || o.first_seen_ns < self.first_seen_ns {
+            self.first_seen_ns = o.first_seen_ns;
+        }
+        self.packets += o.packets;
+        self.bytes += o.bytes;
+        for i in 0..4 {
+            self.ecn[i] += o.ecn[i];
+            self.inner_ecn[i] += o.inner_ecn[i];
+        }
+        self.cnps += o.cnps;
+        self.acks += o.acks;
+        self.naks += o.naks;
+        self.rnr_naks += o.rnr_naks;
+        self.psn_gaps += o.psn_gaps;
+        if newer {
+            self.last_seen_ns = o.last_seen_ns;
+            self.sport = o.sport;
+            self.last_dscp = o.last_dscp;
+            self.psn = o.psn;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_whole_words() {
+        assert_eq!(core::mem::size_of::<FlowKey>(), 80);
+        assert_eq!(core::mem::size_of::<FlowStats>() % 8, 0);
+    }
+
+    #[test]
+    fn merge_keeps_newest_dscp_and_sums_counts() {
+        let mut a = FlowStats {
+            packets: 2,
+            bytes: 100,
+            last_seen_ns: 10,
+            first_seen_ns: 5,
+            last_dscp: 26,
+            ..Default::default()
+        };
+        let b = FlowStats {
+            packets: 1,
+            bytes: 50,
+            last_seen_ns: 20,
+            first_seen_ns: 3,
+            last_dscp: 0,
+            ..Default::default()
+        };
+        a.merge(&b);
+        assert_eq!(
+            (
+                a.packets,
+                a.bytes,
+                a.first_seen_ns,
+                a.last_seen_ns,
+                a.last_dscp
+            ),
+            (3, 150, 3, 20, 0)
+        );
+    }
+}

@@ -1,0 +1,28 @@
+//! Shared between roce-agent's kernel programs and its user side.
+//!
+//! Everything here is `no_std` and allocation-free so that the XDP/tc programs can
+//! call the very same parsing and counting code that the user side runs as the
+//! reference classifier: the kernel and the reference agree by construction, and
+//! the differential tests check the glue around it.
+#![cfg_attr(not(feature = "std"), no_std)]
+
+pub mod bth;
+pub mod classify;
+pub mod config;
+pub mod counters;
+pub mod flow;
+pub mod icrc;
+pub mod packet;
+pub mod psn;
+pub mod wire;
+
+#[cfg(feature = "std")]
+pub mod reference;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are #[repr(C)], made of integers only, with explicit padding.
+    unsafe impl aya::Pod for crate::flow::FlowKey {}
+    unsafe impl aya::Pod for crate::flow::FlowStats {}
+    unsafe impl aya::Pod for crate::config::RuntimeConfig {}
+}

@@ -1,0 +1,73 @@
+//! Bounds-checked reads from a packet, the one primitive the parser is built on.
+//!
+//! The kernel implements [`Packet`] over `data..data_end` (every read is checked
+//! against `data_end` right where it happens, which is what the verifier needs);
+//! the user side implements it over a byte slice.
+
+use crate::wire::MAX_PARSE_OFFSET;
+
+/// Read access to the bytes of one frame, starting at the Ethernet header.
+pub trait Packet {
+    /// Frame length in bytes.
+    fn len(&self) -> usize;
+    fn u8_at(&self, off: usize) -> Option<u8>;
+    /// A big-endian 16-bit field.
+    fn be16_at(&self, off: usize) -> Option<u16>;
+    /// A big-endian 32-bit field.
+    fn be32_at(&self, off: usize) -> Option<u32>;
+    /// Four bytes as they lie in memory (addresses are kept in network order).
+    fn raw32_at(&self, off: usize) -> Option<u32>;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An IPv6 address as four raw words.
+    #[inline(always)]
+    fn addr6_at(&self, off: usize) -> Option<[u32; 4]> {
+        // One bounds check for the whole address; the reads below cannot fail then.
+        self.raw32_at(off + 12)?;
+        Some([
+            self.raw32_at(off)?,
+            self.raw32_at(off + 4)?,
+            self.raw32_at(off + 8)?,
+            self.raw32_at(off + 12)?,
+        ])
+    }
+}
+
+/// A frame held in a byte slice (captures, tests, the reference classifier).
+#[derive(Clone, Copy, Debug)]
+pub struct SlicePacket<'a>(pub &'a [u8]);
+
+impl SlicePacket<'_> {
+    #[inline(always)]
+    fn bytes<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
+        // Same bound as the kernel reader, so both stop at the same depth.
+        if off > MAX_PARSE_OFFSET {
+            return None;
+        }
+        let b = self.0.get(off..off.checked_add(N)?)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(b);
+        Some(out)
+    }
+}
+
+impl Packet for SlicePacket<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn u8_at(&self, off: usize) -> Option<u8> {
+        self.bytes::<1>(off).map(|b| b[0])
+    }
+    fn be16_at(&self, off: usize) -> Option<u16> {
+        self.bytes::<2>(off).map(u16::from_be_bytes)
+    }
+    fn be32_at(&self, off: usize) -> Option<u32> {
+        self.bytes::<4>(off).map(u32::from_be_bytes)
+    }
+    fn raw32_at(&self, off: usize) -> Option<u32> {
+        self.bytes::<4>(off).map(u32::from_ne_bytes)
+    }
+}

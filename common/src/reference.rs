@@ -1,0 +1,52 @@
+//! The reference classifier: the same `classify` and `FlowStats::record` as the
+//! kernel program, over byte slices, into an ordinary hash map. `analyze` and the
+//! differential tests run it.
+
+use std::collections::HashMap;
+
+use crate::classify::{classify, Outcome};
+use crate::config::RuntimeConfig;
+use crate::counters::{stat_indices, STATS_LEN};
+use crate::flow::{FlowKey, FlowStats, KEY_EGRESS};
+use crate::packet::SlicePacket;
+
+/// Flows and counters of everything fed to it, as the kernel would hold them (one CPU).
+#[derive(Clone, Debug)]
+pub struct ReferenceTable {
+    pub config: RuntimeConfig,
+    pub flows: HashMap<FlowKey, FlowStats>,
+    pub stats: [u64; STATS_LEN as usize],
+}
+
+impl ReferenceTable {
+    pub fn new(config: RuntimeConfig) -> Self {
+        ReferenceTable {
+            config,
+            flows: HashMap::new(),
+            stats: [0; STATS_LEN as usize],
+        }
+    }
+
+    /// Classifies and counts one frame, as the XDP program does.
+    pub fn process(&mut self, frame: &[u8], ifindex: u32, egress: bool, now_ns: u64) -> Outcome {
+        let outcome = classify(&SlicePacket(frame), &self.config);
+        let (main, extra) = stat_indices(&outcome);
+        self.stats[main as usize] += 1;
+        if let Some(i) = extra {
+            self.stats[i as usize] += 1;
+        }
+        if let Outcome::Flow(p) = &outcome {
+            let mut key = p.key;
+            key.ifindex = ifindex;
+            if egress {
+                key.flags |= KEY_EGRESS;
+            }
+            let entry = self.flows.entry(key).or_insert_with(|| {
+                self.stats[crate::counters::STAT_FLOW_CREATED as usize] += 1;
+                FlowStats::default()
+            });
+            entry.record(p, frame.len() as u32, now_ns, self.config.default_pmtu_log2);
+        }
+        outcome
+    }
+}

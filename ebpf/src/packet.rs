@@ -1,0 +1,51 @@
+//! `Packet` over the kernel's `data..data_end`: every read is checked against
+//! `data_end` where it happens, and offsets are capped so the verifier can bound them.
+
+use core::mem::size_of;
+
+use roce_common::packet::Packet;
+use roce_common::wire::MAX_PARSE_OFFSET;
+
+pub struct KernelPacket {
+    pub start: usize,
+    pub end: usize,
+}
+
+impl KernelPacket {
+    #[inline(always)]
+    fn load<T: Copy>(&self, off: usize) -> Option<T> {
+        if off > MAX_PARSE_OFFSET {
+            return None;
+        }
+        let p = self.start + off;
+        if p + size_of::<T>() > self.end {
+            return None;
+        }
+        // SAFETY: bounds checked just above; BPF loads from packet memory need no alignment
+        // on the architectures the JIT serves, and a plain load avoids byte-wise splitting.
+        Some(unsafe { *(p as *const T) })
+    }
+}
+
+impl Packet for KernelPacket {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.end - self.start
+    }
+    #[inline(always)]
+    fn u8_at(&self, off: usize) -> Option<u8> {
+        self.load::<u8>(off)
+    }
+    #[inline(always)]
+    fn be16_at(&self, off: usize) -> Option<u16> {
+        self.load::<u16>(off).map(u16::from_be)
+    }
+    #[inline(always)]
+    fn be32_at(&self, off: usize) -> Option<u32> {
+        self.load::<u32>(off).map(u32::from_be)
+    }
+    #[inline(always)]
+    fn raw32_at(&self, off: usize) -> Option<u32> {
+        self.load::<u32>(off)
+    }
+}
