@@ -3,3 +3,7 @@
 
 /// The kernel object built from `ebpf/` by the build script.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce-ebpf"));
+
+pub mod loader;
+pub mod netif;
+pub mod testrun;

@@ -164,6 +164,7 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
     if dport == cfg.roce_port {
         return match parse_roce(p, outer.l4 + UDP_HLEN, &OUTER) {
             Ok(mut parsed) => {
+                key.dest_qp = parsed.bth.dest_qp;
                 parsed.key = key;
                 parsed.outer_tos = outer.tos;
                 parsed.sport = sport;
@@ -215,6 +216,7 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
             key.inner_src = inner.src;
             key.inner_dst = inner.dst;
             key.flags |= KEY_TUNNELLED;
+            key.dest_qp = parsed.bth.dest_qp;
             if inner.v6 {
                 key.flags |= KEY_INNER_V6;
             }
@@ -253,10 +255,8 @@ fn parse_ipv4<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
     if hlen < IPV4_MIN_HLEN {
         return IpStep::Bad(r.ihl);
     }
-    // The whole header, options included, must be there.
-    if p.u8_at(off + hlen - 1).is_none() {
-        return IpStep::Bad(r.ipv4);
-    }
+    // Fixed fields first, then the options: checking the deeper, variable offset first
+    // lets the compiler drop the fixed checks, which the verifier cannot follow.
     let (Some(tos), Some(frag), Some(proto), Some(src), Some(dst)) = (
         p.u8_at(off + 1),
         p.be16_at(off + 6),
@@ -266,6 +266,9 @@ fn parse_ipv4<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
     ) else {
         return IpStep::Bad(r.ipv4);
     };
+    if p.u8_at(off + hlen - 1).is_none() {
+        return IpStep::Bad(r.ipv4);
+    }
     if frag & 0x1FFF != 0 {
         return IpStep::Bad(r.frag4);
     }

@@ -13,11 +13,19 @@ pub struct KernelPacket {
 
 impl KernelPacket {
     #[inline(always)]
+    pub fn new(start: usize, end: usize) -> Self {
+        KernelPacket { start, end }
+    }
+
+    #[inline(always)]
     fn load<T: Copy>(&self, off: usize) -> Option<T> {
         if off > MAX_PARSE_OFFSET {
             return None;
         }
-        let p = self.start + off;
+        // The compiler knows `start + off + 1` cannot overflow and would fold
+        // `p + 1 > end` into `p >= end`, which the verifier cannot turn into a packet
+        // range when all of p's offset is variable. An opaque p keeps the `+ size`.
+        let p = opaque(self.start + off);
         if p + size_of::<T>() > self.end {
             return None;
         }
@@ -48,4 +56,14 @@ impl Packet for KernelPacket {
     fn raw32_at(&self, off: usize) -> Option<u32> {
         self.load::<u32>(off)
     }
+}
+
+/// Returns `x` unchanged, hidden from the optimiser (one register move).
+#[inline(always)]
+fn opaque(mut x: usize) -> usize {
+    // SAFETY: a register move to itself; it only claims to modify x.
+    unsafe {
+        core::arch::asm!("{0} = {0}", inout(reg) x, options(pure, nomem, nostack, preserves_flags))
+    };
+    x
 }

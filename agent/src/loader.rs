@@ -1,0 +1,287 @@
+//! Loading the kernel object, filling CONFIG, attaching XDP, and reading FLOWS/STATS.
+//! Loading, attaching and reading are separate steps; links detach when dropped.
+
+use std::os::fd::{AsFd, BorrowedFd};
+
+use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::programs::xdp::XdpLinkId;
+use aya::programs::{Xdp, XdpMode};
+use aya::Ebpf;
+use roce_common::config::RuntimeConfig;
+use roce_common::counters::STATS_LEN;
+use roce_common::flow::{FlowKey, FlowStats};
+
+pub const XDP_PROGRAM: &str = "xdp_classify";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the eBPF object failed (are you root, with CAP_BPF and CAP_NET_ADMIN?): {0}")]
+    Object(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
+    #[error("the eBPF object has no {0}")]
+    Missing(&'static str),
+    #[error("interface {0} does not exist")]
+    NoInterface(String),
+}
+
+/// What to load: map sizes and the runtime configuration the programs read.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    pub flows_max_entries: u32,
+    pub config: RuntimeConfig,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            flows_max_entries: 65536,
+            config: RuntimeConfig::default(),
+        }
+    }
+}
+
+/// How an XDP program ended up attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    Native,
+    Generic,
+}
+
+impl std::fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AttachMode::Native => "native",
+            AttachMode::Generic => "generic",
+        })
+    }
+}
+
+/// The loaded kernel programs and maps.
+pub struct Loaded {
+    ebpf: Ebpf,
+    attached: Vec<(String, XdpLinkId)>,
+}
+
+/// Loads the object built from `ebpf/`, writes CONFIG and loads `xdp_classify`
+/// (not attached yet).
+pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
+    let mut ebpf = aya::EbpfLoader::new()
+        .map_max_entries("FLOWS", opts.flows_max_entries)
+        .load(crate::EBPF_OBJECT)?;
+    {
+        let map = ebpf.map_mut("CONFIG").ok_or(LoadError::Missing("CONFIG"))?;
+        let mut config: Array<_, RuntimeConfig> =
+            Array::try_from(map).map_err(|source| LoadError::Map {
+                name: "CONFIG",
+                source,
+            })?;
+        config
+            .set(0, opts.config, 0)
+            .map_err(|source| LoadError::Map {
+                name: "CONFIG",
+                source,
+            })?;
+    }
+    let prog: &mut Xdp = ebpf
+        .program_mut(XDP_PROGRAM)
+        .ok_or(LoadError::Missing(XDP_PROGRAM))?
+        .try_into()
+        .map_err(|source| LoadError::Program {
+            name: XDP_PROGRAM,
+            source,
+        })?;
+    prog.load().map_err(|source| LoadError::Program {
+        name: XDP_PROGRAM,
+        source,
+    })?;
+    Ok(Loaded {
+        ebpf,
+        attached: Vec::new(),
+    })
+}
+
+impl Loaded {
+    fn xdp(&mut self) -> Result<&mut Xdp, LoadError> {
+        self.ebpf
+            .program_mut(XDP_PROGRAM)
+            .ok_or(LoadError::Missing(XDP_PROGRAM))?
+            .try_into()
+            .map_err(|source| LoadError::Program {
+                name: XDP_PROGRAM,
+                source,
+            })
+    }
+
+    /// The loaded XDP program, for BPF_PROG_TEST_RUN.
+    pub fn xdp_fd(&self) -> Result<BorrowedFd<'_>, LoadError> {
+        let prog: &Xdp = self
+            .ebpf
+            .program(XDP_PROGRAM)
+            .ok_or(LoadError::Missing(XDP_PROGRAM))?
+            .try_into()
+            .map_err(|source| LoadError::Program {
+                name: XDP_PROGRAM,
+                source,
+            })?;
+        Ok(prog
+            .fd()
+            .map_err(|source| LoadError::Program {
+                name: XDP_PROGRAM,
+                source,
+            })?
+            .as_fd())
+    }
+
+    /// Attaches `xdp_classify` to `ifname`: native mode, or generic mode when the
+    /// driver has no native XDP.
+    pub fn attach_xdp(&mut self, ifname: &str) -> Result<AttachMode, LoadError> {
+        if crate::netif::index_of(ifname).is_none() {
+            return Err(LoadError::NoInterface(ifname.to_string()));
+        }
+        let prog = self.xdp()?;
+        let (link, mode) = match prog.attach(ifname, XdpMode::Driver) {
+            Ok(link) => (link, AttachMode::Native),
+            Err(native) => {
+                tracing::info!(interface = ifname, error = %native, "native XDP refused, falling back to generic mode");
+                let link =
+                    prog.attach(ifname, XdpMode::Skb)
+                        .map_err(|source| LoadError::Program {
+                            name: XDP_PROGRAM,
+                            source,
+                        })?;
+                (link, AttachMode::Generic)
+            }
+        };
+        self.attached.push((ifname.to_string(), link));
+        Ok(mode)
+    }
+
+    /// Detaches every XDP link this process made.
+    pub fn detach_all(&mut self) {
+        let links: Vec<_> = self.attached.drain(..).collect();
+        if let Ok(prog) = self.xdp() {
+            for (ifname, link) in links {
+                if let Err(e) = prog.detach(link) {
+                    tracing::warn!(interface = %ifname, error = %e, "detaching XDP failed");
+                }
+            }
+        }
+    }
+
+    fn flows_map(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, FlowStats>, LoadError> {
+        let map = self.ebpf.map("FLOWS").ok_or(LoadError::Missing("FLOWS"))?;
+        PerCpuHashMap::try_from(map).map_err(|source| LoadError::Map {
+            name: "FLOWS",
+            source,
+        })
+    }
+
+    /// Every flow in FLOWS with its CPUs merged.
+    pub fn flows(&self) -> Result<Vec<(FlowKey, FlowStats)>, LoadError> {
+        let map = self.flows_map()?;
+        let mut out = Vec::new();
+        for entry in map.iter() {
+            let (key, per_cpu) = entry.map_err(|source| LoadError::Map {
+                name: "FLOWS",
+                source,
+            })?;
+            out.push((key, merge_cpus(&per_cpu)));
+        }
+        Ok(out)
+    }
+
+    /// STATS summed over CPUs.
+    pub fn stats(&self) -> Result<Vec<u64>, LoadError> {
+        let map = self.ebpf.map("STATS").ok_or(LoadError::Missing("STATS"))?;
+        let stats: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(map).map_err(|source| LoadError::Map {
+                name: "STATS",
+                source,
+            })?;
+        let mut out = vec![0u64; STATS_LEN as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            let v = stats.get(&(i as u32), 0).map_err(|source| LoadError::Map {
+                name: "STATS",
+                source,
+            })?;
+            *slot = v.iter().sum();
+        }
+        Ok(out)
+    }
+
+    /// Empties FLOWS and zeroes STATS (tests run many cases through one load).
+    pub fn reset(&mut self) -> Result<(), LoadError> {
+        let keys: Vec<FlowKey> = {
+            let map = self.flows_map()?;
+            map.keys().filter_map(Result::ok).collect()
+        };
+        {
+            let map = self
+                .ebpf
+                .map_mut("FLOWS")
+                .ok_or(LoadError::Missing("FLOWS"))?;
+            let mut flows: PerCpuHashMap<&mut MapData, FlowKey, FlowStats> =
+                PerCpuHashMap::try_from(map).map_err(|source| LoadError::Map {
+                    name: "FLOWS",
+                    source,
+                })?;
+            for k in keys {
+                // An LRU entry may already be gone; that is what we want anyway.
+                let _ = flows.remove(&k);
+            }
+        }
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| LoadError::Map {
+            name: "STATS",
+            source: aya::maps::MapError::IoError(e),
+        })?;
+        let map = self
+            .ebpf
+            .map_mut("STATS")
+            .ok_or(LoadError::Missing("STATS"))?;
+        let mut stats: PerCpuArray<&mut MapData, u64> =
+            PerCpuArray::try_from(map).map_err(|source| LoadError::Map {
+                name: "STATS",
+                source,
+            })?;
+        for i in 0..STATS_LEN {
+            let zeros = PerCpuValues::try_from(vec![0u64; cpus]).map_err(|e| LoadError::Map {
+                name: "STATS",
+                source: aya::maps::MapError::IoError(e),
+            })?;
+            stats.set(i, zeros, 0).map_err(|source| LoadError::Map {
+                name: "STATS",
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The underlying aya object, for maps and programs that later features add.
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        self.detach_all();
+    }
+}
+
+/// Merges one flow's per-CPU values.
+pub fn merge_cpus(per_cpu: &PerCpuValues<FlowStats>) -> FlowStats {
+    let mut total = FlowStats::default();
+    for v in per_cpu.iter() {
+        total.merge(v);
+    }
+    total
+}
