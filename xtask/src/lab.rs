@@ -1,0 +1,760 @@
+//! A network-namespace lab: two namespaces joined by a veth pair, with a real VXLAN
+//! device pair over it, for end-to-end tests, the demo and the benches.
+//!
+//! ```text
+//!   namespace <name>a                              namespace <name>b
+//!   ┌──────────────────────────┐                  ┌──────────────────────────┐
+//!   │ <ifa>v  vxlan VNI        │                  │ <ifb>v  vxlan VNI        │
+//!   │   198.19.N.1/24          │                  │   198.19.N.2/24          │
+//!   │ <ifa>   veth ────────────┼──────────────────┼──── <ifb>  veth          │
+//!   │   198.18.N.1/24          │                  │   198.18.N.2/24          │
+//!   │   2001:db8:N::1/64       │                  │   2001:db8:N::2/64       │
+//!   └──────────────────────────┘                  └──────────────────────────┘
+//! ```
+//!
+//! Every name carries the creating process's id and a counter, so labs of parallel
+//! tests never collide, and nothing is ever created in (or read from) the root
+//! namespace: the veth pair is created inside namespace A with its peer placed
+//! directly in namespace B. [`Lab`] is a drop guard: dropping it (also while a test
+//! panics) kills the processes it started, and deletes both namespaces, which
+//! destroys the links in them. Captures and logs live in a temporary directory that
+//! is removed too, unless `ROCE_LAB_KEEP=1` is set (then its path is printed).
+//!
+//! Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN), `ip` (iproute2) and, for
+//! captures, `tcpdump`.
+
+use std::collections::HashSet;
+use std::fs;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// The prefix of every namespace a lab creates (`rlab<pid>x<counter>a` / `...b`).
+pub const NS_PREFIX: &str = "rlab";
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// How to build a lab.
+#[derive(Clone, Debug)]
+pub struct LabOptions {
+    /// Create the VXLAN device pair.
+    pub vxlan: bool,
+    /// VXLAN network identifier.
+    pub vni: u32,
+    /// `tos inherit` on the VXLAN devices: outer DSCP/ECN copied from the inner
+    /// header (inner CE becomes outer ECT(0)). Without it the outer DSCP is 0.
+    pub tos_inherit: bool,
+    /// Also give the veth ends IPv6 addresses (2001:db8:N::1/2, no DAD).
+    pub ipv6: bool,
+}
+
+impl Default for LabOptions {
+    fn default() -> Self {
+        LabOptions {
+            vxlan: true,
+            vni: 5001,
+            tos_inherit: true,
+            ipv6: true,
+        }
+    }
+}
+
+/// One end of the lab: a namespace and what lives in it.
+#[derive(Clone, Debug)]
+pub struct Side {
+    /// Namespace name (for `ip netns exec`).
+    pub ns: String,
+    /// The veth end in this namespace.
+    pub veth: String,
+    pub mac: String,
+    pub ip4: Ipv4Addr,
+    pub ip6: Option<Ipv6Addr>,
+    /// The VXLAN device in this namespace (when the lab has one).
+    pub vxlan: Option<String>,
+    pub vxlan_mac: Option<String>,
+    /// The VXLAN device's (inner) address.
+    pub vxlan_ip4: Option<Ipv4Addr>,
+}
+
+/// A background process started in a namespace. Dropping it kills it.
+/// Its stdout and stderr go to files in the lab directory ([`Proc::stdout_path`]).
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    stdout: PathBuf,
+    stderr: PathBuf,
+    registry: Arc<Mutex<HashSet<u32>>>,
+}
+
+impl Proc {
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn stdout_path(&self) -> &Path {
+        &self.stdout
+    }
+
+    pub fn stderr_path(&self) -> &Path {
+        &self.stderr
+    }
+
+    /// What the process wrote to stderr so far (lossy UTF-8; empty when unreadable).
+    pub fn stderr_text(&self) -> String {
+        fs::read(&self.stderr)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// What the process wrote to stdout so far.
+    pub fn stdout_text(&self) -> String {
+        fs::read(&self.stdout)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Exit status when the process has already ended, without waiting.
+    pub fn try_status(&mut self) -> Result<Option<ExitStatus>> {
+        match self.child.as_mut() {
+            None => Ok(None),
+            Some(c) => {
+                let st = c
+                    .try_wait()
+                    .with_context(|| format!("checking on {}", self.name))?;
+                if let Some(st) = st {
+                    self.reaped(st);
+                    return Ok(Some(st));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Waits until `needle` appears in the process's stderr or stdout. Fails when
+    /// the process exits first or `timeout` passes; the error carries its stderr.
+    pub fn wait_for_output(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if self.stderr_text().contains(needle) || self.stdout_text().contains(needle) {
+                return Ok(());
+            }
+            if let Some(st) = self.try_status()? {
+                bail!(
+                    "{} exited ({st}) before printing {needle:?}; its stderr:\n{}",
+                    self.name,
+                    self.stderr_text()
+                );
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "{} did not print {needle:?} within {timeout:?}; its stderr:\n{}",
+                    self.name,
+                    self.stderr_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Asks the process to end with `signal` (e.g. `libc::SIGINT`), waits up to
+    /// `grace` for it, then kills it. Returns its exit status.
+    pub fn stop_with(&mut self, signal: i32, grace: Duration) -> Result<ExitStatus> {
+        let Some(child) = self.child.as_mut() else {
+            bail!("{} was already stopped", self.name);
+        };
+        if let Some(st) = child.try_wait()? {
+            self.reaped(st);
+            return Ok(st);
+        }
+        // SAFETY: kill(2) on the id of a child we have not reaped yet.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, signal);
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait()? {
+                self.reaped(st);
+                return Ok(st);
+            }
+            if start.elapsed() > grace {
+                let _ = child.kill();
+                let st = child
+                    .wait()
+                    .with_context(|| format!("waiting for {}", self.name))?;
+                self.reaped(st);
+                return Ok(st);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after two seconds.
+    pub fn stop(&mut self) -> Result<ExitStatus> {
+        self.stop_with(libc::SIGTERM, Duration::from_secs(2))
+    }
+
+    /// Waits for the process to end on its own.
+    pub fn wait(&mut self) -> Result<ExitStatus> {
+        let Some(child) = self.child.as_mut() else {
+            bail!("{} was already stopped", self.name);
+        };
+        let st = child
+            .wait()
+            .with_context(|| format!("waiting for {}", self.name))?;
+        self.reaped(st);
+        Ok(st)
+    }
+
+    fn reaped(&mut self, _st: ExitStatus) {
+        if let Some(c) = self.child.take() {
+            if let Ok(mut r) = self.registry.lock() {
+                r.remove(&c.id());
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// A tcpdump capture running in a namespace.
+pub struct Capture {
+    proc: Proc,
+    path: PathBuf,
+}
+
+impl Capture {
+    /// Where the pcap is written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops tcpdump (SIGINT, so it flushes) and returns the pcap's path.
+    pub fn finish(mut self) -> Result<PathBuf> {
+        self.proc.stop_with(libc::SIGINT, Duration::from_secs(5))?;
+        let meta = fs::metadata(&self.path)
+            .with_context(|| format!("tcpdump wrote no {}", self.path.display()))?;
+        if meta.len() < 24 {
+            bail!(
+                "capture {} is {} bytes, not even a pcap header; tcpdump said:\n{}",
+                self.path.display(),
+                meta.len(),
+                self.proc.stderr_text()
+            );
+        }
+        Ok(self.path.clone())
+    }
+
+    /// What tcpdump wrote on stderr (e.g. "N packets captured").
+    pub fn log(&self) -> String {
+        self.proc.stderr_text()
+    }
+}
+
+/// Two namespaces, a veth pair and a VXLAN device pair. See the module docs.
+pub struct Lab {
+    /// `rlab<pid>x<counter>`: the namespaces are this plus `a` / `b`.
+    pub name: String,
+    pub a: Side,
+    pub b: Side,
+    /// The VNI of the VXLAN pair (meaningful when `options.vxlan`).
+    pub vni: u32,
+    pub options: LabOptions,
+    /// Temporary directory for captures and logs.
+    pub dir: PathBuf,
+    registry: Arc<Mutex<HashSet<u32>>>,
+    namespaces: Vec<String>,
+    keep_dir: bool,
+    torn_down: bool,
+}
+
+impl Lab {
+    /// Builds a lab. On any failure whatever was created so far is removed again.
+    pub fn new(options: LabOptions) -> Result<Lab> {
+        check_root()?;
+        let pid = std::process::id();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{NS_PREFIX}{pid}x{n}");
+        // Interface names must fit in 15 bytes; they are private to the namespaces,
+        // so a short form is enough (the namespace names carry the full identity).
+        let short = format!("rl{}x{}", pid % 1_000_000, n % 1000);
+        let octet = (n % 250 + 1) as u8;
+        let dir = std::env::temp_dir().join(&name);
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let side = |tag: &str, host: u8| Side {
+            ns: format!("{name}{tag}"),
+            veth: format!("{short}{tag}"),
+            mac: String::new(),
+            ip4: Ipv4Addr::new(198, 18, octet, host),
+            ip6: options
+                .ipv6
+                .then(|| Ipv6Addr::new(0x2001, 0xdb8, octet as u16, 0, 0, 0, 0, host as u16)),
+            vxlan: options.vxlan.then(|| format!("{short}{tag}v")),
+            vxlan_mac: None,
+            vxlan_ip4: options.vxlan.then(|| Ipv4Addr::new(198, 19, octet, host)),
+        };
+        let mut lab = Lab {
+            a: side("a", 1),
+            b: side("b", 2),
+            name,
+            vni: options.vni,
+            options,
+            dir,
+            registry: Arc::new(Mutex::new(HashSet::new())),
+            namespaces: Vec::new(),
+            keep_dir: std::env::var("ROCE_LAB_KEEP").is_ok_and(|v| v == "1"),
+            torn_down: false,
+        };
+        // On error, `lab` is dropped here and removes what exists.
+        lab.build()?;
+        Ok(lab)
+    }
+
+    fn build(&mut self) -> Result<()> {
+        for side in [self.a.clone(), self.b.clone()] {
+            run(Command::new("ip").args(["netns", "add", &side.ns]))?;
+            self.namespaces.push(side.ns.clone());
+            ip(&side.ns, &["link", "set", "lo", "up"])?;
+        }
+        let (a, b) = (self.a.clone(), self.b.clone());
+        // Created inside A, the peer placed straight into B: never in the root namespace.
+        ip(
+            &a.ns,
+            &[
+                "link", "add", &a.veth, "type", "veth", "peer", "name", &b.veth, "netns", &b.ns,
+            ],
+        )?;
+        for side in [&a, &b] {
+            ip(
+                &side.ns,
+                &[
+                    "addr",
+                    "add",
+                    &format!("{}/24", side.ip4),
+                    "dev",
+                    &side.veth,
+                ],
+            )?;
+            if let Some(v6) = side.ip6 {
+                ip(
+                    &side.ns,
+                    &[
+                        "-6",
+                        "addr",
+                        "add",
+                        &format!("{v6}/64"),
+                        "dev",
+                        &side.veth,
+                        "nodad",
+                    ],
+                )?;
+            }
+            ip(&side.ns, &["link", "set", &side.veth, "up"])?;
+        }
+        if self.options.vxlan {
+            for (this, peer) in [(&a, &b), (&b, &a)] {
+                let (Some(vx), Some(vx_ip)) = (&this.vxlan, this.vxlan_ip4) else {
+                    continue;
+                };
+                let vni = self.vni.to_string();
+                let (local, remote) = (this.ip4.to_string(), peer.ip4.to_string());
+                let mut args = vec![
+                    "link", "add", vx, "type", "vxlan", "id", &vni, "dstport", "4789", "local",
+                    &local, "remote", &remote, "dev", &this.veth,
+                ];
+                if self.options.tos_inherit {
+                    args.extend(["tos", "inherit"]);
+                }
+                ip(&this.ns, &args)?;
+                ip(
+                    &this.ns,
+                    &["addr", "add", &format!("{vx_ip}/24"), "dev", vx],
+                )?;
+                ip(&this.ns, &["link", "set", vx, "up"])?;
+            }
+        }
+        self.a.mac = link_mac(&a.ns, &a.veth)?;
+        self.b.mac = link_mac(&b.ns, &b.veth)?;
+        if let Some(vx) = &a.vxlan {
+            self.a.vxlan_mac = Some(link_mac(&a.ns, vx)?);
+        }
+        if let Some(vx) = &b.vxlan {
+            self.b.vxlan_mac = Some(link_mac(&b.ns, vx)?);
+        }
+        // Static neighbours: sockets never wait for ARP/ND, and no ARP or ND frame
+        // races the first packets of a test.
+        for (this, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            ip(
+                &this.ns,
+                &[
+                    "neigh",
+                    "replace",
+                    &peer.ip4.to_string(),
+                    "lladdr",
+                    &peer.mac,
+                    "dev",
+                    &this.veth,
+                    "nud",
+                    "permanent",
+                ],
+            )?;
+            if let Some(v6) = peer.ip6 {
+                ip(
+                    &this.ns,
+                    &[
+                        "-6",
+                        "neigh",
+                        "replace",
+                        &v6.to_string(),
+                        "lladdr",
+                        &peer.mac,
+                        "dev",
+                        &this.veth,
+                        "nud",
+                        "permanent",
+                    ],
+                )?;
+            }
+            if let (Some(vx), Some(vip), Some(vmac)) =
+                (&this.vxlan, peer.vxlan_ip4, &peer.vxlan_mac)
+            {
+                ip(
+                    &this.ns,
+                    &[
+                        "neigh",
+                        "replace",
+                        &vip.to_string(),
+                        "lladdr",
+                        vmac,
+                        "dev",
+                        vx,
+                        "nud",
+                        "permanent",
+                    ],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A `Command` that runs `program` inside namespace `ns` (via `ip netns exec`).
+    pub fn command(&self, ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns]).arg(program);
+        c
+    }
+
+    /// Runs `program args...` in `ns` and returns its output; fails (with its stderr)
+    /// when it cannot start or exits non-zero.
+    pub fn exec(&self, ns: &str, program: &str, args: &[&str]) -> Result<Output> {
+        let mut c = self.command(ns, program);
+        c.args(args);
+        run(&mut c)
+    }
+
+    /// Like [`Lab::exec`] but returns the output whatever the exit status.
+    pub fn exec_status(&self, ns: &str, program: &str, args: &[&str]) -> Result<Output> {
+        let mut c = self.command(ns, program);
+        c.args(args);
+        c.output()
+            .with_context(|| format!("running {program} in namespace {ns}"))
+    }
+
+    /// Starts `cmd` (build it with [`Lab::command`]) in the background; `name` names
+    /// its log files. The process is killed when the returned [`Proc`] or the lab
+    /// is dropped.
+    pub fn spawn(&self, name: &str, mut cmd: Command) -> Result<Proc> {
+        let stdout = self.dir.join(format!("{name}.stdout"));
+        let stderr = self.dir.join(format!("{name}.stderr"));
+        let out =
+            fs::File::create(&stdout).with_context(|| format!("creating {}", stdout.display()))?;
+        let err =
+            fs::File::create(&stderr).with_context(|| format!("creating {}", stderr.display()))?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err));
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name}: {cmd:?}"))?;
+        if let Ok(mut r) = self.registry.lock() {
+            r.insert(child.id());
+        }
+        Ok(Proc {
+            name: name.to_string(),
+            child: Some(child),
+            stdout,
+            stderr,
+            registry: Arc::clone(&self.registry),
+        })
+    }
+
+    /// Starts tcpdump on `iface` in `ns`, writing `<lab dir>/<name>.pcap`, and waits
+    /// until it listens. `inbound_only` captures what the interface receives only
+    /// (`-Q in`), so the receiver's replies (ICMP errors quoting RoCE packets) stay
+    /// out. `filter` is a pcap filter expression ("" for everything).
+    pub fn capture(
+        &self,
+        ns: &str,
+        iface: &str,
+        name: &str,
+        inbound_only: bool,
+        filter: &str,
+    ) -> Result<Capture> {
+        let path = self.dir.join(format!("{name}.pcap"));
+        let mut cmd = self.command(ns, "tcpdump");
+        cmd.args(["-i", iface, "-n", "-U", "-s", "0", "-w"])
+            .arg(&path);
+        if inbound_only {
+            cmd.args(["-Q", "in"]);
+        }
+        if !filter.is_empty() {
+            cmd.arg(filter);
+        }
+        let mut proc = self
+            .spawn(&format!("tcpdump-{name}"), cmd)
+            .context("starting tcpdump (is it installed? `cargo xtask setup`)")?;
+        proc.wait_for_output("listening on", Duration::from_secs(10))?;
+        Ok(Capture { proc, path })
+    }
+
+    /// Removes everything: kills the processes still running, deletes the
+    /// namespaces (and with them the links), removes the directory unless kept.
+    /// Idempotent; also run on drop. Returns the first error, after trying all.
+    pub fn teardown(&mut self) -> Result<()> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.torn_down = true;
+        let pids: Vec<u32> = match self.registry.lock() {
+            Ok(mut r) => r.drain().collect(),
+            Err(_) => Vec::new(),
+        };
+        for pid in &pids {
+            // SAFETY: kill(2) on processes this lab started and has not reaped.
+            unsafe {
+                libc::kill(*pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+        for pid in &pids {
+            let mut st = 0;
+            // SAFETY: reaps our own child; WNOHANG-free wait after SIGKILL is brief.
+            unsafe {
+                libc::waitpid(*pid as libc::pid_t, &mut st, 0);
+            }
+        }
+        let mut first_err = None;
+        for ns in self.namespaces.drain(..).rev() {
+            if let Err(e) = run(Command::new("ip").args(["netns", "del", &ns])) {
+                first_err.get_or_insert(e);
+            }
+        }
+        if self.keep_dir {
+            eprintln!("lab {}: keeping {}", self.name, self.dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Namespaces named like a lab's (`rlab<pid>x<n>a|b`) whose creating process no
+    /// longer runs: left behind by a lab that was SIGKILLed. Deletes them and
+    /// returns their names.
+    pub fn remove_stale() -> Result<Vec<String>> {
+        let out = run(Command::new("ip").args(["netns", "list"]))?;
+        let mut removed = Vec::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(ns) = line.split_whitespace().next() else {
+                continue;
+            };
+            let Some(rest) = ns.strip_prefix(NS_PREFIX) else {
+                continue;
+            };
+            let Some((pid, _)) = rest.split_once('x') else {
+                continue;
+            };
+            let Ok(pid) = pid.parse::<u32>() else {
+                continue;
+            };
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            run(Command::new("ip").args(["netns", "del", ns]))?;
+            removed.push(ns.to_string());
+        }
+        Ok(removed)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            eprintln!("lab {}: teardown: {e:#}", self.name);
+        }
+    }
+}
+
+/// Runs `f` on a new thread that has entered network namespace `ns` (setns), and
+/// returns its result: sockets `f` opens live in that namespace. The calling thread
+/// stays where it is.
+pub fn in_namespace<T, F>(ns: &str, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    use std::os::fd::AsRawFd;
+    let path = Path::new("/run/netns").join(ns);
+    let file = fs::File::open(&path)
+        .with_context(|| format!("opening namespace {} ({})", ns, path.display()))?;
+    let handle = std::thread::spawn(move || -> Result<T> {
+        // SAFETY: setns on an open namespace file; it affects this thread only.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        if rc != 0 {
+            bail!(
+                "entering network namespace: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        f()
+    });
+    handle
+        .join()
+        .map_err(|_| anyhow!("the thread running in namespace {ns} panicked"))?
+}
+
+/// True when a namespace of this name exists.
+pub fn namespace_exists(ns: &str) -> bool {
+    Path::new("/run/netns").join(ns).exists()
+}
+
+fn check_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the namespace lab needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN): run as root");
+    }
+    Ok(())
+}
+
+/// Runs `ip -n NS args...`.
+fn ip(ns: &str, args: &[&str]) -> Result<Output> {
+    run(Command::new("ip").args(["-n", ns]).args(args))
+}
+
+/// Runs a command to completion; non-zero exit is an error carrying its stderr.
+pub fn run(cmd: &mut Command) -> Result<Output> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not run {cmd:?} (is it installed?)"))?;
+    if !out.status.success() {
+        return Err(anyhow!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(out)
+}
+
+/// The MAC address of `link` in `ns`.
+fn link_mac(ns: &str, link: &str) -> Result<String> {
+    let out = ip(ns, &["-j", "link", "show", "dev", link])?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("parsing `ip -j link show {link}`"))?;
+    v.get(0)
+        .and_then(|l| l.get("address"))
+        .and_then(|a| a.as_str())
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("`ip -j link show {link}` in {ns} printed no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[test]
+    fn lab_builds_connects_and_leaves_nothing_behind() -> Result<()> {
+        if !root() {
+            eprintln!("skipped: needs root");
+            return Ok(());
+        }
+        let lab = Lab::new(LabOptions::default())?;
+        let (na, nb) = (lab.a.ns.clone(), lab.b.ns.clone());
+        assert!(namespace_exists(&na) && namespace_exists(&nb));
+        let vx_b = lab.b.vxlan_ip4.ok_or_else(|| anyhow!("no vxlan"))?;
+        for dst in [lab.b.ip4, vx_b] {
+            let rx = in_namespace(&nb, move || {
+                let s = std::net::UdpSocket::bind((dst, 9999))?;
+                s.set_read_timeout(Some(Duration::from_secs(3)))?;
+                Ok(s)
+            })?;
+            in_namespace(&na, move || {
+                let s = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+                s.send_to(b"lab", (dst, 9999))?;
+                Ok(())
+            })?;
+            let mut buf = [0u8; 16];
+            let (n, _) = rx.recv_from(&mut buf).context("nothing arrived")?;
+            assert_eq!(&buf[..n], b"lab", "via {dst}");
+        }
+        let dir = lab.dir.clone();
+        drop(lab);
+        assert!(!namespace_exists(&na) && !namespace_exists(&nb));
+        assert!(!dir.exists());
+        Ok(())
+    }
+
+    #[test]
+    fn lab_cleans_up_when_a_test_panics() {
+        if !root() {
+            return;
+        }
+        let names = Arc::new(Mutex::new(None));
+        let n2 = Arc::clone(&names);
+        let r = std::thread::spawn(move || {
+            let lab = Lab::new(LabOptions::default()).expect("lab");
+            let sleeper = lab
+                .spawn("sleep", {
+                    let mut c = lab.command(&lab.b.ns, "sleep");
+                    c.arg("60");
+                    c
+                })
+                .expect("spawn");
+            *n2.lock().expect("lock") = Some((lab.a.ns.clone(), lab.b.ns.clone(), sleeper.pid()));
+            std::mem::forget(sleeper); // the lab, not the Proc, must kill it
+            panic!("deliberate");
+        })
+        .join();
+        assert!(r.is_err());
+        let (na, nb, pid) = names.lock().expect("lock").clone().expect("names");
+        assert!(!namespace_exists(&na) && !namespace_exists(&nb));
+        let pid = pid.expect("pid");
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z"),
+            "sleep {pid} still runs"
+        );
+    }
+}
