@@ -12,6 +12,8 @@ use roce_common::counters::STATS_LEN;
 use roce_common::flow::{FlowKey, FlowStats};
 
 pub const XDP_PROGRAM: &str = "xdp_classify";
+/// An empty XDP program in the same object, the baseline of benchmarks.
+pub const XDP_BASELINE: &str = "xdp_baseline";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -136,6 +138,32 @@ impl Loaded {
             .fd()
             .map_err(|source| LoadError::Program {
                 name: XDP_PROGRAM,
+                source,
+            })?
+            .as_fd())
+    }
+
+    /// Loads the empty baseline program (benchmarks) and returns its fd.
+    pub fn baseline_xdp_fd(&mut self) -> Result<BorrowedFd<'_>, LoadError> {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(XDP_BASELINE)
+            .ok_or(LoadError::Missing(XDP_BASELINE))?
+            .try_into()
+            .map_err(|source| LoadError::Program {
+                name: XDP_BASELINE,
+                source,
+            })?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|source| LoadError::Program {
+                name: XDP_BASELINE,
+                source,
+            })?;
+        }
+        Ok(prog
+            .fd()
+            .map_err(|source| LoadError::Program {
+                name: XDP_BASELINE,
                 source,
             })?
             .as_fd())

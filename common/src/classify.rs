@@ -180,7 +180,10 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
 
     // VXLAN (RFC 7348): flags, 3 reserved, VNI, 1 reserved.
     let vx = outer.l4 + UDP_HLEN;
-    let (Some(vx_flags), Some(vni_word)) = (p.u8_at(vx), p.be32_at(vx + 4)) else {
+    let Some(vni_word) = p.be32_at(vx + 4) else {
+        return Outcome::Malformed(Reason::TruncatedVxlan);
+    };
+    let Some(vx_flags) = p.u8_at(vx) else {
         return Outcome::Malformed(Reason::TruncatedVxlan);
     };
     if vx_flags & VXLAN_FLAG_I == 0 {
@@ -199,12 +202,16 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
     if inner.proto != IPPROTO_UDP {
         return Outcome::Other(Class::VxlanOther);
     }
-    let (Some(inner_sport), Some(inner_dport), Some(inner_udp_len), Some(_)) = (
-        p.be16_at(inner.l4),
-        p.be16_at(inner.l4 + 2),
-        p.be16_at(inner.l4 + 4),
-        p.be16_at(inner.l4 + 6),
-    ) else {
+    if p.be16_at(inner.l4 + 6).is_none() {
+        return Outcome::Malformed(Reason::TruncatedInnerUdp);
+    }
+    let Some(inner_udp_len) = p.be16_at(inner.l4 + 4) else {
+        return Outcome::Malformed(Reason::TruncatedInnerUdp);
+    };
+    let Some(inner_dport) = p.be16_at(inner.l4 + 2) else {
+        return Outcome::Malformed(Reason::TruncatedInnerUdp);
+    };
+    let Some(inner_sport) = p.be16_at(inner.l4) else {
         return Outcome::Malformed(Reason::TruncatedInnerUdp);
     };
     if inner_dport != cfg.roce_port {
@@ -256,14 +263,22 @@ fn parse_ipv4<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
         return IpStep::Bad(r.ihl);
     }
     // Fixed fields first, then the options: checking the deeper, variable offset first
-    // lets the compiler drop the fixed checks, which the verifier cannot follow.
-    let (Some(tos), Some(frag), Some(proto), Some(src), Some(dst)) = (
-        p.u8_at(off + 1),
-        p.be16_at(off + 6),
-        p.u8_at(off + 9),
-        p.raw32_at(off + 12),
-        p.raw32_at(off + 16),
-    ) else {
+    // lets the compiler drop the fixed checks, which the verifier cannot follow. Reads
+    // are one after another, each with its own early return: evaluated together, the
+    // compiler merges their checks into flags that the verifier cannot follow either.
+    let Some(dst) = p.raw32_at(off + 16) else {
+        return IpStep::Bad(r.ipv4);
+    };
+    let Some(src) = p.raw32_at(off + 12) else {
+        return IpStep::Bad(r.ipv4);
+    };
+    let Some(proto) = p.u8_at(off + 9) else {
+        return IpStep::Bad(r.ipv4);
+    };
+    let Some(frag) = p.be16_at(off + 6) else {
+        return IpStep::Bad(r.ipv4);
+    };
+    let Some(tos) = p.u8_at(off + 1) else {
         return IpStep::Bad(r.ipv4);
     };
     if p.u8_at(off + hlen - 1).is_none() {
@@ -284,12 +299,16 @@ fn parse_ipv4<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
 
 #[inline(always)]
 fn parse_ipv6<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
-    let (Some(w0), Some(next), Some(src), Some(dst)) = (
-        p.be32_at(off),
-        p.u8_at(off + 6),
-        p.addr6_at(off + 8),
-        p.addr6_at(off + 24),
-    ) else {
+    let Some(dst) = p.addr6_at(off + 24) else {
+        return IpStep::Bad(r.ipv6);
+    };
+    let Some(src) = p.addr6_at(off + 8) else {
+        return IpStep::Bad(r.ipv6);
+    };
+    let Some(next) = p.u8_at(off + 6) else {
+        return IpStep::Bad(r.ipv6);
+    };
+    let Some(w0) = p.be32_at(off) else {
         return IpStep::Bad(r.ipv6);
     };
     if w0 >> 28 != 6 {
@@ -301,14 +320,20 @@ fn parse_ipv6<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         match proto {
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
-                let (Some(n), Some(len)) = (p.u8_at(l4), p.u8_at(l4 + 1)) else {
+                let Some(len) = p.u8_at(l4 + 1) else {
+                    return IpStep::Bad(r.ext);
+                };
+                let Some(n) = p.u8_at(l4) else {
                     return IpStep::Bad(r.ext);
                 };
                 proto = n;
                 l4 += (len as usize + 1) * 8;
             }
             IPPROTO_FRAGMENT => {
-                let (Some(n), Some(frag)) = (p.u8_at(l4), p.be16_at(l4 + 2)) else {
+                let Some(frag) = p.be16_at(l4 + 2) else {
+                    return IpStep::Bad(r.ext);
+                };
+                let Some(n) = p.u8_at(l4) else {
                     return IpStep::Bad(r.ext);
                 };
                 if frag & 0xFFF8 != 0 {
@@ -338,8 +363,13 @@ fn parse_ipv6<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
 
 #[inline(always)]
 fn parse_roce<P: Packet>(p: &P, off: usize, r: &Reasons) -> Result<Parsed, Reason> {
-    let (Some(w0), Some(w1), Some(w2)) = (p.be32_at(off), p.be32_at(off + 4), p.be32_at(off + 8))
-    else {
+    let Some(w2) = p.be32_at(off + 8) else {
+        return Err(r.bth);
+    };
+    let Some(w1) = p.be32_at(off + 4) else {
+        return Err(r.bth);
+    };
+    let Some(w0) = p.be32_at(off) else {
         return Err(r.bth);
     };
     let bth = Bth::from_words(w0, w1, w2);

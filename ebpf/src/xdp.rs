@@ -70,3 +70,9 @@ fn count_on_flow(parsed: &Parsed, ifindex: u32, frame_len: u32, default_pmtu_log
         )
     };
 }
+
+/// An empty XDP program: the baseline that benchmarks measure `xdp_classify` against.
+#[xdp]
+pub fn xdp_baseline(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}

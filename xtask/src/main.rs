@@ -1,1 +1,38 @@
-fn main() {}
+//! `cargo xtask`: set-up, tests, the lab demo and benchmarks.
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod demo;
+mod test;
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "roce-agent project tasks (each one installs what it needs first)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what building and testing need: nightly rust-src, bpf-linker, Debian tools.
+    Setup,
+    /// Run every test: unit tests, BPF_PROG_TEST_RUN cases, namespace end-to-end runs.
+    Test(test::Args),
+    /// Build a namespace lab, run the agent and a traffic generator, show the flow table.
+    Demo(demo::Args),
+    /// Measure per-packet cost and throughput against baselines in the same run.
+    Bench(bench::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Setup => xtask::setup::ensure_all(),
+        Cmd::Test(a) => test::run(a),
+        Cmd::Demo(a) => demo::run(a),
+        Cmd::Bench(a) => bench::run(a),
+    }
+}

@@ -1,0 +1,45 @@
+//! `cargo xtask bench`: set-up, then the benchmark harness (`roce-bench` in the
+//! tests crate, which loads the real programs), printing its table or JSON lines.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// One JSON object per line (name, ns_per_packet, baseline_ns_per_packet, added_ns, ...).
+    #[arg(long)]
+    pub json: bool,
+    /// Runs of each packet through BPF_PROG_TEST_RUN (at least 10^6 for stable figures).
+    #[arg(long, default_value_t = 2_000_000)]
+    pub repeat: u32,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    xtask::setup::ensure_all()?;
+    if !xtask::setup::is_root() {
+        bail!("benchmarks load eBPF programs: run as root");
+    }
+    let repeat = args.repeat.to_string();
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "roce-tests",
+        "--bin",
+        "roce-bench",
+        "--",
+        "--repeat",
+        &repeat,
+    ]);
+    if args.json {
+        cmd.arg("--json");
+    }
+    let status = cmd.status().context("running roce-bench")?;
+    if !status.success() {
+        bail!("roce-bench failed ({status})");
+    }
+    Ok(())
+}

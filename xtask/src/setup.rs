@@ -1,0 +1,152 @@
+//! Makes a fresh machine ready: nightly rust-src, bpf-linker, and the Debian tools that
+//! tests, demo and bench use. Each step says what it does; nothing is done twice.
+
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+/// The bpf-linker release whose BTF this kernel accepts (see shared TOOLCHAIN.md).
+pub const BPF_LINKER_VERSION: &str = "0.10.4";
+
+/// Debian packages and a command each provides, to tell whether it is installed.
+const DEBIAN_TOOLS: [(&str, &str); 7] = [
+    ("tshark", "tshark"),
+    ("tcpdump", "tcpdump"),
+    ("tcpreplay", "tcpreplay"),
+    ("ip", "iproute2"),
+    ("bpftool", "bpftool"),
+    ("iptables", "iptables"),
+    ("ethtool", "ethtool"),
+];
+
+fn say(msg: &str) {
+    eprintln!("[setup] {msg}");
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {cmd}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Everything at once: the Rust side, then the Debian tools.
+pub fn ensure_all() -> Result<()> {
+    ensure_rust()?;
+    ensure_debian_tools()
+}
+
+/// nightly with rust-src (for `-Z build-std=core`) and bpf-linker.
+pub fn ensure_rust() -> Result<()> {
+    if !have("rustup") {
+        bail!(
+            "rustup is not installed: the eBPF programs need a nightly toolchain managed by rustup"
+        );
+    }
+    let toolchains = output(Command::new("rustup").args(["toolchain", "list"]))?;
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        say("installing the nightly toolchain");
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))
+        .context("the eBPF programs need a nightly toolchain")?;
+    }
+    let components = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))?;
+    if !components.lines().any(|l| l.starts_with("rust-src")) {
+        say("adding rust-src to the nightly toolchain");
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    let linker = if have("bpf-linker") {
+        output(Command::new("bpf-linker").arg("--version"))?
+    } else {
+        String::new()
+    };
+    if !linker.contains(BPF_LINKER_VERSION) {
+        say(&format!(
+            "installing bpf-linker {BPF_LINKER_VERSION} (about a minute)"
+        ));
+        run(Command::new("cargo").args([
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+            "--force",
+        ]))
+        .context("installing bpf-linker")?;
+    }
+    Ok(())
+}
+
+/// tshark, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool from Debian.
+pub fn ensure_debian_tools() -> Result<()> {
+    let missing: Vec<&str> = DEBIAN_TOOLS
+        .iter()
+        .filter(|(cmd, _)| !have(cmd))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !have("apt-get") {
+        bail!(
+            "missing tools ({}) and no apt-get to install them",
+            missing.join(", ")
+        );
+    }
+    say(&format!(
+        "installing Debian packages: {}",
+        missing.join(" ")
+    ));
+    // tshark asks whether non-root users may capture; answer it up front.
+    run(Command::new("sh").arg("-c").arg(
+        "echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections",
+    ))?;
+    run(Command::new("apt-get")
+        .args(["update", "-q"])
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .context("apt-get update (are you root?)")?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "-o", "DPkg::Lock::Timeout=120"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .context("apt-get install")?;
+    Ok(())
+}
+
+/// True when this process runs as root (kernel tests, namespaces, XDP attach need it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -1,0 +1,60 @@
+//! `cargo xtask test`: set-up, then every test of the workspace (unit tests, kernel
+//! tests through BPF_PROG_TEST_RUN, namespace end-to-end runs), then a check that
+//! nothing was left behind.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Only tests whose name contains this string.
+    pub filter: Option<String>,
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    eprintln!("[test] cargo {}", args.join(" "));
+    let status = Command::new(env!("CARGO"))
+        .args(args)
+        .status()
+        .context("running cargo")?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+pub fn run(args: Args) -> Result<()> {
+    xtask::setup::ensure_all()?;
+    if !xtask::setup::is_root() {
+        bail!("the kernel and namespace tests need root (BPF_PROG_TEST_RUN, XDP attach, ip netns): run as root");
+    }
+    let before = namespaces();
+    // The end-to-end tests run the real binaries: build them first.
+    cargo(&["build", "--release", "-p", "roce-agent", "--bins"])?;
+    let mut test = vec!["test", "--workspace", "--release"];
+    if let Some(f) = args.filter.as_deref() {
+        test.push(f);
+    }
+    let result = cargo(&test);
+    let after = namespaces();
+    let new: Vec<_> = after.iter().filter(|x| !before.contains(x)).collect();
+    if !new.is_empty() {
+        eprintln!("[test] left behind by the tests: {new:?}");
+        result?;
+        bail!("tests left network namespaces behind: {new:?}");
+    }
+    result
+}
+
+/// Network namespaces present now (tests must not add any that outlive them).
+fn namespaces() -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
