@@ -7,3 +7,7 @@ pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 pub mod loader;
 pub mod netif;
 pub mod testrun;
+pub mod config;
+pub mod doc;
+pub mod table;
+pub mod packet;
