@@ -1,1 +1,19 @@
-fn main() {}
+//! `roce-agent`: see `roce-agent --help` and `agent/src/cli.rs`.
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use roce_agent::cli::{self, Cli};
+
+fn main() -> ExitCode {
+    // Usage errors exit 2 here (clap); --help and --version exit 0.
+    let args = Cli::parse();
+    cli::init_tracing();
+    match cli::execute(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("roce-agent: error: {e:#}");
+            ExitCode::from(cli::exit_code(&e))
+        }
+    }
+}

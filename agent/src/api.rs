@@ -1,0 +1,263 @@
+//! The agent's HTTP API (`GET /flows`: the flow [`Document`] as JSON), and the small
+//! HTTP client that `roce-agent flows` reads it with.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio::sync::watch;
+
+use crate::doc::Document;
+
+/// The newest document; the collector sends, every request reads.
+pub type Latest = watch::Receiver<Arc<Document>>;
+
+/// The API's routes: `GET /flows`.
+pub fn router(latest: Latest) -> Router {
+    Router::new().route("/flows", get(flows)).with_state(latest)
+}
+
+async fn flows(State(latest): State<Latest>) -> Response {
+    let doc = latest.borrow().clone();
+    match serde_json::to_vec(&*doc) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "serializing the flow document failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "serialization failed\n").into_response()
+        }
+    }
+}
+
+/// Why a request to a running agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{addr} is not a HOST:PORT address: {source}")]
+    Resolve {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("no roce-agent answers at {addr} ({source}); is `roce-agent run` running, listening there (--listen, default 127.0.0.1:9473)?")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("reading the answer from {addr}: {source}")]
+    Io {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("{addr} answered {path} with HTTP status {status}: {body}")]
+    Status {
+        addr: String,
+        path: String,
+        status: u16,
+        body: String,
+    },
+    #[error("{addr} did not answer with HTTP: {detail}")]
+    Malformed { addr: String, detail: String },
+}
+
+/// Largest answer accepted (a full 16M-entry table is far below this).
+const MAX_RESPONSE: u64 = 1 << 32;
+
+/// `GET path` from `addr` (`HOST:PORT`), returning the body of a 200 answer.
+/// Plain HTTP/1.0, one request per connection.
+pub fn get_body(addr: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, ClientError> {
+    let targets: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|source| ClientError::Resolve {
+            addr: addr.to_string(),
+            source,
+        })?
+        .collect();
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    let mut stream = None;
+    for t in &targets {
+        match TcpStream::connect_timeout(t, timeout) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = e,
+        }
+    }
+    let mut stream = stream.ok_or_else(|| ClientError::Connect {
+        addr: addr.to_string(),
+        source: last,
+    })?;
+    let io = |source| ClientError::Io {
+        addr: addr.to_string(),
+        source,
+    };
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    let request = format!(
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).map_err(io)?;
+    let mut raw = Vec::new();
+    stream
+        .take(MAX_RESPONSE)
+        .read_to_end(&mut raw)
+        .map_err(io)?;
+    let (status, body) = parse_response(&raw).map_err(|detail| ClientError::Malformed {
+        addr: addr.to_string(),
+        detail,
+    })?;
+    if status != 200 {
+        return Err(ClientError::Status {
+            addr: addr.to_string(),
+            path: path.to_string(),
+            status,
+            body: String::from_utf8_lossy(&body)
+                .trim()
+                .chars()
+                .take(200)
+                .collect(),
+        });
+    }
+    Ok(body)
+}
+
+/// Splits a whole HTTP/1.x response into its status and (de-chunked) body.
+fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("the answer has no complete header")?;
+    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "the header is not text")?;
+    let body = &raw[end + 4..];
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let mut parts = status_line.split_whitespace();
+    let version = parts.next().unwrap_or_default();
+    if !version.starts_with("HTTP/1.") {
+        return Err(format!("unexpected status line {status_line:?}"));
+    }
+    let status: u16 = parts
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("unexpected status line {status_line:?}"))?;
+    let mut chunked = false;
+    let mut length = None;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.to_ascii_lowercase().contains("chunked");
+        } else if name.eq_ignore_ascii_case("content-length") {
+            length = Some(
+                value
+                    .parse::<usize>()
+                    .map_err(|_| format!("bad Content-Length {value:?}"))?,
+            );
+        }
+    }
+    if chunked {
+        return dechunk(body).map(|b| (status, b));
+    }
+    match length {
+        Some(n) if n > body.len() => Err(format!(
+            "the answer was cut short ({} of {n} bytes)",
+            body.len()
+        )),
+        Some(n) => Ok((status, body[..n].to_vec())),
+        None => Ok((status, body.to_vec())),
+    }
+}
+
+fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let eol = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("a chunk size line is cut short")?;
+        let size_text = std::str::from_utf8(&body[..eol]).map_err(|_| "bad chunk size")?;
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .map_err(|_| format!("bad chunk size {size_text:?}"))?;
+        body = &body[eol + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if body.len() < size + 2 {
+            return Err("a chunk is cut short".to_string());
+        }
+        out.extend_from_slice(&body[..size]);
+        body = &body[size + 2..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_content_length_and_chunked_answers() {
+        let raw =
+            b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(parse_response(raw).unwrap(), (200, b"{}".to_vec()));
+        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
+        assert_eq!(parse_response(raw).unwrap(), (200, b"abcde".to_vec()));
+        let raw = b"HTTP/1.1 404 Not Found\r\n\r\n";
+        assert_eq!(parse_response(raw).unwrap().0, 404);
+        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n").is_err());
+        assert!(parse_response(b"HTTP/1.0 200 OK\r\ncontent-length: 9\r\n\r\n{}").is_err());
+    }
+
+    #[tokio::test]
+    async fn serves_the_latest_document_and_the_client_reads_it() {
+        let mut doc = Document::default();
+        doc.counters.roce = 42;
+        let (tx, rx) = watch::channel(Arc::new(Document::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move { axum::serve(listener, router(rx)).await });
+        tx.send(Arc::new(doc.clone())).unwrap();
+        let a = addr.clone();
+        let body =
+            tokio::task::spawn_blocking(move || get_body(&a, "/flows", Duration::from_secs(5)))
+                .await
+                .unwrap()
+                .unwrap();
+        let got: Document = serde_json::from_slice(&body).unwrap();
+        assert_eq!(got, doc);
+        let a = addr.clone();
+        let e = tokio::task::spawn_blocking(move || get_body(&a, "/nope", Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, ClientError::Status { status: 404, .. }), "{e}");
+        server.abort();
+    }
+
+    #[test]
+    fn nothing_listening_is_a_clear_error() {
+        // Bind then drop to find a port that is (almost certainly) closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let e = get_body(
+            &format!("127.0.0.1:{port}"),
+            "/flows",
+            Duration::from_secs(2),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("no roce-agent answers at 127.0.0.1:"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! The `roce-agent` command line: its arguments (clap) and what each subcommand does.
+//!
+//! Exit codes: 0 success, 1 runtime error (no such interface, no BPF permission, no
+//! agent answering, ...), 2 usage or configuration error.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context as _};
+use clap::{Args, Parser, Subcommand};
+use tokio::sync::watch;
+
+use crate::api;
+use crate::collector::Collector;
+use crate::config::{ConfigError, ConfigFile, Overrides, Settings, DEFAULT_LISTEN};
+use crate::doc::Document;
+use crate::loader;
+use crate::netif;
+use crate::table;
+
+/// Exit code of a runtime error.
+pub const EXIT_RUNTIME: u8 = 1;
+/// Exit code of a usage or configuration error (clap uses it too).
+pub const EXIT_USAGE: u8 = 2;
+
+/// How long `flows` waits for the agent.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a shutdown waits for open API connections.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "roce-agent",
+    version,
+    about = "eBPF host dataplane agent for RoCEv2 fabrics: per-queue-pair flow visibility",
+    long_about = "eBPF host dataplane agent for RoCEv2 fabrics.\n\n\
+        `run` attaches an XDP classifier to interfaces and counts every RoCEv2 queue pair \
+        it sees (plain or in VXLAN): packets, bytes, ECN marks, CNPs, ACK/NAK/RNR NAKs and \
+        PSN gaps. `flows` shows what a running agent counted.\n\n\
+        Exit status: 0 success, 1 runtime error, 2 usage or configuration error."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Attach the classifier to interfaces and serve the flow table over HTTP
+    #[command(after_help = "Examples:\n  \
+        roce-agent run --iface eth1\n  \
+        roce-agent run --iface eth1 --iface eth2 --listen 127.0.0.1:9473\n  \
+        roce-agent run --config /etc/roce-agent/host.toml\n\n\
+        Flags override the config file; with no file, defaults apply. Runs until SIGINT or \
+        SIGTERM, then detaches every program it attached and exits 0. Needs root (CAP_BPF, \
+        CAP_NET_ADMIN). RUST_LOG sets the log level (default info).")]
+    Run(RunArgs),
+    /// Print the flow table of a running agent (GET /flows)
+    #[command(after_help = "Examples:\n  \
+        roce-agent flows\n  \
+        roce-agent flows --json | jq '.flows[] | select(.ecn.ce > 0)'\n  \
+        roce-agent flows --api 127.0.0.1:9473")]
+    Flows(FlowsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Interface to attach to (XDP ingress); repeat for more. Replaces `interfaces` of the config file
+    #[arg(long = "iface", value_name = "IF")]
+    pub iface: Vec<String>,
+    /// Address of the HTTP API (GET /flows) [default: 127.0.0.1:9473, loopback only]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<String>,
+    /// TOML configuration file (see configs/*.toml); flags override it
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Seconds between two reads of the kernel's flow table [default: 1]
+    #[arg(long, value_name = "SECS")]
+    pub interval: Option<f64>,
+}
+
+#[derive(Debug, Args)]
+pub struct FlowsArgs {
+    /// Print the JSON document exactly as the agent served it
+    #[arg(long)]
+    pub json: bool,
+    /// Address of the running agent's API (its --listen)
+    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN)]
+    pub api: String,
+}
+
+/// Runtime failures of `run` that are not configuration errors.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("no such interface: {}", .0.join(", "))]
+    NoInterface(Vec<String>),
+}
+
+/// The exit code for an error: 2 when it is a configuration error, 1 otherwise.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.chain().any(|c| c.downcast_ref::<ConfigError>().is_some()) {
+        EXIT_USAGE
+    } else {
+        EXIT_RUNTIME
+    }
+}
+
+/// Logs to stderr; RUST_LOG filters (default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second initialisation (tests) is harmless: keep the first.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs one parsed command line.
+pub fn execute(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Flows(args) => flows(args),
+    }
+}
+
+/// `roce-agent run`.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let file = args.config.as_deref().map(ConfigFile::load).transpose()?;
+    let flags = Overrides {
+        interfaces: args.iface,
+        listen: args.listen,
+        interval_secs: args.interval,
+    };
+    let settings = Settings::resolve(file.as_ref(), &flags, true)?;
+
+    // Every interface must exist before anything is attached.
+    let missing: Vec<String> = settings
+        .interfaces
+        .iter()
+        .filter(|i| netif::index_of(i).is_none())
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        return Err(RunError::NoInterface(missing).into());
+    }
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(serve(settings))
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+
+    // Claim the API address before attaching anything, so a busy port changes nothing.
+    let listener = tokio::net::TcpListener::bind(&settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let local = listener
+        .local_addr()
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+
+    let loaded = loader::load(&settings.load_options()).context("loading the kernel programs")?;
+    let mut collector = Collector::new(loaded);
+    for ifname in &settings.interfaces {
+        match collector.loaded_mut().attach_xdp(ifname) {
+            Ok(mode) => tracing::info!(interface = %ifname, %mode, "XDP classifier attached"),
+            Err(e) => {
+                collector.loaded_mut().detach_all();
+                return Err(anyhow!(e)).context(format!("attaching XDP to {ifname}"));
+            }
+        }
+    }
+
+    let first = match collector.poll() {
+        Ok(p) => p.document,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the flow table failed");
+            Document::default()
+        }
+    };
+    let (tx, rx) = watch::channel(Arc::new(first));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, api::router(rx))
+            .with_graceful_shutdown(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    tracing::info!(listen = %local, interval = ?settings.interval, "serving GET /flows");
+
+    let mut ticker = tokio::time::interval(settings.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await; // the first tick is immediate: the first poll is done
+    let mut server_done = None;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                match tokio::task::block_in_place(|| collector.poll()) {
+                    Ok(p) => {
+                        tracing::debug!(flows = p.document.flows.len(), entries = p.entries, elapsed = ?p.elapsed, "polled");
+                        tx.send_replace(Arc::new(p.document));
+                    }
+                    Err(e) => tracing::warn!(error = %e, "reading the flow table failed"),
+                }
+            }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            r = &mut server => { server_done = Some(r); break; }
+        }
+    }
+
+    collector.loaded_mut().detach_all();
+    tracing::info!(interfaces = ?settings.interfaces, "detached");
+    match server_done {
+        Some(Ok(Ok(()))) => Err(anyhow!("the API server stopped unexpectedly")),
+        Some(Ok(Err(e))) => Err(anyhow!(e).context("the API server failed")),
+        Some(Err(e)) => Err(anyhow!(e).context("the API server task failed")),
+        None => {
+            let _ = stop_tx.send(());
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+                .await
+                .is_err()
+            {
+                server.abort();
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `roce-agent flows`.
+pub fn flows(args: FlowsArgs) -> anyhow::Result<()> {
+    let body = api::get_body(&args.api, "/flows", CLIENT_TIMEOUT)?;
+    let doc: Document = serde_json::from_slice(&body).with_context(|| {
+        format!(
+            "the answer of {} is not a roce-agent flow document",
+            args.api
+        )
+    })?;
+    let mut out = std::io::stdout().lock();
+    use std::io::Write as _;
+    let written = if args.json {
+        out.write_all(&body).and_then(|()| {
+            if body.last() != Some(&b'\n') {
+                out.write_all(b"\n")
+            } else {
+                Ok(())
+            }
+        })
+    } else {
+        out.write_all(table::render(&doc).as_bytes())
+    };
+    match written.and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        // A closed pipe (`| head`) is not an error worth reporting.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(e).context("writing to stdout"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_repeated_ifaces() {
+        let cli = Cli::try_parse_from([
+            "roce-agent",
+            "run",
+            "--iface",
+            "a",
+            "--iface",
+            "b",
+            "--listen",
+            "127.0.0.1:1",
+            "--interval",
+            "0.5",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Run(r) => {
+                assert_eq!(r.iface, vec!["a", "b"]);
+                assert_eq!(r.listen.as_deref(), Some("127.0.0.1:1"));
+                assert_eq!(r.interval, Some(0.5));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn flows_defaults_to_the_documented_port() {
+        let cli = Cli::try_parse_from(["roce-agent", "flows"]).unwrap();
+        match cli.command {
+            Command::Flows(f) => {
+                assert_eq!(f.api, "127.0.0.1:9473");
+                assert!(!f.json);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn config_errors_exit_2_and_others_1() {
+        let e: anyhow::Error = ConfigError::Invalid {
+            origin: crate::config::Origin::Missing,
+            field: "interfaces",
+            message: "x".into(),
+        }
+        .into();
+        assert_eq!(exit_code(&e.context("outer")), EXIT_USAGE);
+        let e: anyhow::Error = RunError::NoInterface(vec!["x".into()]).into();
+        assert_eq!(exit_code(&e), EXIT_RUNTIME);
+    }
+}

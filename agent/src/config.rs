@@ -1,0 +1,600 @@
+//! The agent's configuration: an optional TOML file, command-line flags over it, and
+//! the checks that turn both into [`Settings`].
+//!
+//! Every key is optional; `roce-agent run --iface IF` needs no file at all. A file
+//! with an unknown key, a value of the wrong type or a value out of range is refused
+//! with `FILE:LINE:COLUMN: message`, naming the key.
+//!
+//! ```toml
+//! interfaces = ["eth1"]          # XDP attaches to each (flags: --iface, repeatable)
+//! listen = "127.0.0.1:9473"      # the JSON API (flag: --listen)
+//! interval = 1                   # seconds between two polls of the kernel maps (flag: --interval)
+//! flows_map_size = 65536         # FLOWS entries (LRU: the oldest flow makes room)
+//! roce_port = 4791               # UDP destination port of RoCEv2
+//! vxlan_port = 4789              # UDP destination port of VXLAN
+//! default_pmtu = 4096            # path MTU assumed for READs until a flow's own is learnt
+//! ```
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use roce_common::config::{pmtu_log2, RuntimeConfig};
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::loader::LoadOptions;
+
+/// Where the JSON API listens when neither `--listen` nor `listen` says otherwise:
+/// loopback only, port 9473.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9473";
+/// Seconds between two polls of FLOWS and STATS.
+pub const DEFAULT_INTERVAL_SECS: f64 = 1.0;
+/// Entries of the FLOWS map.
+pub const DEFAULT_FLOWS_MAP_SIZE: u32 = 65536;
+/// Largest FLOWS map accepted (per-CPU values make each entry cost ~100 B per CPU).
+pub const MAX_FLOWS_MAP_SIZE: u32 = 1 << 24;
+/// Path MTU assumed until a flow's own is learnt.
+pub const DEFAULT_PMTU: u32 = 4096;
+/// Longest interval accepted, in seconds (one hour).
+pub const MAX_INTERVAL_SECS: f64 = 3600.0;
+/// Shortest interval accepted, in seconds.
+pub const MIN_INTERVAL_SECS: f64 = 0.01;
+/// Linux interface names are at most 15 bytes.
+const MAX_IFNAME_LEN: usize = 15;
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: cannot read the configuration file: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}:{line}:{column}: {message}{excerpt}", path.display())]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+        /// The offending line with a caret under the column (empty when unknown).
+        excerpt: String,
+    },
+    #[error("{origin}: {field}: {message}")]
+    Invalid {
+        origin: Origin,
+        field: &'static str,
+        message: String,
+    },
+}
+
+/// Where a refused value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A key of a configuration file.
+    File {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+    },
+    /// A command-line flag, e.g. `--interval`.
+    Flag(&'static str),
+    /// Nothing set it (e.g. no interfaces at all).
+    Missing,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File { path, line, column } => {
+                write!(f, "{}:{line}:{column}", path.display())
+            }
+            Origin::Flag(flag) => write!(f, "command line {flag}"),
+            Origin::Missing => f.write_str("configuration"),
+        }
+    }
+}
+
+/// The configuration file as written: every key optional, none unknown.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Interfaces to attach the XDP classifier to.
+    pub interfaces: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `HOST:PORT` of the JSON API.
+    pub listen: Option<Spanned<String>>,
+    /// Seconds between two polls of the kernel maps.
+    pub interval: Option<Spanned<f64>>,
+    /// Entries of the FLOWS map.
+    pub flows_map_size: Option<Spanned<u32>>,
+    pub roce_port: Option<Spanned<u16>>,
+    pub vxlan_port: Option<Spanned<u16>>,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    pub default_pmtu: Option<Spanned<u32>>,
+}
+
+/// A parsed configuration file together with its text, for error positions.
+#[derive(Debug)]
+pub struct ConfigFile {
+    pub path: PathBuf,
+    text: String,
+    pub values: FileConfig,
+}
+
+impl ConfigFile {
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        ConfigFile::parse(path, text)
+    }
+
+    /// Parses `text` as if read from `path`.
+    pub fn parse(path: &Path, text: String) -> Result<ConfigFile, ConfigError> {
+        match toml::from_str::<FileConfig>(&text) {
+            Ok(values) => Ok(ConfigFile {
+                path: path.to_path_buf(),
+                text,
+                values,
+            }),
+            Err(e) => {
+                let (line, column) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
+                Err(ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    line,
+                    column,
+                    message: e.message().trim_end().to_string(),
+                    excerpt: excerpt(&text, line, column),
+                })
+            }
+        }
+    }
+
+    fn origin(&self, span: Range<usize>) -> Origin {
+        let (line, column) = line_col(&self.text, span.start);
+        Origin::File {
+            path: self.path.clone(),
+            line,
+            column,
+        }
+    }
+}
+
+/// 1-based line and column (in characters) of byte `offset` of `text`.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let bytes = text.as_bytes();
+    let offset = offset.min(bytes.len());
+    let before = &bytes[..offset];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    (line, column)
+}
+
+fn excerpt(text: &str, line: usize, column: usize) -> String {
+    match text.lines().nth(line.saturating_sub(1)) {
+        Some(src) if !src.trim().is_empty() => {
+            let pad: String = src
+                .chars()
+                .take(column.saturating_sub(1))
+                .map(|c| if c == '\t' { '\t' } else { ' ' })
+                .collect();
+            format!("\n    | {src}\n    | {pad}^")
+        }
+        _ => String::new(),
+    }
+}
+
+/// What the command line says; `None`/empty means "not given".
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub interfaces: Vec<String>,
+    pub listen: Option<String>,
+    pub interval_secs: Option<f64>,
+}
+
+/// The configuration the agent runs with: defaults, then the file, then the flags.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub interfaces: Vec<String>,
+    /// `HOST:PORT` of the JSON API.
+    pub listen: String,
+    pub interval: Duration,
+    pub flows_map_size: u32,
+    /// Default path MTU in bytes.
+    pub default_pmtu: u32,
+    /// What the kernel programs read from CONFIG.
+    pub runtime: RuntimeConfig,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            interfaces: Vec::new(),
+            listen: DEFAULT_LISTEN.to_string(),
+            interval: Duration::from_secs_f64(DEFAULT_INTERVAL_SECS),
+            flows_map_size: DEFAULT_FLOWS_MAP_SIZE,
+            default_pmtu: DEFAULT_PMTU,
+            runtime: RuntimeConfig::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// Defaults, overridden by `file` (when given), overridden by `flags`; then checked.
+    /// `require_interfaces`: refuse a result with no interface (what `run` needs).
+    pub fn resolve(
+        file: Option<&ConfigFile>,
+        flags: &Overrides,
+        require_interfaces: bool,
+    ) -> Result<Settings, ConfigError> {
+        let mut s = Settings::default();
+        let invalid = |origin: Origin, field: &'static str, message: String| ConfigError::Invalid {
+            origin,
+            field,
+            message,
+        };
+
+        // Interfaces: the flags replace the file's list.
+        let mut ifaces: Vec<(String, Origin)> = Vec::new();
+        let mut ifaces_origin = Origin::Missing;
+        if !flags.interfaces.is_empty() {
+            ifaces_origin = Origin::Flag("--iface");
+            ifaces = flags
+                .interfaces
+                .iter()
+                .map(|i| (i.clone(), Origin::Flag("--iface")))
+                .collect();
+        } else if let (Some(f), Some(list)) =
+            (file, &file.and_then(|f| f.values.interfaces.as_ref()))
+        {
+            ifaces_origin = f.origin(list.span());
+            ifaces = list
+                .get_ref()
+                .iter()
+                .map(|i| (i.get_ref().clone(), f.origin(i.span())))
+                .collect();
+        }
+        for (i, (name, origin)) in ifaces.iter().enumerate() {
+            check_ifname(name).map_err(|m| invalid(origin.clone(), "interfaces", m))?;
+            if ifaces[..i].iter().any(|(n, _)| n == name) {
+                return Err(invalid(
+                    origin.clone(),
+                    "interfaces",
+                    format!("interface {name} is listed twice"),
+                ));
+            }
+        }
+        if require_interfaces && ifaces.is_empty() {
+            return Err(invalid(
+                ifaces_origin,
+                "interfaces",
+                "no interface to attach to: give --iface IF or set `interfaces = [\"IF\"]` in the config file"
+                    .to_string(),
+            ));
+        }
+        s.interfaces = ifaces.into_iter().map(|(n, _)| n).collect();
+
+        // Listen address.
+        if let Some(l) = &flags.listen {
+            check_listen(l).map_err(|m| invalid(Origin::Flag("--listen"), "listen", m))?;
+            s.listen = l.clone();
+        } else if let Some((f, l)) = file.and_then(|f| f.values.listen.as_ref().map(|l| (f, l))) {
+            check_listen(l.get_ref()).map_err(|m| invalid(f.origin(l.span()), "listen", m))?;
+            s.listen = l.get_ref().clone();
+        }
+
+        // Poll interval.
+        if let Some(secs) = flags.interval_secs {
+            s.interval = check_interval(secs)
+                .map_err(|m| invalid(Origin::Flag("--interval"), "interval", m))?;
+        } else if let Some((f, v)) = file.and_then(|f| f.values.interval.as_ref().map(|v| (f, v))) {
+            s.interval = check_interval(*v.get_ref())
+                .map_err(|m| invalid(f.origin(v.span()), "interval", m))?;
+        }
+
+        if let Some(f) = file {
+            let v = &f.values;
+            if let Some(n) = &v.flows_map_size {
+                let size = *n.get_ref();
+                if size == 0 || size > MAX_FLOWS_MAP_SIZE {
+                    return Err(invalid(
+                        f.origin(n.span()),
+                        "flows_map_size",
+                        format!("{size} is out of range (1 to {MAX_FLOWS_MAP_SIZE})"),
+                    ));
+                }
+                s.flows_map_size = size;
+            }
+            if let Some(p) = &v.roce_port {
+                s.runtime.roce_port = check_port(*p.get_ref())
+                    .map_err(|m| invalid(f.origin(p.span()), "roce_port", m))?;
+            }
+            if let Some(p) = &v.vxlan_port {
+                s.runtime.vxlan_port = check_port(*p.get_ref())
+                    .map_err(|m| invalid(f.origin(p.span()), "vxlan_port", m))?;
+            }
+            if s.runtime.roce_port == s.runtime.vxlan_port {
+                let span = v
+                    .vxlan_port
+                    .as_ref()
+                    .or(v.roce_port.as_ref())
+                    .map(|p| p.span())
+                    .unwrap_or(0..0);
+                return Err(invalid(
+                    f.origin(span),
+                    "vxlan_port",
+                    format!(
+                        "roce_port and vxlan_port are both {}: they must differ",
+                        s.runtime.roce_port
+                    ),
+                ));
+            }
+            if let Some(m) = &v.default_pmtu {
+                let bytes = *m.get_ref();
+                s.runtime.default_pmtu_log2 = pmtu_log2(bytes).ok_or_else(|| {
+                    invalid(
+                        f.origin(m.span()),
+                        "default_pmtu",
+                        format!(
+                            "{bytes} is not an InfiniBand MTU: use 256, 512, 1024, 2048 or 4096"
+                        ),
+                    )
+                })?;
+                s.default_pmtu = bytes;
+            }
+        }
+        Ok(s)
+    }
+
+    /// What `loader::load` needs.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            flows_max_entries: self.flows_map_size,
+            config: self.runtime,
+        }
+    }
+}
+
+fn check_ifname(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("an interface name is empty".to_string());
+    }
+    if name.len() > MAX_IFNAME_LEN {
+        return Err(format!(
+            "interface name {name:?} is longer than {MAX_IFNAME_LEN} bytes"
+        ));
+    }
+    if name == "."
+        || name == ".."
+        || name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
+    {
+        return Err(format!("{name:?} is not a valid interface name"));
+    }
+    Ok(())
+}
+
+fn check_listen(addr: &str) -> Result<(), String> {
+    if addr.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    match addr.rsplit_once(':') {
+        Some((host, port))
+            if !host.is_empty() && !host.contains(':') && port.parse::<u16>().is_ok() =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "{addr:?} is not HOST:PORT (e.g. 127.0.0.1:9473, [::1]:9473, localhost:9473)"
+        )),
+    }
+}
+
+fn check_interval(secs: f64) -> Result<Duration, String> {
+    if !secs.is_finite() || !(MIN_INTERVAL_SECS..=MAX_INTERVAL_SECS).contains(&secs) {
+        return Err(format!(
+            "{secs} seconds is out of range ({MIN_INTERVAL_SECS} to {MAX_INTERVAL_SECS})"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn check_port(port: u16) -> Result<u16, String> {
+    if port == 0 {
+        return Err("port 0 is not a valid UDP destination port".to_string());
+    }
+    Ok(port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
+        ConfigFile::parse(Path::new("t.toml"), text.to_string())
+    }
+
+    fn resolve(text: &str, flags: &Overrides) -> Result<Settings, ConfigError> {
+        let f = parse(text)?;
+        Settings::resolve(Some(&f), flags, true)
+    }
+
+    fn iface(name: &str) -> Overrides {
+        Overrides {
+            interfaces: vec![name.to_string()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn no_file_gives_defaults() {
+        let s = Settings::resolve(None, &iface("eth1"), true).unwrap();
+        assert_eq!(s.interfaces, vec!["eth1"]);
+        assert_eq!(s.listen, "127.0.0.1:9473");
+        assert_eq!(s.interval, Duration::from_secs(1));
+        assert_eq!(s.flows_map_size, 65536);
+        assert_eq!(s.runtime, RuntimeConfig::default());
+        assert_eq!(s.default_pmtu, 4096);
+    }
+
+    #[test]
+    fn full_file_is_read() {
+        let s = resolve(
+            "interfaces = [\"eth1\", \"eth2\"]\nlisten = \"[::1]:9000\"\ninterval = 0.5\n\
+             flows_map_size = 1024\nroce_port = 4792\nvxlan_port = 8472\ndefault_pmtu = 1024\n",
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(s.interfaces, vec!["eth1", "eth2"]);
+        assert_eq!(s.listen, "[::1]:9000");
+        assert_eq!(s.interval, Duration::from_millis(500));
+        assert_eq!(s.flows_map_size, 1024);
+        assert_eq!((s.runtime.roce_port, s.runtime.vxlan_port), (4792, 8472));
+        assert_eq!(s.runtime.default_pmtu_log2, 10);
+        assert_eq!(s.load_options().flows_max_entries, 1024);
+    }
+
+    #[test]
+    fn integer_interval_is_accepted() {
+        let s = resolve("interval = 2", &iface("eth1")).unwrap();
+        assert_eq!(s.interval, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let flags = Overrides {
+            interfaces: vec!["veth0".into()],
+            listen: Some("127.0.0.1:1".into()),
+            interval_secs: Some(3.0),
+        };
+        let s = resolve(
+            "interfaces = [\"eth1\"]\nlisten = \"127.0.0.1:2\"\ninterval = 5\n",
+            &flags,
+        )
+        .unwrap();
+        assert_eq!(s.interfaces, vec!["veth0"]);
+        assert_eq!(s.listen, "127.0.0.1:1");
+        assert_eq!(s.interval, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_column() {
+        let e = parse("roce_port = 4791\n  mtu = 1500\n").unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("t.toml:2:3: unknown field `mtu`"), "{msg}");
+    }
+
+    #[test]
+    fn syntax_error_names_line_and_column() {
+        let e = parse("listen = \"127.0.0.1:9473\"\nroce_port = = 4\n").unwrap_err();
+        match e {
+            ConfigError::Parse { line, column, .. } => assert_eq!((line, column), (2, 13)),
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn wrong_type_names_the_value() {
+        let e = parse("roce_port = \"x\"\n").unwrap_err();
+        assert!(e.to_string().starts_with("t.toml:1:13: "), "{e}");
+        let e = parse("vxlan_port = 70000\n").unwrap_err();
+        assert!(e.to_string().starts_with("t.toml:1:14: "), "{e}");
+    }
+
+    #[test]
+    fn bad_mtu_is_refused_with_its_position() {
+        let e = resolve("\ndefault_pmtu = 1500\n", &iface("eth1")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.toml:2:16: default_pmtu: 1500 is not an InfiniBand MTU: use 256, 512, 1024, 2048 or 4096"
+        );
+    }
+
+    #[test]
+    fn port_zero_is_refused() {
+        let e = resolve("roce_port = 0\n", &iface("eth1")).unwrap_err();
+        assert!(
+            e.to_string().starts_with("t.toml:1:13: roce_port: port 0"),
+            "{e}"
+        );
+        let e = resolve("roce_port = 4789\n", &iface("eth1")).unwrap_err();
+        assert!(e.to_string().contains("must differ"), "{e}");
+    }
+
+    #[test]
+    fn empty_interface_list_is_refused_unless_flags_give_one() {
+        let e = resolve("interfaces = []\n", &Overrides::default()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("t.toml:1:14: interfaces: no interface"),
+            "{e}"
+        );
+        let e = Settings::resolve(None, &Overrides::default(), true).unwrap_err();
+        assert!(e.to_string().contains("--iface"), "{e}");
+        assert!(resolve("interfaces = []\n", &iface("eth1")).is_ok());
+        assert!(Settings::resolve(None, &Overrides::default(), false).is_ok());
+    }
+
+    #[test]
+    fn duplicate_interfaces_are_refused() {
+        let e = resolve("interfaces = [\"eth1\", \"eth1\"]\n", &Overrides::default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.toml:1:23: interfaces: interface eth1 is listed twice"
+        );
+        let flags = Overrides {
+            interfaces: vec!["a".into(), "a".into()],
+            ..Default::default()
+        };
+        let e = Settings::resolve(None, &flags, true).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "command line --iface: interfaces: interface a is listed twice"
+        );
+    }
+
+    #[test]
+    fn bad_listen_and_interval_are_refused() {
+        assert!(resolve("listen = \"nonsense\"\n", &iface("e")).is_err());
+        assert!(resolve("listen = \"localhost:9473\"\n", &iface("e")).is_ok());
+        assert!(resolve("interval = 0\n", &iface("e")).is_err());
+        let flags = Overrides {
+            interfaces: vec!["e".into()],
+            interval_secs: Some(f64::NAN),
+            ..Default::default()
+        };
+        let e = Settings::resolve(None, &flags, true).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("command line --interval: interval:"),
+            "{e}"
+        );
+        let e = resolve("flows_map_size = 0\n", &iface("e")).unwrap_err();
+        assert!(e.to_string().contains("flows_map_size"), "{e}");
+    }
+
+    #[test]
+    fn long_interface_name_is_refused() {
+        let e = Settings::resolve(None, &iface("a-very-long-interface"), true).unwrap_err();
+        assert!(e.to_string().contains("longer than 15"), "{e}");
+    }
+
+    #[test]
+    fn line_col_counts_characters() {
+        assert_eq!(line_col("ab\ncdé f", 0), (1, 1));
+        assert_eq!(line_col("ab\ncdé f", 3), (2, 1));
+        assert_eq!(line_col("ab\ncdé f", 8), (2, 5));
+        assert_eq!(line_col("ab", 99), (1, 3));
+    }
+}

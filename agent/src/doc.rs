@@ -1,0 +1,533 @@
+//! The JSON document that `GET /flows`, `roce-agent flows --json` and `analyze --json`
+//! print: one record per flow and the classifier's counters.
+//!
+//! The field names are a public contract (DESIGN.md, "Public interface"): fields may
+//! be added, never renamed. Readers ignore fields they do not know, so a newer agent
+//! stays readable by an older `flows`.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use roce_common::counters::{
+    CLASS_NAMES, REASON_NAMES, STAT_CLASS_BASE, STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED,
+    STAT_REASON_BASE,
+};
+use roce_common::flow::{FlowKey, FlowStats};
+use roce_common::wire::{ECN_CE, ECN_ECT0, ECN_ECT1, ECN_NOT_ECT};
+use serde::{Deserialize, Serialize};
+
+/// The whole document.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Document {
+    pub flows: Vec<Flow>,
+    pub counters: Counters,
+}
+
+/// Which way a packet crossed the interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+/// An IP address family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    Ipv4,
+    Ipv6,
+}
+
+/// Packets per ECN codepoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ecn {
+    pub not_ect: u64,
+    pub ect1: u64,
+    pub ect0: u64,
+    pub ce: u64,
+}
+
+impl Ecn {
+    /// From counts indexed by codepoint, as `FlowStats` keeps them.
+    pub fn from_codepoints(c: &[u64; 4]) -> Ecn {
+        Ecn {
+            not_ect: c[ECN_NOT_ECT as usize],
+            ect1: c[ECN_ECT1 as usize],
+            ect0: c[ECN_ECT0 as usize],
+            ce: c[ECN_CE as usize],
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.not_ect + self.ect1 + self.ect0 + self.ce
+    }
+}
+
+/// One direction of one queue pair (on one interface, live).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Flow {
+    /// The interface it was seen on; null in `analyze`.
+    pub ifname: Option<String>,
+    /// null in `analyze`.
+    pub direction: Option<Direction>,
+    /// Outer address family.
+    pub family: Family,
+    /// Outer addresses.
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// The RoCE UDP source port (the inner one when tunnelled) of the last packet.
+    pub sport: u16,
+    /// null when not tunnelled.
+    pub vni: Option<u32>,
+    pub inner_family: Option<Family>,
+    pub inner_src: Option<IpAddr>,
+    pub inner_dst: Option<IpAddr>,
+    /// BTH destination QP.
+    pub dest_qp: u32,
+    pub packets: u64,
+    /// Frame bytes from the Ethernet header on, no FCS.
+    pub bytes: u64,
+    /// Codepoints of the outer IP header.
+    pub ecn: Ecn,
+    /// Codepoints of the inner IP header; null when not tunnelled.
+    pub inner_ecn: Option<Ecn>,
+    pub cnps: u64,
+    pub acks: u64,
+    pub naks: u64,
+    pub rnr_naks: u64,
+    pub psn_gaps: u64,
+    /// Outer DSCP of the last packet.
+    pub last_dscp: u8,
+    /// Added: when the flow's first and last packets were counted, in ns of the
+    /// clock that counted them (the kernel's monotonic clock live; capture time in
+    /// `analyze`).
+    #[serde(default)]
+    pub first_seen_ns: u64,
+    #[serde(default)]
+    pub last_seen_ns: u64,
+}
+
+impl Flow {
+    /// Fraction of packets whose outer ECN was CE (0 when there were none).
+    pub fn ce_ratio(&self) -> f64 {
+        let total = self.ecn.total();
+        if total == 0 {
+            0.0
+        } else {
+            self.ecn.ce as f64 / total as f64
+        }
+    }
+
+    fn order_key(
+        &self,
+    ) -> (
+        &Option<String>,
+        Option<Direction>,
+        Family,
+        IpAddr,
+        IpAddr,
+        Option<u32>,
+        Option<IpAddr>,
+        Option<IpAddr>,
+        u32,
+    ) {
+        (
+            &self.ifname,
+            self.direction,
+            self.family,
+            self.src,
+            self.dst,
+            self.vni,
+            self.inner_src,
+            self.inner_dst,
+            self.dest_qp,
+        )
+    }
+
+    /// The document's order: interface, direction, outer addresses, VNI, inner
+    /// addresses, destination QP.
+    pub fn canonical_cmp(&self, other: &Flow) -> Ordering {
+        self.order_key().cmp(&other.order_key())
+    }
+}
+
+/// What the classifier made of every frame, whether or not it made a flow.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub roce: u64,
+    pub roce_in_vxlan: u64,
+    pub vxlan_other: u64,
+    pub other_udp: u64,
+    pub other_ip: u64,
+    pub non_ip: u64,
+    /// Frames that could not be parsed as far as the BTH, by reason (every reason
+    /// is present, zero or not).
+    pub parse_errors: BTreeMap<String, u64>,
+    /// Added: flow entries created.
+    #[serde(default)]
+    pub flows_created: u64,
+    /// Added: flow entries that could not be inserted (their packets are counted
+    /// under their class but on no flow).
+    #[serde(default)]
+    pub flow_insert_failed: u64,
+    /// Added: flows created but no longer in the table (LRU evictions); 0 in `analyze`.
+    #[serde(default)]
+    pub flows_evicted: u64,
+}
+
+impl Counters {
+    /// From the STATS array (summed over CPUs); `present` is the number of flows in
+    /// the table now. Entries past the end of `stats` count as zero.
+    pub fn from_stats(stats: &[u64], present: usize) -> Counters {
+        let at = |i: u32| stats.get(i as usize).copied().unwrap_or(0);
+        let class = |name: &str| {
+            CLASS_NAMES
+                .iter()
+                .position(|n| *n == name)
+                .map_or(0, |i| at(STAT_CLASS_BASE + i as u32))
+        };
+        let parse_errors = REASON_NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (name.to_string(), at(STAT_REASON_BASE + i as u32)))
+            .collect();
+        let created = at(STAT_FLOW_CREATED);
+        Counters {
+            roce: class("roce"),
+            roce_in_vxlan: class("roce_in_vxlan"),
+            vxlan_other: class("vxlan_other"),
+            other_udp: class("other_udp"),
+            other_ip: class("other_ip"),
+            non_ip: class("non_ip"),
+            parse_errors,
+            flows_created: created,
+            flow_insert_failed: at(STAT_FLOW_INSERT_FAILED),
+            flows_evicted: created.saturating_sub(present as u64),
+        }
+    }
+
+    /// Frames counted under any parse-error reason.
+    pub fn parse_errors_total(&self) -> u64 {
+        self.parse_errors.values().sum()
+    }
+}
+
+/// An address of a `FlowKey` (four raw network-order words, IPv4 stored mapped).
+pub fn key_addr(words: &[u32; 4], v6: bool) -> IpAddr {
+    let mut b = [0u8; 16];
+    for (chunk, w) in b.chunks_exact_mut(4).zip(words) {
+        chunk.copy_from_slice(&w.to_ne_bytes());
+    }
+    if v6 {
+        IpAddr::V6(Ipv6Addr::from(b))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(b[12], b[13], b[14], b[15]))
+    }
+}
+
+fn family(v6: bool) -> Family {
+    if v6 {
+        Family::Ipv6
+    } else {
+        Family::Ipv4
+    }
+}
+
+/// Turns an interface index into its name. `None` (as in `analyze`) leaves
+/// `ifname` and `direction` null.
+pub type IfnameResolver<'a> = &'a dyn Fn(u32) -> Option<String>;
+
+impl Flow {
+    /// One flow record from a key and its merged counters.
+    pub fn from_entry(key: &FlowKey, st: &FlowStats, resolve: Option<IfnameResolver<'_>>) -> Flow {
+        let tunnelled = key.tunnelled();
+        let (ifname, direction) = match resolve {
+            Some(r) => (
+                Some(r(key.ifindex).unwrap_or_else(|| format!("if#{}", key.ifindex))),
+                Some(if key.egress() {
+                    Direction::Egress
+                } else {
+                    Direction::Ingress
+                }),
+            ),
+            None => (None, None),
+        };
+        Flow {
+            ifname,
+            direction,
+            family: family(key.outer_v6()),
+            src: key_addr(&key.src, key.outer_v6()),
+            dst: key_addr(&key.dst, key.outer_v6()),
+            sport: st.sport,
+            vni: tunnelled.then_some(key.vni),
+            inner_family: tunnelled.then(|| family(key.inner_v6())),
+            inner_src: tunnelled.then(|| key_addr(&key.inner_src, key.inner_v6())),
+            inner_dst: tunnelled.then(|| key_addr(&key.inner_dst, key.inner_v6())),
+            dest_qp: key.dest_qp,
+            packets: st.packets,
+            bytes: st.bytes,
+            ecn: Ecn::from_codepoints(&st.ecn),
+            inner_ecn: tunnelled.then(|| Ecn::from_codepoints(&st.inner_ecn)),
+            cnps: st.cnps,
+            acks: st.acks,
+            naks: st.naks,
+            rnr_naks: st.rnr_naks,
+            psn_gaps: st.psn_gaps,
+            last_dscp: st.last_dscp,
+            first_seen_ns: st.first_seen_ns,
+            last_seen_ns: st.last_seen_ns,
+        }
+    }
+}
+
+impl Document {
+    /// Builds the document from the flow table (CPUs already merged) and the STATS
+    /// array, with flows in [`Flow::canonical_cmp`] order. Flows with no packet
+    /// (an entry created but never counted on) are left out.
+    pub fn build(
+        flows: Vec<(FlowKey, FlowStats)>,
+        stats: &[u64],
+        resolve: Option<IfnameResolver<'_>>,
+    ) -> Document {
+        let present = flows.len();
+        let mut out: Vec<Flow> = flows
+            .iter()
+            .filter(|(_, st)| st.packets > 0)
+            .map(|(k, st)| Flow::from_entry(k, st, resolve))
+            .collect();
+        out.sort_by(Flow::canonical_cmp);
+        Document {
+            flows: out,
+            counters: Counters::from_stats(stats, present),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_common::counters::{Reason, STATS_LEN};
+    use roce_common::flow::{
+        addr_v4_mapped, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
+    };
+
+    fn v4(a: [u8; 4]) -> [u32; 4] {
+        addr_v4_mapped(u32::from_ne_bytes(a))
+    }
+
+    fn v6(a: Ipv6Addr) -> [u32; 4] {
+        let b = a.octets();
+        let mut w = [0u32; 4];
+        for (i, c) in b.chunks_exact(4).enumerate() {
+            w[i] = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        w
+    }
+
+    fn plain_key(src: [u8; 4], dst: [u8; 4], qp: u32, ifindex: u32) -> FlowKey {
+        FlowKey {
+            src: v4(src),
+            dst: v4(dst),
+            dest_qp: qp,
+            ifindex,
+            ..Default::default()
+        }
+    }
+
+    fn stats(packets: u64) -> FlowStats {
+        FlowStats {
+            packets,
+            bytes: packets * 1284,
+            ecn: [0, 0, packets - 1, 1],
+            sport: 49152,
+            last_dscp: 26,
+            ..Default::default()
+        }
+    }
+
+    fn names(i: u32) -> Option<String> {
+        match i {
+            2 => Some("eth1".into()),
+            3 => Some("eth2".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn plain_ipv4_flow_matches_the_design_example() {
+        let key = plain_key([198, 18, 0, 1], [198, 18, 0, 2], 4660, 2);
+        let mut st = stats(10);
+        st.bytes = 12840;
+        st.ecn = [0, 0, 8, 2];
+        let mut raw = vec![0u64; STATS_LEN as usize];
+        raw[0] = 10;
+        let doc = Document::build(vec![(key, st)], &raw, Some(&names));
+        let v = serde_json::to_value(&doc).unwrap();
+        let f = &v["flows"][0];
+        assert_eq!(f["ifname"], "eth1");
+        assert_eq!(f["direction"], "ingress");
+        assert_eq!(f["family"], "ipv4");
+        assert_eq!(f["src"], "198.18.0.1");
+        assert_eq!(f["dst"], "198.18.0.2");
+        assert_eq!(f["sport"], 49152);
+        assert!(f["vni"].is_null());
+        assert!(f["inner_family"].is_null());
+        assert!(f["inner_src"].is_null());
+        assert!(f["inner_dst"].is_null());
+        assert!(f["inner_ecn"].is_null());
+        assert_eq!(f["dest_qp"], 4660);
+        assert_eq!(f["packets"], 10);
+        assert_eq!(f["bytes"], 12840);
+        assert_eq!(
+            f["ecn"],
+            serde_json::json!({"not_ect": 0, "ect1": 0, "ect0": 8, "ce": 2})
+        );
+        for k in ["cnps", "acks", "naks", "rnr_naks", "psn_gaps"] {
+            assert_eq!(f[k], 0, "{k}");
+        }
+        assert_eq!(f["last_dscp"], 26);
+        assert_eq!(v["counters"]["roce"], 10);
+        assert_eq!(v["counters"]["parse_errors"]["truncated_bth"], 0);
+        assert_eq!(
+            v["counters"]["parse_errors"].as_object().unwrap().len(),
+            REASON_NAMES.len()
+        );
+    }
+
+    #[test]
+    fn tunnelled_ipv6_in_ipv4_flow() {
+        let inner_src: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        let inner_dst: Ipv6Addr = "2001:db8::2".parse().unwrap();
+        let key = FlowKey {
+            src: v4([198, 18, 0, 1]),
+            dst: v4([198, 18, 0, 2]),
+            inner_src: v6(inner_src),
+            inner_dst: v6(inner_dst),
+            vni: 5001,
+            dest_qp: 17,
+            ifindex: 3,
+            flags: KEY_TUNNELLED | KEY_INNER_V6 | KEY_EGRESS,
+        };
+        let mut st = stats(4);
+        st.inner_ecn = [1, 0, 3, 0];
+        let doc = Document::build(vec![(key, st)], &[], Some(&names));
+        let f = &doc.flows[0];
+        assert_eq!(f.ifname.as_deref(), Some("eth2"));
+        assert_eq!(f.direction, Some(Direction::Egress));
+        assert_eq!(f.vni, Some(5001));
+        assert_eq!(f.inner_family, Some(Family::Ipv6));
+        assert_eq!(f.inner_src, Some(IpAddr::V6(inner_src)));
+        assert_eq!(f.inner_dst, Some(IpAddr::V6(inner_dst)));
+        assert_eq!(
+            f.inner_ecn,
+            Some(Ecn {
+                not_ect: 1,
+                ect1: 0,
+                ect0: 3,
+                ce: 0
+            })
+        );
+        let v = serde_json::to_value(&doc).unwrap();
+        assert_eq!(v["flows"][0]["inner_src"], "2001:db8::1");
+        assert_eq!(v["flows"][0]["inner_family"], "ipv6");
+    }
+
+    #[test]
+    fn ipv6_outer_addresses_print_as_ipv6() {
+        let a: Ipv6Addr = "fd00::a".parse().unwrap();
+        let key = FlowKey {
+            src: v6(a),
+            dst: v6("fd00::b".parse().unwrap()),
+            flags: KEY_OUTER_V6,
+            ..Default::default()
+        };
+        let f = Flow::from_entry(&key, &stats(1), None);
+        assert_eq!(f.family, Family::Ipv6);
+        assert_eq!(f.src.to_string(), "fd00::a");
+        assert!(f.ifname.is_none() && f.direction.is_none());
+    }
+
+    #[test]
+    fn unknown_ifindex_still_names_the_interface() {
+        let key = plain_key([1, 2, 3, 4], [5, 6, 7, 8], 1, 99);
+        let f = Flow::from_entry(&key, &stats(1), Some(&names));
+        assert_eq!(f.ifname.as_deref(), Some("if#99"));
+    }
+
+    #[test]
+    fn flows_are_sorted_deterministically() {
+        let a = plain_key([198, 18, 0, 9], [198, 18, 0, 2], 5, 3);
+        let b = plain_key([198, 18, 0, 10], [198, 18, 0, 2], 5, 2);
+        let c = plain_key([198, 18, 0, 9], [198, 18, 0, 2], 4, 2);
+        let mut d = c;
+        d.flags |= KEY_EGRESS;
+        let entries = vec![(a, stats(1)), (b, stats(2)), (d, stats(4)), (c, stats(3))];
+        let mut rev = entries.clone();
+        rev.reverse();
+        let x = Document::build(entries, &[], Some(&names));
+        let y = Document::build(rev, &[], Some(&names));
+        assert_eq!(x, y);
+        let order: Vec<_> = x
+            .flows
+            .iter()
+            .map(|f| (f.ifname.clone().unwrap(), f.src.to_string(), f.packets))
+            .collect();
+        // eth1 ingress (c, then b: .9 < .10 numerically), eth1 egress (d), then eth2.
+        assert_eq!(
+            order,
+            vec![
+                ("eth1".into(), "198.18.0.9".into(), 3),
+                ("eth1".into(), "198.18.0.10".into(), 2),
+                ("eth1".into(), "198.18.0.9".into(), 4),
+                ("eth2".into(), "198.18.0.9".into(), 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_entries_are_left_out_but_counted_present() {
+        let key = plain_key([1, 1, 1, 1], [2, 2, 2, 2], 1, 2);
+        let mut raw = vec![0u64; STATS_LEN as usize];
+        raw[STAT_FLOW_CREATED as usize] = 5;
+        raw[STAT_FLOW_INSERT_FAILED as usize] = 1;
+        raw[(STAT_REASON_BASE + Reason::BadVxlanFlags as u32) as usize] = 7;
+        let doc = Document::build(vec![(key, FlowStats::default())], &raw, None);
+        assert!(doc.flows.is_empty());
+        assert_eq!(doc.counters.flows_created, 5);
+        assert_eq!(doc.counters.flows_evicted, 4);
+        assert_eq!(doc.counters.flow_insert_failed, 1);
+        assert_eq!(doc.counters.parse_errors["bad_vxlan_flags"], 7);
+        assert_eq!(doc.counters.parse_errors_total(), 7);
+    }
+
+    #[test]
+    fn round_trips_and_tolerates_unknown_and_missing_added_fields() {
+        let key = plain_key([198, 18, 0, 1], [198, 18, 0, 2], 4660, 2);
+        let doc = Document::build(vec![(key, stats(3))], &[1, 2, 3], Some(&names));
+        let text = serde_json::to_string(&doc).unwrap();
+        let back: Document = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, doc);
+
+        let minimal = r#"{"flows":[{"ifname":null,"direction":null,"family":"ipv4",
+            "src":"198.18.0.1","dst":"198.18.0.2","sport":1,"vni":null,"inner_family":null,
+            "inner_src":null,"inner_dst":null,"dest_qp":3,"packets":1,"bytes":60,
+            "ecn":{"not_ect":1,"ect1":0,"ect0":0,"ce":0},"inner_ecn":null,"cnps":0,"acks":0,
+            "naks":0,"rnr_naks":0,"psn_gaps":0,"last_dscp":0,"future_field":true}],
+            "counters":{"roce":1,"roce_in_vxlan":0,"vxlan_other":0,"other_udp":0,"other_ip":0,
+            "non_ip":0,"parse_errors":{"truncated_bth":0}}}"#;
+        let d: Document = serde_json::from_str(minimal).unwrap();
+        assert_eq!(d.flows[0].dest_qp, 3);
+        assert_eq!(d.counters.flows_created, 0);
+    }
+
+    #[test]
+    fn ce_ratio() {
+        let key = plain_key([1, 1, 1, 1], [2, 2, 2, 2], 1, 2);
+        let f = Flow::from_entry(&key, &stats(4), None);
+        assert_eq!(f.ce_ratio(), 0.25);
+        let f = Flow::from_entry(&key, &FlowStats::default(), None);
+        assert_eq!(f.ce_ratio(), 0.0);
+    }
+}

@@ -1,0 +1,266 @@
+//! The human view of a flow [`Document`]: one line per flow, the most congested
+//! (highest share of CE-marked packets) first, then the busiest; and a summary of
+//! the classifier's counters.
+
+use std::fmt::Write as _;
+
+use crate::doc::{Direction, Document, Flow};
+
+const HEADERS: [&str; 13] = [
+    "iface",
+    "src→dst",
+    "vni",
+    "inner",
+    "qp",
+    "pkts",
+    "bytes",
+    "CE",
+    "CE%",
+    "CNPs",
+    "ACK/NAK/RNR",
+    "gaps",
+    "dscp",
+];
+
+/// Columns that hold numbers are right-aligned.
+const RIGHT: [bool; 13] = [
+    false, false, true, false, true, true, true, true, true, true, true, true, true,
+];
+
+/// Renders the table and the counters line, each line ending in a newline.
+pub fn render(doc: &Document) -> String {
+    let mut flows: Vec<&Flow> = doc.flows.iter().collect();
+    flows.sort_by(|a, b| {
+        b.ce_ratio()
+            .total_cmp(&a.ce_ratio())
+            .then(b.bytes.cmp(&a.bytes))
+            .then(a.canonical_cmp(b))
+    });
+    let rows: Vec<[String; 13]> = flows.iter().map(|f| row(f)).collect();
+
+    let mut out = String::new();
+    if rows.is_empty() {
+        out.push_str("no RoCE flows seen\n");
+    } else {
+        let mut widths = HEADERS.map(|h| h.chars().count());
+        for r in &rows {
+            for (w, cell) in widths.iter_mut().zip(r) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let header = HEADERS.map(String::from);
+        for r in std::iter::once(&header).chain(&rows) {
+            let mut line = String::new();
+            for (i, cell) in r.iter().enumerate() {
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                let pad = widths[i] - cell.chars().count();
+                if RIGHT[i] {
+                    line.extend(std::iter::repeat_n(' ', pad));
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    line.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    out.push_str(&counters_line(doc));
+    out.push('\n');
+    out
+}
+
+fn row(f: &Flow) -> [String; 13] {
+    let iface = match (&f.ifname, f.direction) {
+        (Some(n), Some(Direction::Ingress)) => format!("{n}/in"),
+        (Some(n), Some(Direction::Egress)) => format!("{n}/out"),
+        (Some(n), None) => n.clone(),
+        (None, _) => "-".to_string(),
+    };
+    let inner = match (f.inner_src, f.inner_dst) {
+        (Some(s), Some(d)) => format!("{s}→{d}"),
+        _ => "-".to_string(),
+    };
+    [
+        iface,
+        format!("{}→{}", f.src, f.dst),
+        f.vni.map_or_else(|| "-".to_string(), |v| v.to_string()),
+        inner,
+        f.dest_qp.to_string(),
+        f.packets.to_string(),
+        human_bytes(f.bytes),
+        f.ecn.ce.to_string(),
+        format!("{:.1}", f.ce_ratio() * 100.0),
+        f.cnps.to_string(),
+        format!("{}/{}/{}", f.acks, f.naks, f.rnr_naks),
+        f.psn_gaps.to_string(),
+        f.last_dscp.to_string(),
+    ]
+}
+
+/// `12840` -> `12.5K`: binary units, one decimal below 100 of a unit.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["K", "M", "G", "T", "P", "E"];
+    if n < 1024 {
+        return n.to_string();
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if v < 100.0 {
+        format!("{v:.1}{}", UNITS[unit])
+    } else {
+        format!("{v:.0}{}", UNITS[unit])
+    }
+}
+
+/// `flows 3; roce 10, roce_in_vxlan 0, ...; parse errors 2 (truncated_bth 2)`.
+pub fn counters_line(doc: &Document) -> String {
+    let c = &doc.counters;
+    let mut s = format!(
+        "flows {}; frames: roce {}, roce_in_vxlan {}, vxlan_other {}, other_udp {}, other_ip {}, non_ip {}; parse errors {}",
+        doc.flows.len(),
+        c.roce,
+        c.roce_in_vxlan,
+        c.vxlan_other,
+        c.other_udp,
+        c.other_ip,
+        c.non_ip,
+        c.parse_errors_total()
+    );
+    let nonzero: Vec<String> = c
+        .parse_errors
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    if !nonzero.is_empty() {
+        let _ = write!(s, " ({})", nonzero.join(", "));
+    }
+    if c.flows_evicted > 0 {
+        let _ = write!(s, "; flows evicted {}", c.flows_evicted);
+    }
+    if c.flow_insert_failed > 0 {
+        let _ = write!(s, "; flow inserts failed {}", c.flow_insert_failed);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doc::{Counters, Ecn, Family};
+
+    fn flow(src: &str, qp: u32, bytes: u64, ce: u64, total: u64) -> Flow {
+        Flow {
+            ifname: Some("eth1".into()),
+            direction: Some(Direction::Ingress),
+            family: Family::Ipv4,
+            src: src.parse().unwrap(),
+            dst: "198.18.0.2".parse().unwrap(),
+            sport: 49152,
+            vni: None,
+            inner_family: None,
+            inner_src: None,
+            inner_dst: None,
+            dest_qp: qp,
+            packets: total,
+            bytes,
+            ecn: Ecn {
+                ect0: total - ce,
+                ce,
+                ..Default::default()
+            },
+            inner_ecn: None,
+            cnps: 1,
+            acks: 2,
+            naks: 3,
+            rnr_naks: 4,
+            psn_gaps: 5,
+            last_dscp: 26,
+            first_seen_ns: 0,
+            last_seen_ns: 0,
+        }
+    }
+
+    #[test]
+    fn sorted_by_ce_ratio_then_bytes() {
+        let doc = Document {
+            flows: vec![
+                flow("198.18.0.1", 1, 100, 0, 10),
+                flow("198.18.0.3", 3, 5000, 0, 10),
+                flow("198.18.0.4", 4, 10, 5, 10),
+                flow("198.18.0.5", 5, 20, 1, 10),
+            ],
+            counters: Counters::default(),
+        };
+        let text = render(&doc);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("iface"), "{text}");
+        let qps: Vec<&str> = lines[1..5]
+            .iter()
+            .map(|l| l.split_whitespace().nth(4).unwrap())
+            .collect();
+        assert_eq!(qps, vec!["4", "5", "3", "1"], "{text}");
+        assert!(lines[1].contains("50.0"), "{text}");
+        assert!(lines[1].contains("2/3/4"), "ACK/NAK/RNR column: {text}");
+        assert!(lines[1].contains("eth1/in"));
+        assert!(lines[1].contains("198.18.0.4→198.18.0.2"));
+        assert!(lines[3].contains("4.9K"), "{text}");
+        assert!(lines[5].starts_with("flows 4; frames: roce 0"), "{text}");
+    }
+
+    #[test]
+    fn columns_line_up() {
+        let mut a = flow("198.18.0.1", 1, 100, 0, 10);
+        a.vni = Some(5001);
+        a.inner_src = Some("198.19.0.1".parse().unwrap());
+        a.inner_dst = Some("198.19.0.2".parse().unwrap());
+        let doc = Document {
+            flows: vec![a, flow("2001:db8::1", 123456, 1, 0, 1)],
+            counters: Counters::default(),
+        };
+        let text = render(&doc);
+        let lines: Vec<Vec<char>> = text.lines().take(3).map(|l| l.chars().collect()).collect();
+        // The pkts column is right-aligned under its header.
+        let header: String = lines[0].iter().collect();
+        let end = header[..header.find("pkts").unwrap()].chars().count() + "pkts".len();
+        for l in &lines[1..] {
+            assert!(l[end - 1].is_ascii_digit() && l[end] == ' ', "{text}");
+        }
+        assert!(text.contains("198.19.0.1→198.19.0.2"));
+        assert!(text.contains("5001"));
+    }
+
+    #[test]
+    fn empty_document_and_counters() {
+        let mut c = Counters::default();
+        c.roce = 7;
+        c.parse_errors.insert("truncated_bth".into(), 2);
+        c.parse_errors.insert("bad_vxlan_flags".into(), 0);
+        c.flows_evicted = 3;
+        let text = render(&Document {
+            flows: vec![],
+            counters: c,
+        });
+        assert_eq!(
+            text,
+            "no RoCE flows seen\nflows 0; frames: roce 7, roce_in_vxlan 0, vxlan_other 0, other_udp 0, other_ip 0, non_ip 0; parse errors 2 (truncated_bth 2); flows evicted 3\n"
+        );
+    }
+
+    #[test]
+    fn human_bytes_units() {
+        assert_eq!(human_bytes(0), "0");
+        assert_eq!(human_bytes(1023), "1023");
+        assert_eq!(human_bytes(12840), "12.5K");
+        assert_eq!(human_bytes(500 * 1024 * 1024), "500M");
+        assert_eq!(human_bytes(u64::MAX), "16.0E");
+    }
+}
