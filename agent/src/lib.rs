@@ -14,6 +14,3 @@ pub mod packet;
 pub mod api;
 pub mod cli;
 pub mod collector;
-pub mod config;
-pub mod doc;
-pub mod table;
