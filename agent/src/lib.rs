@@ -14,3 +14,4 @@ pub mod packet;
 pub mod api;
 pub mod cli;
 pub mod collector;
+pub mod gen;
