@@ -1,1 +1,20 @@
-//! Shared helpers of the integration tests.
+//! Shared helpers of the integration tests: a BPF_PROG_TEST_RUN harness around the
+//! real XDP program, expected-value builders (flow keys, STATS vectors), comparison
+//! with the reference classifier, and a small pcap reader.
+
+pub mod expect;
+pub mod harness;
+pub mod pcap;
+
+/// Hex dump of a frame, 16 bytes a line, for failure messages.
+pub fn hex(frame: &[u8]) -> String {
+    let mut s = String::new();
+    for (i, chunk) in frame.chunks(16).enumerate() {
+        s.push_str(&format!("{:04x} ", i * 16));
+        for b in chunk {
+            s.push_str(&format!(" {b:02x}"));
+        }
+        s.push('\n');
+    }
+    s
+}

@@ -1,0 +1,118 @@
+//! The real `xdp_classify` program, loaded once per harness and run on single frames
+//! through BPF_PROG_TEST_RUN (no interface, no traffic, nothing pinned).
+//!
+//! The harness pins its thread to the CPU it is on: FLOWS is a per-CPU map, and a
+//! flow's PSN state lives in one CPU's copy, exactly as one NIC queue (one CPU) carries
+//! one flow in real life. Without the pin the scheduler could split a flow's packets
+//! between CPUs and make PSN-gap counts depend on scheduling.
+
+use std::collections::BTreeMap;
+
+use roce_agent::loader::{load, LoadOptions, Loaded};
+use roce_agent::testrun::{test_run, TestRun, TestRunOutput};
+use roce_common::flow::{FlowKey, FlowStats};
+
+use crate::hex;
+
+/// XDP_PASS: the only verdict `xdp_classify` ever returns.
+pub const XDP_PASS: u32 = 2;
+
+pub struct Harness {
+    loaded: Loaded,
+}
+
+impl Harness {
+    /// Loads the program with default options. Panics (these are tests) when the
+    /// process may not load BPF programs: run as root.
+    pub fn load() -> Self {
+        Self::load_with(&LoadOptions::default())
+    }
+
+    pub fn load_with(opts: &LoadOptions) -> Self {
+        pin_to_current_cpu();
+        let loaded = match load(opts) {
+            Ok(l) => l,
+            Err(e) => panic!("loading xdp_classify (these tests need root): {e}"),
+        };
+        Harness { loaded }
+    }
+
+    /// Runs the program once on `frame`.
+    pub fn run(&self, frame: &[u8]) -> TestRunOutput {
+        let fd = self.loaded.xdp_fd().expect("xdp_classify is loaded");
+        let run = TestRun {
+            data: frame,
+            repeat: 1,
+            ..Default::default()
+        };
+        match test_run(fd, &run) {
+            Ok(out) => out,
+            Err(e) => panic!("BPF_PROG_TEST_RUN failed: {e}\n{}", hex(frame)),
+        }
+    }
+
+    /// Runs `frame` and asserts the verdict is XDP_PASS and the packet left unchanged.
+    pub fn pass(&self, frame: &[u8]) {
+        let out = self.run(frame);
+        assert_eq!(
+            out.retval,
+            XDP_PASS,
+            "verdict for frame of {} bytes:\n{}",
+            frame.len(),
+            hex(frame)
+        );
+        assert!(
+            out.data == frame,
+            "the program changed the packet\nin:\n{}out:\n{}",
+            hex(frame),
+            hex(&out.data)
+        );
+    }
+
+    /// Every flow with CPUs merged, sorted by key.
+    pub fn flows(&self) -> BTreeMap<FlowKey, FlowStats> {
+        match self.loaded.flows() {
+            Ok(v) => v.into_iter().collect(),
+            Err(e) => panic!("reading FLOWS: {e}"),
+        }
+    }
+
+    /// STATS summed over CPUs.
+    pub fn stats(&self) -> Vec<u64> {
+        match self.loaded.stats() {
+            Ok(v) => v,
+            Err(e) => panic!("reading STATS: {e}"),
+        }
+    }
+
+    /// Empties FLOWS and zeroes STATS.
+    pub fn reset(&mut self) {
+        if let Err(e) = self.loaded.reset() {
+            panic!("resetting the maps: {e}");
+        }
+        assert!(self.flows().is_empty(), "FLOWS not empty after reset");
+    }
+
+    pub fn loaded(&self) -> &Loaded {
+        &self.loaded
+    }
+}
+
+/// Pins the calling thread to the CPU it runs on.
+pub fn pin_to_current_cpu() {
+    // SAFETY: plain libc calls on a zeroed cpu_set_t of the right size.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        if cpu < 0 {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            panic!(
+                "sched_setaffinity: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
