@@ -37,21 +37,12 @@ async fn flows(State(latest): State<Latest>) -> Response {
 /// Why a request to a running agent failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("{addr} is not a HOST:PORT address: {source}")]
-    Resolve {
-        addr: String,
-        source: std::io::Error,
-    },
-    #[error("no roce-agent answers at {addr} ({source}); is `roce-agent run` running, listening there (--listen, default 127.0.0.1:9473)?")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
-    #[error("reading the answer from {addr}: {source}")]
-    Io {
-        addr: String,
-        source: std::io::Error,
-    },
+    #[error("{addr} is not a HOST:PORT address: {error}")]
+    Resolve { addr: String, error: std::io::Error },
+    #[error("no roce-agent answers at {addr} ({error}); is `roce-agent run` running, listening there (--listen, default 127.0.0.1:9473)?")]
+    Connect { addr: String, error: std::io::Error },
+    #[error("reading the answer from {addr}: {error}")]
+    Io { addr: String, error: std::io::Error },
     #[error("{addr} answered {path} with HTTP status {status}: {body}")]
     Status {
         addr: String,
@@ -71,9 +62,9 @@ const MAX_RESPONSE: u64 = 1 << 32;
 pub fn get_body(addr: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, ClientError> {
     let targets: Vec<SocketAddr> = addr
         .to_socket_addrs()
-        .map_err(|source| ClientError::Resolve {
+        .map_err(|error| ClientError::Resolve {
             addr: addr.to_string(),
-            source,
+            error,
         })?
         .collect();
     let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
@@ -89,11 +80,11 @@ pub fn get_body(addr: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, Cl
     }
     let mut stream = stream.ok_or_else(|| ClientError::Connect {
         addr: addr.to_string(),
-        source: last,
+        error: last,
     })?;
-    let io = |source| ClientError::Io {
+    let io = |error| ClientError::Io {
         addr: addr.to_string(),
-        source,
+        error,
     };
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;

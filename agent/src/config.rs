@@ -47,10 +47,10 @@ const MAX_IFNAME_LEN: usize = 15;
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{}: cannot read the configuration file: {source}", path.display())]
+    #[error("{}: cannot read the configuration file: {error}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{}:{line}:{column}: {message}{excerpt}", path.display())]
     Parse {
@@ -61,12 +61,20 @@ pub enum ConfigError {
         /// The offending line with a caret under the column (empty when unknown).
         excerpt: String,
     },
-    #[error("{origin}: {field}: {message}")]
+    #[error("{}", invalid_text(origin, field, message))]
     Invalid {
         origin: Origin,
         field: &'static str,
         message: String,
     },
+}
+
+fn invalid_text(origin: &Origin, field: &str, message: &str) -> String {
+    match origin {
+        Origin::File { .. } => format!("{origin}: {field}: {message}"),
+        Origin::Flag(flag) => format!("{flag}: {message}"),
+        Origin::Missing => format!("{field}: {message}"),
+    }
 }
 
 /// Where a refused value came from.
@@ -90,8 +98,8 @@ impl fmt::Display for Origin {
             Origin::File { path, line, column } => {
                 write!(f, "{}:{line}:{column}", path.display())
             }
-            Origin::Flag(flag) => write!(f, "command line {flag}"),
-            Origin::Missing => f.write_str("configuration"),
+            Origin::Flag(flag) => f.write_str(flag),
+            Origin::Missing => f.write_str("(not set)"),
         }
     }
 }
@@ -125,9 +133,9 @@ pub struct ConfigFile {
 impl ConfigFile {
     /// Reads and parses `path`.
     pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         ConfigFile::parse(path, text)
     }
@@ -558,10 +566,7 @@ mod tests {
             ..Default::default()
         };
         let e = Settings::resolve(None, &flags, true).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "command line --iface: interfaces: interface a is listed twice"
-        );
+        assert_eq!(e.to_string(), "--iface: interface a is listed twice");
     }
 
     #[test]
@@ -577,7 +582,7 @@ mod tests {
         let e = Settings::resolve(None, &flags, true).unwrap_err();
         assert!(
             e.to_string()
-                .starts_with("command line --interval: interval:"),
+                .starts_with("--interval: NaN seconds is out of range"),
             "{e}"
         );
         let e = resolve("flows_map_size = 0\n", &iface("e")).unwrap_err();
