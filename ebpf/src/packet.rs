@@ -7,8 +7,8 @@ use roce_common::packet::Packet;
 use roce_common::wire::MAX_PARSE_OFFSET;
 
 pub struct KernelPacket {
-    pub start: usize,
-    pub end: usize,
+    start: usize,
+    end: usize,
 }
 
 impl KernelPacket {

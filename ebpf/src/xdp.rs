@@ -23,10 +23,7 @@ pub fn xdp_classify(ctx: XdpContext) -> u32 {
 #[inline(always)]
 fn classify_and_count(ctx: &XdpContext) {
     let cfg = runtime_config();
-    let pkt = KernelPacket {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
+    let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
     let outcome = classify(&pkt, &cfg);
     let (main, extra) = stat_indices(&outcome);
     bump(main);
