@@ -1,0 +1,4 @@
+//! Project tasks shared by `cargo xtask ...`, the integration tests and the benches.
+
+pub mod lab;
+pub mod setup;
