@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use roce_agent::packet::L3;
+use roce_common::counters::Reason;
 use roce_common::counters::{
     class_index, reason_index, Class, CLASS_NAMES, REASON_NAMES, STATS_LEN, STAT_CLASS_BASE,
     STAT_FLOW_CREATED, STAT_NAMES_OTHER, STAT_REASON_BASE,
@@ -13,7 +14,6 @@ use roce_common::counters::{
 use roce_common::flow::{
     addr_v4_mapped, FlowKey, FlowStats, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
 };
-use roce_common::counters::Reason;
 use roce_common::reference::ReferenceTable;
 
 /// The ifindex BPF_PROG_TEST_RUN gives XDP programs: the loopback device of the
@@ -26,7 +26,9 @@ pub fn mapped4(a: Ipv4Addr) -> [u32; 4] {
 
 pub fn raw6(a: Ipv6Addr) -> [u32; 4] {
     let o = a.octets();
-    core::array::from_fn(|i| u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]]))
+    core::array::from_fn(|i| {
+        u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+    })
 }
 
 /// Source and destination of an IP layer as they appear in a FlowKey.
@@ -192,8 +194,10 @@ pub fn compare_with_reference(
             describe(&r.stats)
         ));
     }
-    let k: BTreeMap<FlowKey, FlowStats> =
-        kernel_flows.iter().map(|(k, v)| (*k, untimed(*v))).collect();
+    let k: BTreeMap<FlowKey, FlowStats> = kernel_flows
+        .iter()
+        .map(|(k, v)| (*k, untimed(*v)))
+        .collect();
     let rf = reference_flows(r);
     if k.len() != rf.len() {
         return Err(format!(
@@ -204,7 +208,9 @@ pub fn compare_with_reference(
     }
     for ((kk, kv), (rk, rv)) in k.iter().zip(rf.iter()) {
         if kk != rk {
-            return Err(format!("flow keys differ\n  kernel:    {kk:?}\n  reference: {rk:?}"));
+            return Err(format!(
+                "flow keys differ\n  kernel:    {kk:?}\n  reference: {rk:?}"
+            ));
         }
         if kv != rv {
             return Err(format!(

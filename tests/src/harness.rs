@@ -109,10 +109,7 @@ pub fn pin_to_current_cpu() {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu as usize, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            panic!(
-                "sched_setaffinity: {}",
-                std::io::Error::last_os_error()
-            );
+            panic!("sched_setaffinity: {}", std::io::Error::last_os_error());
         }
     }
 }

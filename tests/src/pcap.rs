@@ -141,8 +141,14 @@ mod tests {
             assert_eq!((c.linktype, c.snaplen, c.records.len()), (1, 65535, 2));
             assert_eq!(c.records[0].ts_ns, 7_000_005_000);
             assert_eq!(c.records[0].data, vec![0, 0, 0]);
-            assert_eq!((c.records[1].orig_len, &c.records[1].data[..]), (2, &[1u8][..]));
-            assert!(matches!(parse(&f[..f.len() - 1]), Err(PcapError::Truncated(_))));
+            assert_eq!(
+                (c.records[1].orig_len, &c.records[1].data[..]),
+                (2, &[1u8][..])
+            );
+            assert!(matches!(
+                parse(&f[..f.len() - 1]),
+                Err(PcapError::Truncated(_))
+            ));
         }
         assert!(matches!(parse(&[0u8; 24]), Err(PcapError::BadMagic(0))));
     }
