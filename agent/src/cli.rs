@@ -106,6 +106,23 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
     }
 }
 
+/// One line for an error and its causes, leaving out a cause whose text an earlier
+/// message already quotes (many library errors print their source themselves).
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 /// Logs to stderr; RUST_LOG filters (default `info`).
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -114,6 +131,7 @@ pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
@@ -174,7 +192,16 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             Ok(mode) => tracing::info!(interface = %ifname, %mode, "XDP classifier attached"),
             Err(e) => {
                 collector.loaded_mut().detach_all();
-                return Err(anyhow!(e)).context(format!("attaching XDP to {ifname}"));
+                let e = anyhow!(e);
+                let what = if already_attached(&e) {
+                    format!(
+                        "attaching XDP to {ifname} (another XDP program is attached there: \
+                         see `ip link show dev {ifname}`)"
+                    )
+                } else {
+                    format!("attaching XDP to {ifname}")
+                };
+                return Err(e.context(what));
             }
         }
     }
@@ -235,6 +262,15 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Whether an attach failed because the interface already has an XDP program.
+fn already_attached(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .is_some_and(|code| code == libc::EEXIST || code == libc::EBUSY)
+    })
 }
 
 /// `roce-agent flows`.
@@ -312,6 +348,17 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn error_text_quotes_each_cause_once() {
+        let io = std::io::Error::other("Operation not permitted");
+        let e = anyhow::Error::new(io).context("map CONFIG: Operation not permitted");
+        let e = e.context("loading");
+        assert_eq!(
+            error_text(&e),
+            "loading: map CONFIG: Operation not permitted"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     match cli::execute(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("roce-agent: error: {e:#}");
+            eprintln!("roce-agent: error: {}", cli::error_text(&e));
             ExitCode::from(cli::exit_code(&e))
         }
     }

@@ -1,0 +1,574 @@
+//! The `roce-agent` binary as users run it: help texts, exit codes, configuration
+//! errors, and real agent runs inside network namespaces that the tests create (and
+//! delete again, also when a test fails). Runs that load BPF need root; without it
+//! they are skipped with a note on stderr.
+//!
+//! Nothing here touches the root namespace's interfaces: every interface an agent
+//! attaches to lives in a namespace named `roce-t-<pid>-<n>`.
+
+use std::fs::File;
+use std::net::UdpSocket;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use roce_agent::doc::Document;
+
+const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
+
+fn agent(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run roce-agent")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+macro_rules! require_root {
+    () => {
+        if !is_root() {
+            eprintln!("skipped: needs root (network namespaces, BPF)");
+            return;
+        }
+    };
+}
+
+/// A network namespace, deleted (with every link in it) on drop.
+struct Netns {
+    name: String,
+}
+
+static NS_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl Netns {
+    fn new() -> Netns {
+        let n = NS_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("roce-t-{}-{n}", std::process::id());
+        run_ok("ip", &["netns", "add", &name]);
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// `ip -n NS ARGS`, which must succeed.
+    fn ip(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        run_ok("ip", &all)
+    }
+
+    /// A command run inside the namespace.
+    fn exec(&self, program: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program])
+            .args(args)
+            .env_remove("RUST_LOG");
+        c
+    }
+
+    /// Whether an XDP program is attached to `dev` (as `ip link` shows it).
+    fn has_xdp(&self, dev: &str) -> bool {
+        self.ip(&["link", "show", "dev", dev]).contains("xdp")
+    }
+
+    /// Runs `f` on a thread that has entered this namespace.
+    fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let ns = File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+                // SAFETY: a valid namespace fd; only this thread changes namespace.
+                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .expect("thread in namespace")
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+fn run_ok(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Two namespaces joined by a veth pair: `va` 198.18.0.1/30 in `a`, `vb`
+/// 198.18.0.2/30 in `b`.
+struct Pair {
+    a: Netns,
+    b: Netns,
+}
+
+impl Pair {
+    fn new() -> Pair {
+        let a = Netns::new();
+        let b = Netns::new();
+        a.ip(&[
+            "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.name,
+        ]);
+        a.ip(&["addr", "add", "198.18.0.1/30", "dev", "va"]);
+        b.ip(&["addr", "add", "198.18.0.2/30", "dev", "vb"]);
+        a.ip(&["link", "set", "va", "up"]);
+        b.ip(&["link", "set", "vb", "up"]);
+        Pair { a, b }
+    }
+}
+
+/// A running agent; killed on drop if a test left it running.
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(ns: &Netns, args: &[&str]) -> Agent {
+        let log = std::env::temp_dir().join(format!(
+            "roce-agent-cli-{}-{}.log",
+            std::process::id(),
+            NS_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let err = File::create(&log).expect("log file");
+        let child = ns
+            .exec(BIN, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("start the agent");
+        Agent { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Polls `flows --json` in `ns` until it answers a document.
+    fn wait_ready(&mut self, ns: &Netns, api: &str) -> Document {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("the agent exited early ({st}):\n{}", self.log());
+            }
+            let out = ns
+                .exec(BIN, &["flows", "--json", "--api", api])
+                .output()
+                .expect("run flows");
+            if out.status.success() {
+                return serde_json::from_slice(&out.stdout)
+                    .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no answer from the agent: {}\n{}",
+                text(&out.stderr),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        // SAFETY: signalling our own child by its pid.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(rc, 0);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent ignored SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// Sends `count` RC SEND_ONLY packets (BTH + ICRC) to 198.18.0.1:4791 from
+/// namespace `b` with DSCP 26 / ECT(0); returns the UDP source port.
+fn send_roce(b: &Netns, count: u32, dest_qp: u32) -> u16 {
+    b.enter(|| {
+        let sock = UdpSocket::bind("198.18.0.2:0").expect("bind in namespace b");
+        let tos: libc::c_int = (26 << 2) | 0b10;
+        // SAFETY: a valid socket and an int option of the right size.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_TOS,
+                &tos as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "IP_TOS: {}", std::io::Error::last_os_error());
+        for psn in 0..count {
+            let mut bth = [0u8; 16];
+            bth[0] = 0x04; // RC SEND_ONLY
+            bth[1] = 0x40; // migreq
+            bth[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes()); // default P_Key
+            bth[4..8].copy_from_slice(&(dest_qp & 0x00FF_FFFF).to_be_bytes());
+            bth[8..12].copy_from_slice(&(psn & 0x00FF_FFFF).to_be_bytes());
+            sock.send_to(&bth, "198.18.0.1:4791").expect("send");
+        }
+        sock.local_addr().expect("local address").port()
+    })
+}
+
+/// A file in the temporary directory, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, contents: &str) -> TempFile {
+        let path = std::env::temp_dir().join(format!(
+            "roce-agent-cli-{}-{}-{name}",
+            std::process::id(),
+            NS_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, contents).expect("write temp file");
+        TempFile(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("UTF-8 temp path")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn run_help_shows_iface_and_listen() {
+    let out = agent(&["run", "--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for flag in [
+        "--iface",
+        "--listen",
+        "--config",
+        "--interval",
+        "127.0.0.1:9473",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn flows_help_shows_json_and_api() {
+    let out = agent(&["flows", "--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for flag in ["--json", "--api", "127.0.0.1:9473"] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = agent(&["run", "--bogus"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = agent(&["run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--iface"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = agent(&["run", "--iface", "lo", "--interval", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--interval"));
+}
+
+#[test]
+fn flows_without_an_agent_is_a_clear_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let out = agent(&["flows", "--api", &format!("127.0.0.1:{port}")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("no roce-agent answers at 127.0.0.1:"), "{err}");
+}
+
+#[test]
+fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
+    require_root!();
+    let ns = Netns::new();
+    let file = TempFile::new(
+        "bad.toml",
+        "# comment\nlisten = \"127.0.0.1:9473\"\ndefault_pmtu = 1500\n",
+    );
+    let out = ns
+        .exec(BIN, &["run", "--config", file.path(), "--iface", "lo"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:3:16: default_pmtu", file.path())),
+        "{err}"
+    );
+    assert!(!ns.has_xdp("lo"));
+
+    let file = TempFile::new("syntax.toml", "interfaces = [\"lo\"\nroce_port = 4791\n");
+    let out = ns
+        .exec(BIN, &["run", "--config", file.path()])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("{}:2:1: ", file.path())), "{err}");
+    assert!(!ns.has_xdp("lo"));
+}
+
+#[test]
+fn missing_interface_exits_1_and_attaches_nothing() {
+    require_root!();
+    let ns = Netns::new();
+    let out = ns
+        .exec(
+            BIN,
+            &[
+                "run",
+                "--iface",
+                "lo",
+                "--iface",
+                "roce-missing0",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+        )
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("no such interface: roce-missing0"), "{err}");
+    assert!(
+        !ns.has_xdp("lo"),
+        "lo was attached although roce-missing0 is missing"
+    );
+}
+
+#[test]
+fn no_bpf_permission_exits_1_with_a_hint() {
+    require_root!();
+    let ns = Netns::new();
+    let out = ns
+        .exec(
+            "setpriv",
+            &[
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                BIN,
+                "run",
+                "--iface",
+                "lo",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+        )
+        .output()
+        .expect("run setpriv");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("are you root"), "{err}");
+    assert!(!ns.has_xdp("lo"));
+}
+
+#[test]
+fn agent_in_a_namespace_serves_flows_and_detaches_on_sigterm() {
+    require_root!();
+    let pair = Pair::new();
+    let api = "127.0.0.1:9474";
+    let mut agent = Agent::start(
+        &pair.a,
+        &["run", "--iface", "va", "--listen", api, "--interval", "0.1"],
+    );
+    let first = agent.wait_ready(&pair.a, api);
+    assert!(first.flows.is_empty(), "{first:?}");
+    assert!(pair.a.has_xdp("va"), "{}", agent.log());
+
+    let sport = send_roce(&pair.b, 5, 0x1234);
+
+    // The agent polls every 100 ms: wait for the flow to show up complete.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let json = loop {
+        let out = pair
+            .a
+            .exec(BIN, &["flows", "--json", "--api", api])
+            .output()
+            .expect("flows --json");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let done = v["flows"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["packets"] == 5));
+        if done {
+            // It must also read back as the documented document.
+            let _: Document = serde_json::from_value(v.clone()).expect("a flow document");
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no flow with 5 packets: {v}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let flows = json["flows"].as_array().expect("flows array");
+    assert_eq!(flows.len(), 1, "{json}");
+    let f = &flows[0];
+    assert_eq!(f["ifname"], "va");
+    assert_eq!(f["direction"], "ingress");
+    assert_eq!(f["family"], "ipv4");
+    assert_eq!(f["src"], "198.18.0.2");
+    assert_eq!(f["dst"], "198.18.0.1");
+    assert_eq!(f["sport"], sport);
+    assert_eq!(f["dest_qp"], 0x1234);
+    // 14 Ethernet + 20 IPv4 + 8 UDP + 12 BTH + 4 ICRC.
+    assert_eq!(f["bytes"], 5 * 58);
+    assert_eq!(
+        f["ecn"],
+        serde_json::json!({"not_ect": 0, "ect1": 0, "ect0": 5, "ce": 0})
+    );
+    assert_eq!(f["last_dscp"], 26);
+    assert_eq!(f["psn_gaps"], 0);
+    for k in ["vni", "inner_family", "inner_src", "inner_dst", "inner_ecn"] {
+        assert!(f[k].is_null(), "{k} should be null: {f}");
+    }
+    assert_eq!(json["counters"]["roce"], 5);
+
+    let out = pair
+        .a
+        .exec(BIN, &["flows", "--api", api])
+        .output()
+        .expect("flows");
+    assert!(out.status.success());
+    let table = text(&out.stdout);
+    assert!(table.contains("va/in"), "{table}");
+    assert!(table.contains("198.18.0.2→198.18.0.1"), "{table}");
+    assert!(table.contains("4660"), "{table}");
+
+    let st = agent.terminate();
+    assert_eq!(st.code(), Some(0), "{}", agent.log());
+    assert!(
+        !pair.a.has_xdp("va"),
+        "XDP left attached:\n{}",
+        pair.a.ip(&["link", "show", "dev", "va"])
+    );
+    assert!(agent.log().contains("detached"), "{}", agent.log());
+}
+
+#[test]
+fn agent_with_the_lab_config_listens_on_the_default_port() {
+    require_root!();
+    let pair = Pair::new();
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/lab.toml");
+    let mut agent = Agent::start(
+        &pair.a,
+        &["run", "--config", config.to_str().unwrap(), "--iface", "va"],
+    );
+    agent.wait_ready(&pair.a, "127.0.0.1:9473");
+    // `flows` with no --api finds it too.
+    let out = pair.a.exec(BIN, &["flows"]).output().expect("flows");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("flows 0;"),
+        "{}",
+        text(&out.stdout)
+    );
+    let st = agent.terminate();
+    assert_eq!(st.code(), Some(0), "{}", agent.log());
+    assert!(!pair.a.has_xdp("va"));
+}
+
+#[test]
+fn attach_failure_on_a_later_interface_detaches_the_earlier_ones() {
+    require_root!();
+    let pair = Pair::new();
+    // An XDP link is exclusive (and native and generic XDP cannot coexist): a first
+    // agent holds `va2`, so a second agent asked for `va` then `va2` attaches `va`,
+    // fails on `va2`, and must leave `va` detached again.
+    pair.a
+        .ip(&["link", "add", "va2", "type", "veth", "peer", "name", "vb2"]);
+    pair.a.ip(&["link", "set", "va2", "up"]);
+    pair.a.ip(&["link", "set", "vb2", "up"]);
+    let mut first = Agent::start(
+        &pair.a,
+        &["run", "--iface", "va2", "--listen", "127.0.0.1:9475"],
+    );
+    first.wait_ready(&pair.a, "127.0.0.1:9475");
+    let out = pair
+        .a
+        .exec(
+            BIN,
+            &[
+                "run",
+                "--iface",
+                "va",
+                "--iface",
+                "va2",
+                "--listen",
+                "127.0.0.1:9476",
+            ],
+        )
+        .output()
+        .expect("second agent");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    eprintln!("second agent: {err}");
+    assert!(err.contains("attaching XDP to va2"), "{err}");
+    assert!(
+        !pair.a.has_xdp("va"),
+        "va left attached after a failed start"
+    );
+    assert!(
+        pair.a.has_xdp("va2"),
+        "the first agent's program was removed"
+    );
+    assert_eq!(first.terminate().code(), Some(0), "{}", first.log());
+}
