@@ -120,36 +120,19 @@ impl Flow {
         }
     }
 
-    fn order_key(
-        &self,
-    ) -> (
-        &Option<String>,
-        Option<Direction>,
-        Family,
-        IpAddr,
-        IpAddr,
-        Option<u32>,
-        Option<IpAddr>,
-        Option<IpAddr>,
-        u32,
-    ) {
-        (
-            &self.ifname,
-            self.direction,
-            self.family,
-            self.src,
-            self.dst,
-            self.vni,
-            self.inner_src,
-            self.inner_dst,
-            self.dest_qp,
-        )
-    }
-
     /// The document's order: interface, direction, outer addresses, VNI, inner
     /// addresses, destination QP.
     pub fn canonical_cmp(&self, other: &Flow) -> Ordering {
-        self.order_key().cmp(&other.order_key())
+        self.ifname
+            .cmp(&other.ifname)
+            .then(self.direction.cmp(&other.direction))
+            .then(self.family.cmp(&other.family))
+            .then(self.src.cmp(&other.src))
+            .then(self.dst.cmp(&other.dst))
+            .then(self.vni.cmp(&other.vni))
+            .then(self.inner_src.cmp(&other.inner_src))
+            .then(self.inner_dst.cmp(&other.inner_dst))
+            .then(self.dest_qp.cmp(&other.dest_qp))
     }
 }
 

@@ -240,11 +240,13 @@ mod tests {
 
     #[test]
     fn empty_document_and_counters() {
-        let mut c = Counters::default();
-        c.roce = 7;
+        let mut c = Counters {
+            roce: 7,
+            flows_evicted: 3,
+            ..Default::default()
+        };
         c.parse_errors.insert("truncated_bth".into(), 2);
         c.parse_errors.insert("bad_vxlan_flags".into(), 0);
-        c.flows_evicted = 3;
         let text = render(&Document {
             flows: vec![],
             counters: c,
