@@ -62,6 +62,40 @@ pub enum Command {
         roce-agent flows --json | jq '.flows[] | select(.ecn.ce > 0)'\n  \
         roce-agent flows --api 127.0.0.1:9473")]
     Flows(FlowsArgs),
+    /// Analyze a pcap or pcapng capture: the flow table, ICRC checks and findings
+    #[command(after_help = "Examples:\n  \
+        roce-agent analyze mirror.pcap\n  \
+        roce-agent analyze fabric.pcapng --json | jq '.findings[]'\n  \
+        roce-agent analyze big.pcap --engine reference --lossless-dscp 24,26 --cnp-dscp 56\n\n\
+        Classifies every frame with the live agent's classifier and counting rules: by default \
+        the real XDP program through BPF_PROG_TEST_RUN when this process may load BPF programs \
+        (root), otherwise the reference classifier. Ethernet captures only. Exit status 1 when \
+        the capture is truncated or corrupt (the flows read until then are still printed).")]
+    Analyze(AnalyzeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    /// The capture file (pcap or pcapng, Ethernet link type)
+    #[arg(value_name = "CAPTURE")]
+    pub capture: PathBuf,
+    /// Print the JSON document (the flow document plus `capture`, `icrc_errors` and `findings`)
+    #[arg(long)]
+    pub json: bool,
+    /// TOML configuration file: roce_port, vxlan_port, default_pmtu, flows_map_size apply
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Classifier engine [default: kernel when BPF programs can be loaded, else reference]
+    #[arg(long, value_enum)]
+    pub engine: Option<crate::analyze::Engine>,
+    /// DSCPs of the lossless (PFC) class, comma-separated
+    #[arg(long, value_name = "DSCP[,DSCP...]", value_delimiter = ',', default_value = "26",
+          value_parser = clap::value_parser!(u8).range(0..64))]
+    pub lossless_dscp: Vec<u8>,
+    /// The DSCP CNPs should carry
+    #[arg(long, value_name = "DSCP", default_value_t = 48,
+          value_parser = clap::value_parser!(u8).range(0..64))]
+    pub cnp_dscp: u8,
 }
 
 #[derive(Debug, Args)]
@@ -140,6 +174,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Flows(args) => flows(args),
+        Command::Analyze(args) => analyze(args),
     }
 }
 
@@ -300,6 +335,44 @@ pub fn flows(args: FlowsArgs) -> anyhow::Result<()> {
         // A closed pipe (`| head`) is not an error worth reporting.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(e).context("writing to stdout"),
+    }
+}
+
+/// `roce-agent analyze`.
+pub fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
+    use crate::analyze::{self, AnalyzeOptions};
+    use crate::findings::Policy;
+    use std::io::Write as _;
+
+    let file = args.config.as_deref().map(ConfigFile::load).transpose()?;
+    let settings = Settings::resolve(file.as_ref(), &Overrides::default(), false)?;
+    let opts = AnalyzeOptions {
+        engine: args.engine,
+        load: settings.load_options(),
+        policy: Policy {
+            lossless: args.lossless_dscp.iter().fold(0u64, |m, d| m | 1 << d),
+            cnp_dscp: args.cnp_dscp,
+        },
+        progress: true,
+    };
+    let analysis = analyze::analyze(&args.capture, &opts)?;
+    tracing::debug!(engine = %analysis.engine, frames = analysis.report.capture.frames, "analyzed");
+    let text = if args.json {
+        let mut t = serde_json::to_string_pretty(&analysis.report).context("encoding JSON")?;
+        t.push('\n');
+        t
+    } else {
+        analyze::render(&analysis.report, analysis.engine)
+    };
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => return Err(e).context("writing to stdout"),
+    }
+    match analysis.error {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
     }
 }
 

@@ -15,3 +15,5 @@ pub mod api;
 pub mod cli;
 pub mod collector;
 pub mod gen;
+pub mod analyze;
+pub mod findings;

@@ -1,0 +1,394 @@
+//! Findings of `analyze`: what an operator of a lossless RoCE fabric should look at
+//! in a capture. Same shape as `check --json`'s findings (`check`, `interface`,
+//! `severity`, `found`, `expected`, `fix`), plus the affected `flows` count.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::analyze::{AnalyzeOptions, AnalyzedFlow, CaptureInfo, FlowExtra, Tally};
+use crate::doc::{Counters, Flow};
+
+/// The DSCP policy a capture is judged against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Bit i set: DSCP i is lossless (PFC-protected).
+    pub lossless: u64,
+    /// The DSCP CNPs should carry.
+    pub cnp_dscp: u8,
+}
+
+/// RoCE data on DSCP 26, CNPs on 48 (NVIDIA's defaults, DESIGN.md's policy).
+pub const DEFAULT_LOSSLESS_DSCP: u8 = 26;
+pub const DEFAULT_CNP_DSCP: u8 = 48;
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            lossless: 1 << DEFAULT_LOSSLESS_DSCP,
+            cnp_dscp: DEFAULT_CNP_DSCP,
+        }
+    }
+}
+
+impl Policy {
+    pub fn is_lossless(&self, dscp: u8) -> bool {
+        dscp < 64 && self.lossless & (1 << dscp) != 0
+    }
+    /// `{26}` or `{24, 26}`.
+    pub fn lossless_text(&self) -> String {
+        format!("{{{}}}", dscp_list(self.lossless))
+    }
+}
+
+/// `0, 26` from a DSCP bit mask.
+pub fn dscp_list(mask: u64) -> String {
+    (0..64)
+        .filter(|d| mask & (1u64 << d) != 0)
+        .map(|d: u32| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Error,
+}
+
+/// One finding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// A stable name, e.g. `roce_outside_lossless_dscp`.
+    pub check: String,
+    /// null in analyze (no interface).
+    pub interface: Option<String>,
+    pub severity: Severity,
+    pub found: String,
+    pub expected: String,
+    pub fix: String,
+    /// Flows the finding concerns (0 when it is about other traffic).
+    pub flows: u64,
+}
+
+/// How many example flows a finding names.
+const EXAMPLES: usize = 3;
+
+fn flow_name(f: &Flow) -> String {
+    let mut s = format!("{}→{}", f.src, f.dst);
+    if let (Some(vni), Some(is), Some(id)) = (f.vni, f.inner_src, f.inner_dst) {
+        let _ = write!(s, " vni {vni} {is}→{id}");
+    }
+    let _ = write!(s, " qp {:#x}", f.dest_qp);
+    s
+}
+
+fn examples<'a>(
+    flows: impl Iterator<Item = &'a AnalyzedFlow>,
+    what: impl Fn(&Flow) -> String,
+) -> String {
+    let all: Vec<&AnalyzedFlow> = flows.collect();
+    let mut s: Vec<String> = all
+        .iter()
+        .take(EXAMPLES)
+        .map(|f| format!("{} ({})", flow_name(&f.flow), what(&f.flow)))
+        .collect();
+    if all.len() > EXAMPLES {
+        s.push(format!("and {} more", all.len() - EXAMPLES));
+    }
+    s.join("; ")
+}
+
+/// Every finding, most severe first (stable order within a severity).
+pub fn findings(
+    flows: &[AnalyzedFlow],
+    extras: &[FlowExtra],
+    counters: &Counters,
+    tally: &Tally,
+    capture: &CaptureInfo,
+    opts: &AnalyzeOptions,
+) -> Vec<Finding> {
+    let policy = &opts.policy;
+    let mut out = Vec::new();
+    let finding =
+        |check: &str, severity, flows: usize, found: String, expected: String, fix: &str| Finding {
+            check: check.to_string(),
+            interface: None,
+            severity,
+            found,
+            expected,
+            fix: fix.to_string(),
+            flows: flows as u64,
+        };
+
+    // Loss: PSN gaps in a fabric that should be lossless.
+    let gaps: Vec<&AnalyzedFlow> = flows.iter().filter(|f| f.flow.psn_gaps > 0).collect();
+    if !gaps.is_empty() {
+        let total: u64 = gaps.iter().map(|f| f.flow.psn_gaps).sum();
+        out.push(finding(
+            "psn_gaps",
+            Severity::Error,
+            gaps.len(),
+            format!(
+                "{total} PSN gaps on {} flows (packets lost before the capture point): {}",
+                gaps.len(),
+                examples(gaps.iter().copied(), |f| format!("{} gaps", f.psn_gaps))
+            ),
+            "no PSN gap: a lossless (PFC) class loses no packet".into(),
+            "check PFC on the path (same priority enabled on hosts and switch ports, DSCP->priority maps agree), switch drop counters, and the capture point itself (a SPAN port may drop)",
+        ));
+    }
+
+    // NAKs: the receiver saw a sequence error or could not take the message.
+    let naks: Vec<&AnalyzedFlow> = flows
+        .iter()
+        .filter(|f| f.flow.naks + f.flow.rnr_naks > 0)
+        .collect();
+    if !naks.is_empty() {
+        let n: u64 = naks.iter().map(|f| f.flow.naks).sum();
+        let r: u64 = naks.iter().map(|f| f.flow.rnr_naks).sum();
+        out.push(finding(
+            "naks",
+            Severity::Warning,
+            naks.len(),
+            format!(
+                "{n} NAKs and {r} RNR NAKs on {} flows: {}",
+                naks.len(),
+                examples(naks.iter().copied(), |f| format!("{} NAK, {} RNR NAK", f.naks, f.rnr_naks))
+            ),
+            "no NAK (sequence errors mean loss; RNR NAKs mean the receiver had no buffer posted)".into(),
+            "NAK (PSN sequence error): find the loss (PFC, drops); RNR NAK: the application posts receives too late (raise the RNR retry timer or post more receive buffers)",
+        ));
+    }
+
+    // ICRC errors: corruption, or a middlebox that rewrote covered fields.
+    let bad: Vec<&AnalyzedFlow> = flows.iter().filter(|f| f.icrc_errors > 0).collect();
+    if !bad.is_empty() {
+        let total: u64 = bad.iter().map(|f| f.icrc_errors).sum();
+        out.push(finding(
+            "icrc_errors",
+            Severity::Error,
+            bad.len(),
+            format!(
+                "{total} RoCE packets with a bad ICRC on {} flows: {}",
+                bad.len(),
+                examples(bad.iter().copied(), |f| format!("{} packets", f.packets))
+            ),
+            "every ICRC valid (receivers drop packets whose ICRC is wrong)".into(),
+            "look for a device that rewrites addresses or ports (NAT, a load balancer) or corrupts frames; RoCE's ICRC covers everything but TOS/ECN, TTL, checksums and FECN/BECN",
+        ));
+    }
+
+    // RoCE outside the lossless class.
+    let off: Vec<(&AnalyzedFlow, u64, u64)> = flows
+        .iter()
+        .zip(extras)
+        .filter(|(_, e)| e.off_lossless > 0)
+        .map(|(f, e)| (f, e.off_lossless, e.off_lossless_dscps))
+        .collect();
+    if !off.is_empty() {
+        let pkts: u64 = off.iter().map(|o| o.1).sum();
+        let mask = off.iter().fold(0, |m, o| m | o.2);
+        out.push(finding(
+            "roce_outside_lossless_dscp",
+            Severity::Error,
+            off.len(),
+            format!(
+                "{pkts} RoCE packets on {} flows carry DSCP {} (outside the lossless set): {}",
+                off.len(),
+                dscp_list(mask),
+                examples(off.iter().map(|o| o.0), |f| format!("DSCP {}", f.last_dscp))
+            ),
+            format!("RoCE traffic on a lossless DSCP {}", policy.lossless_text()),
+            "set the RoCE traffic class on the hosts (e.g. `cma_roce_tos -d DEV -t 106` for DSCP 26 + ECT(0), or the application's/NCCL's traffic class: NCCL_IB_TC=106) and trust DSCP on NICs and switches",
+        ));
+    }
+
+    // ECN off: switches cannot mark, DCQCN cannot react.
+    let not_ect: Vec<(&AnalyzedFlow, u64)> = flows
+        .iter()
+        .zip(extras)
+        .filter(|(_, e)| e.not_ect > 0)
+        .map(|(f, e)| (f, e.not_ect))
+        .collect();
+    if !not_ect.is_empty() {
+        let pkts: u64 = not_ect.iter().map(|o| o.1).sum();
+        out.push(finding(
+            "roce_not_ect",
+            Severity::Warning,
+            not_ect.len(),
+            format!(
+                "{pkts} RoCE packets on {} flows are Not-ECT (ECN off): {}",
+                not_ect.len(),
+                examples(not_ect.iter().map(|o| o.0), |f| format!("{} of {} packets", f.ecn.not_ect, f.packets))
+            ),
+            "RoCE data ECN-capable (ECT(0)), so that switches mark CE instead of pausing or dropping and DCQCN can slow the sender".into(),
+            "enable ECN for RoCE on the hosts (ToS 106 = DSCP 26 + ECT(0); on NVIDIA NICs enable DCQCN: /sys/class/net/DEV/ecn/roce_np/enable/3 and roce_rp/enable/3)",
+        ));
+    }
+
+    // CNPs not on the CNP DSCP.
+    let cnp: Vec<(&AnalyzedFlow, u64, u64)> = flows
+        .iter()
+        .zip(extras)
+        .filter(|(_, e)| e.cnp_off_dscp > 0)
+        .map(|(f, e)| (f, e.cnp_off_dscp, e.cnp_dscps))
+        .collect();
+    if !cnp.is_empty() {
+        let pkts: u64 = cnp.iter().map(|o| o.1).sum();
+        let mask = cnp.iter().fold(0, |m, o| m | o.2);
+        out.push(finding(
+            "cnp_dscp",
+            Severity::Warning,
+            cnp.len(),
+            format!(
+                "{pkts} CNPs on {} flows carry DSCP {}: {}",
+                cnp.len(),
+                dscp_list(mask),
+                examples(cnp.iter().map(|o| o.0), |f| format!("{} CNPs", f.cnps))
+            ),
+            format!("CNPs on DSCP {} (a strict-priority class, so congestion notification is never queued behind data)", policy.cnp_dscp),
+            "set the NIC's CNP DSCP (NVIDIA: /sys/class/net/DEV/ecn/roce_np/cnp_dscp) and its priority to match the switch's CNP queue",
+        ));
+    }
+
+    // Other traffic in the lossless class.
+    let n = &tally.non_roce_lossless;
+    if n.frames > 0 {
+        let mut protos: Vec<(u8, u64)> = n.by_proto.iter().map(|(p, c)| (*p, *c)).collect();
+        protos.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let protos: Vec<String> = protos
+            .iter()
+            .map(|(p, c)| format!("{} {c}", proto_name(*p)))
+            .collect();
+        let mut talkers: Vec<(&(std::net::IpAddr, std::net::IpAddr, u8), &u64)> =
+            n.talkers.iter().collect();
+        talkers.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let top: Vec<String> = talkers
+            .iter()
+            .take(EXAMPLES)
+            .map(|((s, d, p), c)| format!("{s}→{d} {} ({c} frames)", proto_name(*p)))
+            .collect();
+        out.push(finding(
+            "non_roce_on_lossless_dscp",
+            Severity::Warning,
+            0,
+            format!(
+                "{} non-RoCE frames on lossless DSCP {} ({}); top: {}",
+                n.frames,
+                policy.lossless_text(),
+                protos.join(", "),
+                top.join("; ")
+            ),
+            "only RoCE in the lossless class (other traffic there can trigger PFC pauses that stall RoCE)".into(),
+            "remark other traffic to DSCP 0 on egress (`roce-agent run --mode enforce`), or fix the application that sets that DSCP",
+        ));
+    }
+
+    // The most CE-marked flows.
+    let mut ce: Vec<&AnalyzedFlow> = flows.iter().filter(|f| f.flow.ecn.ce > 0).collect();
+    if !ce.is_empty() {
+        ce.sort_by(|a, b| {
+            b.flow
+                .ce_ratio()
+                .total_cmp(&a.flow.ce_ratio())
+                .then(b.flow.bytes.cmp(&a.flow.bytes))
+                .then(a.flow.canonical_cmp(&b.flow))
+        });
+        out.push(finding(
+            "ce_marked",
+            Severity::Info,
+            ce.len(),
+            format!(
+                "{} flows saw CE marks; most marked: {}",
+                ce.len(),
+                examples(ce.iter().copied(), |f| format!(
+                    "{:.1}% CE, {} CNPs",
+                    f.ce_ratio() * 100.0,
+                    f.cnps
+                ))
+            ),
+            "few CE marks; each CE-marked flow answered by CNPs from its receiver".into(),
+            "CE marks mean congestion at a switch queue: look for incast (many senders to one receiver) and check that ECN thresholds sit below the PFC thresholds",
+        ));
+    }
+
+    // Frames that could not be parsed.
+    let errors = counters.parse_errors_total();
+    if errors > 0 {
+        let reasons: Vec<String> = counters
+            .parse_errors
+            .iter()
+            .filter(|(_, c)| **c > 0)
+            .map(|(r, c)| format!("{r} {c}"))
+            .collect();
+        out.push(finding(
+            "parse_errors",
+            Severity::Info,
+            0,
+            format!("{errors} frames could not be parsed as far as the BTH: {}", reasons.join(", ")),
+            "every frame parseable".into(),
+            "truncated frames usually mean a small snap length (capture with `tcpdump -s 0`); bad_vxlan_flags means VXLAN without the I flag, which Linux drops",
+        ));
+    }
+
+    // Flow table overflow (kernel engine: LRU evictions).
+    if counters.flows_created > opts.load.flows_max_entries as u64 || counters.flows_evicted > 0 {
+        out.push(finding(
+            "flow_table_full",
+            Severity::Warning,
+            counters.flows_created as usize,
+            format!(
+                "{} flows in the capture, the flow table holds {}: {} flows were evicted",
+                counters.flows_created, opts.load.flows_max_entries, counters.flows_evicted
+            ),
+            "every flow in the table".into(),
+            "raise flows_map_size in the config file, or use --engine reference (no limit)",
+        ));
+    }
+
+    if !capture.complete {
+        out.push(finding(
+            "capture_incomplete",
+            Severity::Error,
+            0,
+            capture.error.clone().unwrap_or_default(),
+            "a complete capture file".into(),
+            "the counts cover the frames before the error only; copy the file again or stop the capture cleanly",
+        ));
+    }
+
+    out.sort_by(|a, b| b.severity.cmp(&a.severity));
+    out
+}
+
+fn proto_name(p: u8) -> String {
+    match p {
+        1 => "ICMP".into(),
+        6 => "TCP".into(),
+        17 => "UDP".into(),
+        58 => "ICMPv6".into(),
+        p => format!("IP proto {p}"),
+    }
+}
+
+/// The findings as text, one paragraph each.
+pub fn render(findings: &[Finding]) -> String {
+    if findings.is_empty() {
+        return "findings: none\n".to_string();
+    }
+    let mut out = String::from("findings:\n");
+    for f in findings {
+        let sev = match f.severity {
+            Severity::Error => "ERROR",
+            Severity::Warning => "WARN",
+            Severity::Info => "INFO",
+        };
+        let _ = writeln!(out, "  {sev:<5} {}: {}", f.check, f.found);
+        let _ = writeln!(out, "        expected: {}", f.expected);
+        let _ = writeln!(out, "        fix: {}", f.fix);
+    }
+    out
+}
