@@ -328,8 +328,17 @@ fn parse_ipv6<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
                 };
                 proto = n;
                 l4 += (len as usize + 1) * 8;
+                // The whole header must be there (as IPv4 options must): a frame cut
+                // inside it is a truncated extension header, not a truncated UDP header.
+                if p.u8_at(l4 - 1).is_none() {
+                    return IpStep::Bad(r.ext);
+                }
             }
             IPPROTO_FRAGMENT => {
+                // Its last word first: the whole 8-byte header must be there.
+                if p.be32_at(l4 + 4).is_none() {
+                    return IpStep::Bad(r.ext);
+                }
                 let Some(frag) = p.be16_at(l4 + 2) else {
                     return IpStep::Bad(r.ext);
                 };
@@ -395,4 +404,184 @@ fn parse_roce<P: Packet>(p: &P, off: usize, r: &Reasons) -> Result<Parsed, Reaso
         }
     }
     Ok(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Host-side checks of the parser on hand-made frames (the XDP program runs the
+    //! same code; tests/ checks it there with frames from the agent's builder).
+    extern crate std;
+    use super::*;
+    use crate::packet::SlicePacket;
+    use std::vec;
+    use std::vec::Vec;
+
+    fn run(f: &[u8]) -> Outcome {
+        classify(&SlicePacket(f), &RuntimeConfig::default())
+    }
+
+    /// Ethernet / IPv4 (TOS 106) / UDP to `dport` / `payload`.
+    fn ipv4_udp(dport: u16, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend(ETH_P_IPV4.to_be_bytes());
+        let total = (20 + 8 + payload.len()) as u16;
+        f.extend([0x45, 106]);
+        f.extend(total.to_be_bytes());
+        f.extend([
+            0,
+            0,
+            0x40,
+            0,
+            64,
+            IPPROTO_UDP,
+            0,
+            0,
+            10,
+            0,
+            0,
+            1,
+            10,
+            0,
+            0,
+            2,
+        ]);
+        f.extend(0xC000u16.to_be_bytes());
+        f.extend(dport.to_be_bytes());
+        f.extend(((8 + payload.len()) as u16).to_be_bytes());
+        f.extend([0, 0]);
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// Ethernet / IPv6 with `ext` (raw extension headers, first announced by `first`) / UDP.
+    fn ipv6_udp(first: u8, ext: &[u8], dport: u16, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend(ETH_P_IPV6.to_be_bytes());
+        f.extend([0x66, 0xA0, 0, 0]); // traffic class 0x6A
+        f.extend(((ext.len() + 8 + payload.len()) as u16).to_be_bytes());
+        f.extend([first, 64]);
+        f.extend(
+            [0x20, 0x01, 0x0d, 0xb8]
+                .iter()
+                .chain([0u8; 11].iter())
+                .chain([1u8].iter()),
+        );
+        f.extend(
+            [0x20, 0x01, 0x0d, 0xb8]
+                .iter()
+                .chain([0u8; 11].iter())
+                .chain([2u8].iter()),
+        );
+        f.extend_from_slice(ext);
+        f.extend(0xC001u16.to_be_bytes());
+        f.extend(dport.to_be_bytes());
+        f.extend(((8 + payload.len()) as u16).to_be_bytes());
+        f.extend([0, 0]);
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// BTH (ACKNOWLEDGE to QP 0x123456, PSN 7) + AETH (NAK 0x61) + ICRC.
+    fn ack() -> Vec<u8> {
+        let mut b = vec![0x11, 0, 0xFF, 0xFF, 0, 0x12, 0x34, 0x56, 0, 0, 0, 7];
+        b.extend([0x61, 0, 0, 1]);
+        b.extend([0; 4]);
+        b
+    }
+
+    #[test]
+    fn plain_ipv4_roce_is_a_flow_with_its_bth_and_aeth() {
+        let f = ipv4_udp(DEFAULT_ROCE_PORT, &ack());
+        let Outcome::Flow(p) = run(&f) else {
+            panic!("{:?}", run(&f))
+        };
+        assert!(!p.tunnelled);
+        assert_eq!(p.key.dest_qp, 0x12_3456);
+        assert_eq!(p.key.src, addr_v4_mapped(u32::from_ne_bytes([10, 0, 0, 1])));
+        assert_eq!((p.outer_tos, p.sport, p.udp_len), (106, 0xC000, 8 + 20));
+        assert_eq!((p.bth.opcode, p.bth.psn, p.syndrome), (0x11, 7, Some(0x61)));
+        assert!(!p.ext_truncated);
+    }
+
+    #[test]
+    fn ipv6_extension_header_cut_inside_its_body_is_truncated_ipv6_ext() {
+        // Hop-by-hop of 16 bytes (Hdr Ext Len 1), then UDP.
+        let mut hbh = vec![IPPROTO_UDP, 1, 1, 12];
+        hbh.extend([0u8; 12]);
+        let f = ipv6_udp(IPPROTO_HOPOPTS, &hbh, DEFAULT_ROCE_PORT, &ack());
+        let Outcome::Flow(p) = run(&f) else {
+            panic!("{:?}", run(&f))
+        };
+        assert_eq!((p.key.flags, p.outer_tos), (KEY_OUTER_V6, 0x6A));
+        for len in 54..70 {
+            assert_eq!(
+                run(&f[..len]),
+                Outcome::Malformed(Reason::TruncatedIpv6Ext),
+                "cut at {len}"
+            );
+        }
+        assert_eq!(run(&f[..70]), Outcome::Malformed(Reason::TruncatedUdp));
+    }
+
+    #[test]
+    fn ipv6_fragment_header_must_be_whole_and_first() {
+        let frag = |offset_flags: u16| {
+            let mut h = vec![IPPROTO_UDP, 0];
+            h.extend(offset_flags.to_be_bytes());
+            h.extend([0, 0, 0, 9]);
+            h
+        };
+        let first = ipv6_udp(IPPROTO_FRAGMENT, &frag(0x0001), DEFAULT_ROCE_PORT, &ack());
+        assert!(matches!(run(&first), Outcome::Flow(_)));
+        for len in 54..62 {
+            assert_eq!(
+                run(&first[..len]),
+                Outcome::Malformed(Reason::TruncatedIpv6Ext)
+            );
+        }
+        let later = ipv6_udp(IPPROTO_FRAGMENT, &frag(0x0008), DEFAULT_ROCE_PORT, &ack());
+        assert_eq!(run(&later), Outcome::Malformed(Reason::Ipv6Fragment));
+    }
+
+    #[test]
+    fn ipv4_fragments_and_ihl() {
+        let mut f = ipv4_udp(DEFAULT_ROCE_PORT, &ack());
+        f[20] = 0x20; // MF, offset 0: a first fragment
+        assert!(matches!(run(&f), Outcome::Flow(_)));
+        f[21] = 1; // offset 1
+        assert_eq!(run(&f), Outcome::Malformed(Reason::Ipv4Fragment));
+        let mut g = ipv4_udp(DEFAULT_ROCE_PORT, &ack());
+        g[14] = 0x44;
+        assert_eq!(run(&g), Outcome::Malformed(Reason::BadIpv4Ihl));
+        g[14] = 0x4F; // a 60-byte header: the 62-byte frame ends inside it
+        assert_eq!(run(&g), Outcome::Malformed(Reason::TruncatedIpv4));
+    }
+
+    #[test]
+    fn vxlan_needs_the_i_flag_and_keys_on_the_inner_flow() {
+        let inner = ipv6_udp(IPPROTO_UDP, &[], DEFAULT_ROCE_PORT, &ack());
+        let mut vx = vec![VXLAN_FLAG_I, 0, 0, 0, 0x12, 0x34, 0x56, 0];
+        vx.extend(&inner);
+        let f = ipv4_udp(DEFAULT_VXLAN_PORT, &vx);
+        let Outcome::Flow(p) = run(&f) else {
+            panic!("{:?}", run(&f))
+        };
+        assert!(p.tunnelled);
+        assert_eq!(p.key.flags, KEY_TUNNELLED | KEY_INNER_V6);
+        assert_eq!((p.key.vni, p.key.dest_qp), (0x12_3456, 0x12_3456));
+        assert_eq!((p.outer_tos, p.inner_tos, p.sport), (106, 0x6A, 0xC001));
+        let mut bad = f.clone();
+        bad[42] = 0;
+        assert_eq!(run(&bad), Outcome::Malformed(Reason::BadVxlanFlags));
+    }
+
+    #[test]
+    fn headers_beyond_the_parse_depth_count_as_truncated() {
+        // A hop-by-hop header of 1024 bytes ends past MAX_PARSE_OFFSET: the reader
+        // stops there, as the kernel's does, however long the frame is.
+        let mut hbh = vec![IPPROTO_UDP, 127, 1, 255];
+        hbh.resize(1024, 0);
+        let f = ipv6_udp(IPPROTO_HOPOPTS, &hbh, DEFAULT_ROCE_PORT, &ack());
+        assert_eq!(run(&f), Outcome::Malformed(Reason::TruncatedIpv6Ext));
+    }
 }

@@ -972,12 +972,12 @@ fn ipv6_non_first_fragments_are_not_classified() {
 }
 
 #[test]
-fn ipv6_extension_header_cut_before_its_length_is_truncated_ipv6_ext() {
+fn ipv6_extension_header_cut_anywhere_is_truncated_ipv6_ext() {
     let mut h = Harness::load();
     let l3 = host6().with_ext(hbh()).with_ext(first_fragment());
     let f = roce_frame(&eth(), &l3, SPORT, &RoceMsg::send_only(QP, 0, 8));
-    // Hop-by-hop at 54 (needs 2 bytes), fragment at 62 (needs 4).
-    for len in [54, 55, 62, 63, 64, 65] {
+    // Hop-by-hop at 54..62, fragment at 62..70; the UDP header starts at 70.
+    for len in 54..70 {
         h.reset();
         h.pass(&f[..len]);
         assert!(h.flows().is_empty());
@@ -1073,15 +1073,7 @@ impl Layout {
             at += VLAN_HLEN;
             parts.push((at, Reason::TruncatedVlan));
         }
-        at += l3.header_len();
-        parts.push((
-            at,
-            if matches!(l3, L3::V4(_)) {
-                Reason::TruncatedIpv4
-            } else {
-                Reason::TruncatedIpv6
-            },
-        ));
+        at = ip_parts(&mut parts, at, l3, false);
         at += UDP_HLEN;
         parts.push((at, Reason::TruncatedUdp));
         at += bth::BTH_LEN;
@@ -1101,15 +1093,7 @@ impl Layout {
         l.parts.push((at, Reason::TruncatedVxlan));
         at += ETH_HLEN;
         l.parts.push((at, Reason::TruncatedInnerEth));
-        at += inner_l3.header_len();
-        l.parts.push((
-            at,
-            if matches!(inner_l3, L3::V4(_)) {
-                Reason::TruncatedInnerIpv4
-            } else {
-                Reason::TruncatedInnerIpv6
-            },
-        ));
+        at = ip_parts(&mut l.parts, at, inner_l3, true);
         at += UDP_HLEN;
         l.parts.push((at, Reason::TruncatedInnerUdp));
         at += bth::BTH_LEN;
@@ -1129,6 +1113,41 @@ impl Layout {
         let bth_end = self.parts.last().unwrap().0;
         Ok(len < bth_end + self.ext_needed)
     }
+}
+
+/// The parts of an IP header starting at `at`: the fixed header, then each IPv6
+/// extension header (IPv4 options belong to the header). Returns where it ends.
+fn ip_parts(parts: &mut Vec<(usize, Reason)>, mut at: usize, l3: &L3, inner: bool) -> usize {
+    match l3 {
+        L3::V4(_) => {
+            at += l3.header_len();
+            let r = if inner {
+                Reason::TruncatedInnerIpv4
+            } else {
+                Reason::TruncatedIpv4
+            };
+            parts.push((at, r));
+        }
+        L3::V6(h) => {
+            at += 40;
+            let r = if inner {
+                Reason::TruncatedInnerIpv6
+            } else {
+                Reason::TruncatedIpv6
+            };
+            parts.push((at, r));
+            for e in &h.ext {
+                at += e.len();
+                let r = if inner {
+                    Reason::TruncatedInnerIpv6Ext
+                } else {
+                    Reason::TruncatedIpv6Ext
+                };
+                parts.push((at, r));
+            }
+        }
+    }
+    at
 }
 
 /// Bytes after the BTH that counting reads: the AETH's syndrome, or a READ's DMA length.
@@ -1212,6 +1231,12 @@ fn every_truncation_of_roce_in_vxlan_counts_exactly_its_reason() {
             RoceMsg::new(opcode::XRC | 0x0C, QP, 9).with_reth(1, 2, 3),
         ),
         (eth(), under4(), host4(), RoceMsg::write_only(QP, 5, 33)),
+        (
+            eth(),
+            under6().with_ext(routing()).with_ext(first_fragment()),
+            host6().with_ext(hbh()).with_ext(dstopts()),
+            RoceMsg::ack(QP, 5, 0x00),
+        ),
     ];
     for (e, outer, inner_l3, m) in cases {
         let inner = roce_frame(&eth(), &inner_l3, SPORT, &m);
@@ -1247,6 +1272,15 @@ fn every_truncation_of_plain_roce_counts_exactly_its_reason() {
             eth(),
             host4().with_options(&[1; 40]),
             RoceMsg::send_only(QP, 5, 3),
+        ),
+        (
+            eth(),
+            host6()
+                .with_ext(hbh())
+                .with_ext(routing())
+                .with_ext(first_fragment())
+                .with_ext(dstopts()),
+            RoceMsg::read_request(QP, 5, 3000),
         ),
     ];
     for (e, l3, m) in cases {
