@@ -1,0 +1,1362 @@
+//! `roce-agent analyze` as users run it, on captures built here with the project's
+//! frame builder and on the real soft-RoCE captures in ../shared/captures/:
+//! exact expected tables, tshark's decode of the same files as an independent oracle,
+//! the kernel engine (XDP through BPF_PROG_TEST_RUN) against the reference engine
+//! (byte-identical JSON), ICRC checks (and scapy's ICRC when scapy is installed),
+//! truncated and non-Ethernet files.
+//!
+//! Tests that need BPF (the kernel engine) or tshark say so on stderr and skip that
+//! part when it is not available.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
+use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
+use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
+use pcap_file::pcapng::PcapNgWriter;
+use pcap_file::{DataLink, TsResolution};
+use roce_agent::packet::*;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
+
+fn agent(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run roce-agent")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+static FILE_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A scratch directory of this test process, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        let n = FILE_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("roce-analyze-{}-{n}", std::process::id()));
+        fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Capture start: 2023-11-14 22:13:20 UTC.
+const T0_NS: u64 = 1_700_000_000_000_000_000;
+
+/// Frames with timestamps 1 µs apart.
+#[derive(Default)]
+struct Frames(Vec<Vec<u8>>);
+
+impl Frames {
+    fn push(&mut self, f: Vec<u8>) {
+        self.0.push(f);
+    }
+    fn ts(i: usize) -> Duration {
+        Duration::from_nanos(T0_NS + i as u64 * 1000)
+    }
+    fn write_pcap(&self, path: &Path) {
+        let header = PcapHeader {
+            ts_resolution: TsResolution::NanoSecond,
+            snaplen: 65535,
+            ..Default::default()
+        };
+        let file = fs::File::create(path).expect("create pcap");
+        let mut w = PcapWriter::with_header(file, header).expect("pcap header");
+        for (i, f) in self.0.iter().enumerate() {
+            w.write_packet(&PcapPacket::new(Self::ts(i), f.len() as u32, f))
+                .expect("write packet");
+        }
+    }
+    fn write_pcapng(&self, path: &Path) {
+        let file = fs::File::create(path).expect("create pcapng");
+        let mut w = PcapNgWriter::new(file).expect("pcapng header");
+        // Nanosecond timestamps (if_tsresol 9), as pcap-file writes them.
+        let mut idb = InterfaceDescriptionBlock::new(DataLink::ETHERNET, 65535);
+        idb.options.push(
+            pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption::IfTsResol(
+                9,
+            ),
+        );
+        w.write_pcapng_block(idb).expect("idb");
+        for (i, f) in self.0.iter().enumerate() {
+            let epb = EnhancedPacketBlock {
+                interface_id: 0,
+                timestamp: Self::ts(i),
+                original_len: f.len() as u32,
+                data: std::borrow::Cow::Borrowed(f),
+                options: vec![],
+            };
+            w.write_pcapng_block(epb).expect("epb");
+        }
+    }
+}
+
+fn v4(s: &str) -> Ipv4Addr {
+    s.parse().expect("IPv4 literal")
+}
+fn v6(s: &str) -> Ipv6Addr {
+    s.parse().expect("IPv6 literal")
+}
+
+const TOS_DATA: u8 = 106; // DSCP 26, ECT(0)
+const TOS_CE: u8 = 107; // DSCP 26, CE
+const TOS_CNP: u8 = 192; // DSCP 48, Not-ECT
+
+fn plain(tos: u8) -> L3 {
+    L3::v4(v4("198.18.0.1"), v4("198.18.0.2")).with_tos(tos)
+}
+fn plain_back(tos: u8) -> L3 {
+    L3::v4(v4("198.18.0.2"), v4("198.18.0.1")).with_tos(tos)
+}
+
+fn with_payload(op: u8, qp: u32, psn: u32, len: usize) -> RoceMsg {
+    RoceMsg::new(op, qp, psn).with_payload(len)
+}
+
+/// The scenario capture: every opcode family, CNPs plain and in VXLAN, IPv6, one and
+/// two VLAN tags, IPv4 options, VXLAN over IPv4 and IPv6 underlays, the same inner
+/// flow on two VNIs, a PSN wrap, a READ with a multi-packet response, a loss with its
+/// NAK and retransmissions, jumbo frames, a bad ICRC, and non-RoCE traffic.
+fn scenario() -> Frames {
+    use opcode::*;
+    let eth = Eth::default();
+    let mut f = Frames::default();
+    let sp = 0xC000;
+
+    // qp 0x100, A->B: RC requests of every family; 2 CE marks. READ of 3000 bytes at
+    // path MTU 1024 uses PSNs 8, 9, 10.
+    let reqs = [
+        (
+            RoceMsg::new(RC_WRITE_FIRST, 0x100, 0)
+                .with_reth(0x1000, 1, 2148)
+                .with_payload(1024),
+            TOS_DATA,
+        ),
+        (with_payload(RC_WRITE_MIDDLE, 0x100, 1, 1024), TOS_DATA),
+        (with_payload(RC_WRITE_LAST, 0x100, 2, 100), TOS_DATA),
+        (with_payload(RC_SEND_FIRST, 0x100, 3, 1024), TOS_DATA),
+        (with_payload(RC_SEND_MIDDLE, 0x100, 4, 1024), TOS_DATA),
+        (with_payload(RC_SEND_LAST_IMM, 0x100, 5, 10), TOS_CE),
+        (RoceMsg::send_only(0x100, 6, 64), TOS_CE),
+        (
+            RoceMsg::new(RC_WRITE_ONLY_IMM, 0x100, 7)
+                .with_reth(0x1000, 1, 8)
+                .with_payload(8),
+            TOS_DATA,
+        ),
+        (RoceMsg::read_request(0x100, 8, 3000), TOS_DATA),
+        (RoceMsg::new(RC_FETCH_ADD, 0x100, 11), TOS_DATA),
+        (RoceMsg::new(RC_COMPARE_SWAP, 0x100, 12), TOS_DATA),
+        (with_payload(RC_SEND_ONLY_INV, 0x100, 13, 32), TOS_DATA),
+    ];
+    for (m, tos) in reqs {
+        f.push(roce_frame(&eth, &plain(tos), sp, &m));
+    }
+    // qp 0x200, B->A: responses. 2 ACKs, 1 RNR NAK; READ response FIRST/MIDDLE/LAST and
+    // an ATOMIC ACKNOWLEDGE carry AETHs but are no ACKNOWLEDGE; CNP 0x81 on DSCP 48 and
+    // CNP 0x80 on DSCP 26 (the wrong DSCP).
+    let resps = [
+        (RoceMsg::ack(0x200, 2, 0x1F), TOS_DATA),
+        (
+            with_payload(RC_READ_RESPONSE_FIRST, 0x200, 8, 1024).with_syndrome(0x1F),
+            TOS_DATA,
+        ),
+        (
+            with_payload(RC_READ_RESPONSE_MIDDLE, 0x200, 9, 1024),
+            TOS_DATA,
+        ),
+        (
+            with_payload(RC_READ_RESPONSE_LAST, 0x200, 10, 952).with_syndrome(0x1F),
+            TOS_DATA,
+        ),
+        (
+            RoceMsg::new(RC_ATOMIC_ACKNOWLEDGE, 0x200, 11).with_syndrome(0x1F),
+            TOS_DATA,
+        ),
+        (RoceMsg::ack(0x200, 13, 0x1F), TOS_DATA),
+        (RoceMsg::ack(0x200, 13, 0x21), TOS_DATA),
+        (cnp(0x200), TOS_CNP),
+        (
+            RoceMsg {
+                opcode: CNP_ALT,
+                ..cnp(0x200)
+            },
+            TOS_DATA,
+        ),
+    ];
+    for (m, tos) in resps {
+        f.push(roce_frame(&eth, &plain_back(tos), sp, &m));
+    }
+
+    // qp 0x300, one VLAN tag: a PSN wrap, no gap.
+    let tagged = Eth::default().with_vlan(VlanTag::dot1q(100));
+    for psn in [0xFF_FFFE, 0xFF_FFFF, 0, 1] {
+        f.push(roce_frame(
+            &tagged,
+            &plain(TOS_DATA),
+            sp,
+            &RoceMsg::send_only(0x300, psn, 16),
+        ));
+    }
+
+    // qp 0x400, two VLAN tags: PSN 12 lost (1 gap), NAK from B (qp 0x401), then 12
+    // and 13 retransmitted (no further gap) and 14.
+    let qinq = Eth::default()
+        .with_vlan(VlanTag::dot1ad(10))
+        .with_vlan(VlanTag::dot1q(20));
+    for psn in [10, 11, 13] {
+        f.push(roce_frame(
+            &qinq,
+            &plain(TOS_DATA),
+            sp,
+            &RoceMsg::send_only(0x400, psn, 16),
+        ));
+    }
+    f.push(roce_frame(
+        &qinq,
+        &plain_back(TOS_DATA),
+        sp,
+        &RoceMsg::ack(0x401, 12, 0x60),
+    ));
+    for psn in [12, 13, 14] {
+        f.push(roce_frame(
+            &qinq,
+            &plain(TOS_DATA),
+            sp,
+            &RoceMsg::send_only(0x400, psn, 16),
+        ));
+    }
+
+    // IPv4 options (router alert), DSCP 0 / Not-ECT: RC, UC and UD.
+    let opts = plain(0).with_options(&[0x94, 0x04, 0x00, 0x00]);
+    f.push(roce_frame(
+        &eth,
+        &opts,
+        69,
+        &RoceMsg::write_only(0x600, 0, 64),
+    ));
+    f.push(roce_frame(
+        &eth,
+        &opts,
+        69,
+        &with_payload(UC_SEND_ONLY, 0x601, 5, 20),
+    ));
+    f.push(roce_frame(
+        &eth,
+        &opts,
+        69,
+        &with_payload(UD_SEND_ONLY, 0x602, 9, 20),
+    ));
+    // XRC SEND ONLY.
+    f.push(roce_frame(
+        &eth,
+        &plain(TOS_DATA),
+        sp,
+        &with_payload(XRC | 0x04, 0xA00, 0, 40),
+    ));
+
+    // IPv6: qp 0x700, one CE of three.
+    let l6 = |tos| L3::v6(v6("fd00::1"), v6("fd00::2")).with_tos(tos);
+    for (psn, tos) in [(0, TOS_DATA), (1, TOS_CE), (2, TOS_DATA)] {
+        f.push(roce_frame(
+            &eth,
+            &l6(tos),
+            sp,
+            &RoceMsg::send_only(0x700, psn, 100),
+        ));
+    }
+
+    // VXLAN over IPv4, VNI 5001: qp 0x800, the second outer CE-marked; the same inner
+    // flow on VNI 5002 (a separate flow); a CNP back in VXLAN (qp 0x801).
+    let outer = |tos| L3::v4(v4("10.0.0.1"), v4("10.0.0.2")).with_tos(tos);
+    let outer_back = L3::v4(v4("10.0.0.2"), v4("10.0.0.1")).with_tos(TOS_CNP);
+    let inner = L3::v4(v4("198.19.0.1"), v4("198.19.0.2")).with_tos(TOS_DATA);
+    let inner_back = L3::v4(v4("198.19.0.2"), v4("198.19.0.1")).with_tos(TOS_CNP);
+    for (psn, tos) in [(0, TOS_DATA), (1, TOS_CE), (2, TOS_DATA)] {
+        let i = roce_frame(&eth, &inner, sp, &RoceMsg::write_only(0x800, psn, 256));
+        f.push(vxlan_frame(
+            &eth,
+            &outer(tos),
+            0xD000 + psn as u16,
+            5001,
+            &i,
+        ));
+    }
+    for psn in [0, 1] {
+        let i = roce_frame(&eth, &inner, sp, &RoceMsg::write_only(0x800, psn, 256));
+        f.push(vxlan_frame(&eth, &outer(TOS_DATA), 0xD100, 5002, &i));
+    }
+    let i = roce_frame(&eth, &inner_back, sp, &cnp(0x801));
+    f.push(vxlan_frame(&eth, &outer_back, 0xD200, 5001, &i));
+
+    // VXLAN over IPv6, VNI 6000: inner IPv4 (qp 0x900) and inner IPv6 (qp 0x901).
+    let outer6 = L3::v6(v6("fd00::a"), v6("fd00::b")).with_tos(TOS_DATA);
+    for psn in [0, 1] {
+        let i = roce_frame(
+            &eth,
+            &L3::v4(v4("198.19.1.1"), v4("198.19.1.2")).with_tos(TOS_DATA),
+            sp,
+            &RoceMsg::send_only(0x900, psn, 48),
+        );
+        f.push(vxlan_frame(&eth, &outer6, 0xD300, 6000, &i));
+    }
+    let i = roce_frame(
+        &eth,
+        &L3::v6(v6("fd01::1"), v6("fd01::2")).with_tos(TOS_DATA),
+        sp,
+        &RoceMsg::send_only(0x901, 0, 48),
+    );
+    f.push(vxlan_frame(&eth, &outer6, 0xD300, 6000, &i));
+
+    // Jumbo frames at path MTU 4096: qp 0xB00.
+    f.push(roce_frame(
+        &eth,
+        &plain(TOS_DATA),
+        sp,
+        &RoceMsg::new(RC_WRITE_FIRST, 0xB00, 0)
+            .with_reth(0, 1, 8292)
+            .with_payload(4096),
+    ));
+    f.push(roce_frame(
+        &eth,
+        &plain(TOS_DATA),
+        sp,
+        &with_payload(RC_WRITE_MIDDLE, 0xB00, 1, 4096),
+    ));
+    f.push(roce_frame(
+        &eth,
+        &plain(TOS_DATA),
+        sp,
+        &with_payload(RC_WRITE_LAST, 0xB00, 2, 100),
+    ));
+
+    // qp 0xC00: the second packet's ICRC is corrupt.
+    f.push(roce_frame(
+        &eth,
+        &plain(TOS_DATA),
+        sp,
+        &RoceMsg::send_only(0xC00, 0, 64),
+    ));
+    let mut bad = roce_frame(
+        &eth,
+        &plain(TOS_DATA),
+        sp,
+        &RoceMsg::send_only(0xC00, 1, 64),
+    );
+    let last = bad.len() - 1;
+    bad[last] ^= 0xFF;
+    f.push(bad);
+
+    // Non-RoCE: TCP on the lossless DSCP (2 frames), DNS on DSCP 0, ARP.
+    let tcp = vec![0u8; 20];
+    f.push(ip_frame(&eth, &plain(104), 6, &tcp));
+    f.push(ip_frame(&eth, &plain(104), 6, &tcp));
+    f.push(udp_frame(&eth, &plain(0), 5353, 53, &[0u8; 12]));
+    f.push(eth_frame(&eth, 0x0806, &[0u8; 28]));
+    f
+}
+
+/// Frames that cannot be parsed as far as the BTH, each under its reason, and two
+/// good packets.
+fn malformed() -> Frames {
+    let eth = Eth::default();
+    let mut f = Frames::default();
+    let good = roce_frame(
+        &eth,
+        &plain(TOS_DATA),
+        0xC000,
+        &RoceMsg::send_only(0x10, 0, 16),
+    );
+    f.push(good.clone());
+    f.push(good[..10].to_vec()); // truncated_eth (< 14: not even a test run)
+    f.push(good[..13].to_vec()); // truncated_eth
+    f.push(good[..14 + 20 + 8 + 6].to_vec()); // truncated_bth
+    let tagged = roce_frame(
+        &Eth::default().with_vlan(VlanTag::dot1q(1)),
+        &plain(TOS_DATA),
+        0xC000,
+        &RoceMsg::send_only(0x10, 1, 16),
+    );
+    f.push(tagged[..16].to_vec()); // truncated_vlan
+    let three = Eth::default()
+        .with_vlan(VlanTag::dot1ad(1))
+        .with_vlan(VlanTag::dot1q(2))
+        .with_vlan(VlanTag::dot1q(3));
+    f.push(roce_frame(
+        &three,
+        &plain(TOS_DATA),
+        0xC000,
+        &RoceMsg::send_only(0x10, 2, 16),
+    )); // too_many_vlan_tags
+    let mut frag = plain(TOS_DATA);
+    if let L3::V4(h) = &mut frag {
+        h.flags_frag = 0x0010; // offset 16 * 8
+    }
+    f.push(roce_frame(
+        &eth,
+        &frag,
+        0xC000,
+        &RoceMsg::send_only(0x10, 3, 16),
+    )); // ipv4_fragment
+    let inner = roce_frame(
+        &eth,
+        &plain(TOS_DATA),
+        0xC000,
+        &RoceMsg::send_only(0x11, 0, 16),
+    );
+    let mut no_i = vxlan_header(0x00, 5001).to_vec();
+    no_i.extend_from_slice(&inner);
+    f.push(udp_frame(
+        &eth,
+        &L3::v4(v4("10.0.0.1"), v4("10.0.0.2")),
+        0xD000,
+        4789,
+        &no_i,
+    )); // bad_vxlan_flags
+    let vx = vxlan_frame(
+        &eth,
+        &L3::v4(v4("10.0.0.1"), v4("10.0.0.2")),
+        0xD000,
+        5001,
+        &inner,
+    );
+    f.push(vx[..92 + 4].to_vec()); // truncated_inner_bth
+                                   // An ACKNOWLEDGE cut inside its AETH: counts on its flow without an ACK class.
+    let ack = roce_frame(
+        &eth,
+        &plain_back(TOS_DATA),
+        0xC000,
+        &RoceMsg::ack(0x20, 0, 0x1F),
+    );
+    f.push(ack[..14 + 20 + 8 + 12].to_vec());
+    f.push(roce_frame(
+        &eth,
+        &plain(TOS_DATA),
+        0xC000,
+        &RoceMsg::send_only(0x10, 1, 16),
+    ));
+    f
+}
+
+fn analyze_json(path: &Path, engine: &str) -> (Value, String) {
+    let out = agent(&[
+        "analyze",
+        path.to_str().expect("utf-8 path"),
+        "--json",
+        "--engine",
+        engine,
+    ]);
+    assert!(
+        out.status.success(),
+        "analyze {engine} {}: {}",
+        path.display(),
+        text(&out.stderr)
+    );
+    let s = text(&out.stdout);
+    (
+        serde_json::from_str(&s).expect("analyze --json prints JSON"),
+        s,
+    )
+}
+
+/// Whether this process may load BPF programs (the kernel engine).
+fn kernel_engine() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("kernel engine skipped: needs root (BPF)");
+        return false;
+    }
+    true
+}
+
+fn flow_id(f: &Value) -> String {
+    format!(
+        "{}>{} vni {} {}>{} qp {}",
+        f["src"].as_str().unwrap_or("?"),
+        f["dst"].as_str().unwrap_or("?"),
+        f["vni"],
+        f["inner_src"].as_str().unwrap_or("-"),
+        f["inner_dst"].as_str().unwrap_or("-"),
+        f["dest_qp"]
+    )
+}
+
+fn flows_by_id(doc: &Value) -> BTreeMap<String, Value> {
+    doc["flows"]
+        .as_array()
+        .expect("flows array")
+        .iter()
+        .map(|f| (flow_id(f), f.clone()))
+        .collect()
+}
+
+/// The counted fields of one flow, in a fixed order: packets, bytes, outer ECN
+/// (not_ect, ect1, ect0, ce), inner ECN (or all -1 when not tunnelled), cnps, acks,
+/// naks, rnr_naks.
+fn counts(f: &Value) -> Vec<i64> {
+    let n = |v: &Value| v.as_i64().unwrap_or(-1);
+    let ecn = |e: &Value| -> Vec<i64> {
+        if e.is_null() {
+            vec![-1; 4]
+        } else {
+            ["not_ect", "ect1", "ect0", "ce"]
+                .iter()
+                .map(|k| n(&e[k]))
+                .collect()
+        }
+    };
+    let mut v = vec![n(&f["packets"]), n(&f["bytes"])];
+    v.extend(ecn(&f["ecn"]));
+    v.extend(ecn(&f["inner_ecn"]));
+    for k in ["cnps", "acks", "naks", "rnr_naks"] {
+        v.push(n(&f[k]));
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------------
+// tshark as the oracle
+
+fn have_tshark() -> bool {
+    let ok = Command::new("tshark")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("tshark comparison skipped: tshark is not installed");
+    }
+    ok
+}
+
+/// tshark's decode of a capture, aggregated with DESIGN.md's flow key and counting
+/// rules: RoCE by UDP destination port 4791 only (`-d udp.port==4791,infiniband`
+/// also decodes source port 4791, which the aggregation ignores).
+fn tshark_flows(path: &Path) -> BTreeMap<String, Vec<i64>> {
+    let fields = [
+        "frame.protocols",
+        "frame.len",
+        "ip.src",
+        "ip.dst",
+        "ip.dsfield.ecn",
+        "ipv6.src",
+        "ipv6.dst",
+        "ipv6.tclass",
+        "udp.dstport",
+        "vxlan.vni",
+        "infiniband.bth.opcode",
+        "infiniband.bth.destqp",
+        "infiniband.aeth.syndrome",
+    ];
+    let mut cmd = Command::new("tshark");
+    cmd.arg("-r").arg(path).args([
+        "-d",
+        "udp.port==4791,infiniband",
+        "--disable-protocol",
+        "tftp",
+        "-T",
+        "fields",
+        "-E",
+        "occurrence=a",
+        "-E",
+        "separator=\t",
+    ]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().expect("run tshark");
+    assert!(out.status.success(), "tshark: {}", text(&out.stderr));
+    let mut flows: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for line in text(&out.stdout).lines() {
+        let cols: Vec<Vec<&str>> = line
+            .split('\t')
+            .map(|c| {
+                if c.is_empty() {
+                    vec![]
+                } else {
+                    c.split(',').collect()
+                }
+            })
+            .collect();
+        let col = |i: usize| cols.get(i).cloned().unwrap_or_default();
+        let protos = col(0).first().copied().unwrap_or("");
+        if !protos.contains("infiniband") {
+            continue;
+        }
+        let (mut ip4, mut ip6) = (0usize, 0usize);
+        // Each IP layer in order: (src, dst, ecn).
+        let mut layers: Vec<(String, String, i64)> = Vec::new();
+        for p in protos.split(':') {
+            match p {
+                "ip" => {
+                    let ecn = col(4).get(ip4).and_then(|v| v.parse().ok()).unwrap_or(-1);
+                    layers.push((col(2)[ip4].to_string(), col(3)[ip4].to_string(), ecn));
+                    ip4 += 1;
+                }
+                "ipv6" => {
+                    let tc = col(7).get(ip6).and_then(|v| parse_num(v)).unwrap_or(-1);
+                    layers.push((col(5)[ip6].to_string(), col(6)[ip6].to_string(), tc & 3));
+                    ip6 += 1;
+                }
+                _ => {}
+            }
+        }
+        let dports: Vec<i64> = col(8).iter().filter_map(|v| v.parse().ok()).collect();
+        let vni = col(9).first().and_then(|v| v.parse::<i64>().ok());
+        let tunnelled = vni.is_some();
+        // RoCE by destination port: the last UDP layer's destination port.
+        if dports.last() != Some(&4791) || layers.is_empty() {
+            continue;
+        }
+        if tunnelled && (layers.len() < 2 || dports.first() != Some(&4789)) {
+            continue;
+        }
+        let Some(opcode) = col(10).first().and_then(|v| v.parse::<i64>().ok()) else {
+            continue;
+        };
+        let Some(qp) = col(11).first().and_then(|v| parse_num(v)) else {
+            continue;
+        };
+        let outer = &layers[0];
+        let key = if tunnelled {
+            let inner = &layers[1];
+            format!(
+                "{}>{} vni {} {}>{} qp {qp}",
+                outer.0,
+                outer.1,
+                vni.unwrap_or(0),
+                inner.0,
+                inner.1
+            )
+        } else {
+            format!("{}>{} vni null ->- qp {qp}", outer.0, outer.1)
+        };
+        let e = flows.entry(key).or_insert_with(|| {
+            let mut v = vec![0i64; 14];
+            if !tunnelled {
+                v[6..10].fill(-1);
+            }
+            v
+        });
+        e[0] += 1;
+        e[1] += col(1)
+            .first()
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0);
+        let ecn_index = |c: i64| -> usize {
+            // not_ect, ect1, ect0, ce in the document's order.
+            match c {
+                0 => 0,
+                1 => 1,
+                2 => 2,
+                _ => 3,
+            }
+        };
+        e[2 + ecn_index(outer.2)] += 1;
+        if tunnelled {
+            e[6 + ecn_index(layers[1].2)] += 1;
+        }
+        if opcode == 0x80 || opcode == 0x81 {
+            e[10] += 1;
+        } else if opcode == 0x11 || opcode == 0xB1 {
+            if let Some(s) = col(12).first().and_then(|v| parse_num(v)) {
+                match s >> 5 {
+                    0 => e[11] += 1,
+                    3 => e[12] += 1,
+                    1 => e[13] += 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+    flows
+}
+
+fn parse_num(v: &str) -> Option<i64> {
+    match v.strip_prefix("0x") {
+        Some(h) => i64::from_str_radix(h, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
+
+/// Asserts that analyze's flows equal tshark's decode, field by field.
+fn assert_agrees_with_tshark(path: &Path, doc: &Value) {
+    let ours: BTreeMap<String, Vec<i64>> = flows_by_id(doc)
+        .into_iter()
+        .map(|(k, f)| (k.replace("\"", ""), counts(&f)))
+        .collect();
+    let theirs = tshark_flows(path);
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        theirs.keys().collect::<Vec<_>>(),
+        "{}: flow keys differ from tshark's",
+        path.display()
+    );
+    for (k, v) in &ours {
+        assert_eq!(
+            v,
+            &theirs[k],
+            "{}: flow {k}: [packets, bytes, ecn x4, inner_ecn x4, cnps, acks, naks, rnr_naks] differ from tshark's",
+            path.display()
+        );
+    }
+}
+
+fn real_captures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/captures");
+    let mut v: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e} (shared/ must sit beside the clone)", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "pcap" || x == "pcapng"))
+        .collect();
+    v.sort();
+    assert!(
+        v.len() >= 8,
+        "expected the 8 real captures in {}",
+        dir.display()
+    );
+    v
+}
+
+// ---------------------------------------------------------------------------------
+// Tests
+
+#[test]
+fn scenario_capture_gives_the_expected_table() {
+    let s = Scratch::new();
+    let p = s.path("scenario.pcap");
+    scenario().write_pcap(&p);
+    let (doc, _) = analyze_json(&p, "reference");
+    let flows = flows_by_id(&doc);
+    let get = |id: &str| -> &Value {
+        flows
+            .get(id)
+            .unwrap_or_else(|| panic!("no flow {id}; flows: {:?}", flows.keys()))
+    };
+    // [packets, bytes, ecn x4, inner x4, cnps, acks, naks, rnr_naks], psn_gaps, icrc_errors
+    let check = |id: &str, want_counts: &[i64], gaps: i64, icrc: i64| {
+        let f = get(id);
+        let c = counts(f);
+        assert_eq!(&c[..1], &want_counts[..1], "{id} packets");
+        assert_eq!(&c[2..], &want_counts[2..], "{id} counts");
+        assert_eq!(f["psn_gaps"], gaps, "{id} psn_gaps");
+        assert_eq!(f["icrc_errors"], icrc, "{id} icrc_errors");
+        assert!(f["ifname"].is_null() && f["direction"].is_null(), "{id}");
+    };
+    let n = -1;
+    check(
+        "198.18.0.1>198.18.0.2 vni null ->- qp 256",
+        &[12, 0, 0, 0, 10, 2, n, n, n, n, 0, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "198.18.0.2>198.18.0.1 vni null ->- qp 512",
+        &[9, 0, 1, 0, 8, 0, n, n, n, n, 2, 2, 0, 1],
+        0,
+        0,
+    );
+    check(
+        "198.18.0.1>198.18.0.2 vni null ->- qp 768",
+        &[4, 0, 0, 0, 4, 0, n, n, n, n, 0, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "198.18.0.1>198.18.0.2 vni null ->- qp 1024",
+        &[6, 0, 0, 0, 6, 0, n, n, n, n, 0, 0, 0, 0],
+        1,
+        0,
+    );
+    check(
+        "198.18.0.2>198.18.0.1 vni null ->- qp 1025",
+        &[1, 0, 0, 0, 1, 0, n, n, n, n, 0, 0, 1, 0],
+        0,
+        0,
+    );
+    check(
+        "198.18.0.1>198.18.0.2 vni null ->- qp 1536",
+        &[1, 0, 1, 0, 0, 0, n, n, n, n, 0, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "fd00::1>fd00::2 vni null ->- qp 1792",
+        &[3, 0, 0, 0, 2, 1, n, n, n, n, 0, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "10.0.0.1>10.0.0.2 vni 5001 198.19.0.1>198.19.0.2 qp 2048",
+        &[3, 0, 0, 0, 2, 1, 0, 0, 3, 0, 0, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "10.0.0.1>10.0.0.2 vni 5002 198.19.0.1>198.19.0.2 qp 2048",
+        &[2, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "10.0.0.2>10.0.0.1 vni 5001 198.19.0.2>198.19.0.1 qp 2049",
+        &[1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "fd00::a>fd00::b vni 6000 198.19.1.1>198.19.1.2 qp 2304",
+        &[2, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "fd00::a>fd00::b vni 6000 fd01::1>fd01::2 qp 2305",
+        &[1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "198.18.0.1>198.18.0.2 vni null ->- qp 2816",
+        &[3, 0, 0, 0, 3, 0, n, n, n, n, 0, 0, 0, 0],
+        0,
+        0,
+    );
+    check(
+        "198.18.0.1>198.18.0.2 vni null ->- qp 3072",
+        &[2, 0, 0, 0, 2, 0, n, n, n, n, 0, 0, 0, 0],
+        0,
+        1,
+    );
+    assert_eq!(flows.len(), 17, "{:?}", flows.keys());
+    // Bytes are frame lengths: a CNP over IPv4 is 74 bytes.
+    let cnps_vx = get("10.0.0.2>10.0.0.1 vni 5001 198.19.0.2>198.19.0.1 qp 2049");
+    assert_eq!(cnps_vx["bytes"], 74 + 50);
+    let c = &doc["counters"];
+    assert_eq!(
+        (c["roce"].as_u64(), c["roce_in_vxlan"].as_u64()),
+        (Some(44), Some(9))
+    );
+    assert_eq!(
+        (
+            c["other_ip"].as_u64(),
+            c["other_udp"].as_u64(),
+            c["non_ip"].as_u64()
+        ),
+        (Some(2), Some(1), Some(1))
+    );
+    assert_eq!(c["flows_created"], 17);
+    // Capture timestamps, not the kernel's clock.
+    let f = get("198.18.0.1>198.18.0.2 vni null ->- qp 256");
+    assert_eq!(f["first_seen_ns"].as_u64(), Some(T0_NS));
+    assert_eq!(f["last_seen_ns"].as_u64(), Some(T0_NS + 11_000));
+    assert_eq!(doc["capture"]["frames"], 57);
+    assert_eq!(doc["capture"]["icrc_checked"], 53);
+    // Findings an operator needs.
+    let checks: Vec<&str> = doc["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| f["check"].as_str().unwrap_or(""))
+        .collect();
+    for want in [
+        "psn_gaps",
+        "naks",
+        "icrc_errors",
+        "roce_outside_lossless_dscp",
+        "cnp_dscp",
+        "non_roce_on_lossless_dscp",
+        "ce_marked",
+    ] {
+        assert!(checks.contains(&want), "missing finding {want}: {checks:?}");
+    }
+    let find = |name: &str| {
+        doc["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["check"] == name)
+            .cloned()
+            .unwrap()
+    };
+    let off = find("roce_outside_lossless_dscp");
+    assert_eq!(off["flows"], 3, "{off}"); // the DSCP 0 RC, UC and UD flows
+    assert!(off["interface"].is_null());
+    let cnp = find("cnp_dscp");
+    assert!(
+        cnp["found"]
+            .as_str()
+            .unwrap()
+            .starts_with("1 CNPs on 1 flows carry DSCP 26"),
+        "{cnp}"
+    );
+    let other = find("non_roce_on_lossless_dscp");
+    assert!(
+        other["found"]
+            .as_str()
+            .unwrap()
+            .starts_with("2 non-RoCE frames"),
+        "{other}"
+    );
+    assert!(
+        other["found"]
+            .as_str()
+            .unwrap()
+            .contains("198.18.0.1→198.18.0.2 TCP (2 frames)"),
+        "{other}"
+    );
+    let gaps = find("psn_gaps");
+    assert_eq!(gaps["severity"], "error");
+    assert_eq!(gaps["flows"], 1);
+}
+
+#[test]
+fn scenario_capture_agrees_with_tshark() {
+    if !have_tshark() {
+        return;
+    }
+    let s = Scratch::new();
+    let p = s.path("scenario.pcap");
+    scenario().write_pcap(&p);
+    let (doc, _) = analyze_json(&p, "reference");
+    assert_agrees_with_tshark(&p, &doc);
+}
+
+#[test]
+fn malformed_frames_count_under_their_reason_and_make_no_flow() {
+    let s = Scratch::new();
+    let p = s.path("malformed.pcap");
+    malformed().write_pcap(&p);
+    let (doc, _) = analyze_json(&p, "reference");
+    let pe = &doc["counters"]["parse_errors"];
+    for (reason, n) in [
+        ("truncated_eth", 2),
+        ("truncated_bth", 1),
+        ("truncated_vlan", 1),
+        ("too_many_vlan_tags", 1),
+        ("ipv4_fragment", 1),
+        ("bad_vxlan_flags", 1),
+        ("truncated_inner_bth", 1),
+        ("truncated_ext_header", 1),
+    ] {
+        assert_eq!(pe[reason], n, "{reason}: {pe}");
+    }
+    let total: u64 = pe
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(Value::as_u64)
+        .sum();
+    assert_eq!(total, 9, "{pe}");
+    // Two flows only: the good sends (qp 0x10) and the cut ACK (counted, no ACK class).
+    let flows = flows_by_id(&doc);
+    assert_eq!(flows.len(), 2, "{:?}", flows.keys());
+    let sends = &flows["198.18.0.1>198.18.0.2 vni null ->- qp 16"];
+    assert_eq!(
+        (sends["packets"].as_u64(), sends["psn_gaps"].as_u64()),
+        (Some(2), Some(0))
+    );
+    let ack = &flows["198.18.0.2>198.18.0.1 vni null ->- qp 32"];
+    assert_eq!(
+        (ack["packets"].as_u64(), ack["acks"].as_u64()),
+        (Some(1), Some(0))
+    );
+    assert_eq!(doc["counters"]["roce"], 3);
+    // The cut ACK has no ICRC to check.
+    assert_eq!(doc["capture"]["icrc_checked"], 2);
+    assert!(doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["check"] == "parse_errors"));
+}
+
+#[test]
+fn both_engines_print_byte_identical_json() {
+    if !kernel_engine() {
+        return;
+    }
+    let s = Scratch::new();
+    let mut files = vec![
+        s.path("scenario.pcap"),
+        s.path("malformed.pcap"),
+        s.path("scenario.pcapng"),
+    ];
+    scenario().write_pcap(&files[0]);
+    malformed().write_pcap(&files[1]);
+    scenario().write_pcapng(&files[2]);
+    files.extend(real_captures());
+    for p in &files {
+        let (_, k) = analyze_json(p, "kernel");
+        let (_, r) = analyze_json(p, "reference");
+        if k != r {
+            let (kl, rl): (Vec<&str>, Vec<&str>) = (k.lines().collect(), r.lines().collect());
+            let at = kl
+                .iter()
+                .zip(&rl)
+                .position(|(a, b)| a != b)
+                .unwrap_or(kl.len().min(rl.len()));
+            let from = at.saturating_sub(30);
+            panic!(
+                "{}: kernel and reference engines differ at line {at}:\nkernel:\n{}\nreference:\n{}",
+                p.display(),
+                kl[from..(at + 3).min(kl.len())].join("\n"),
+                rl[from..(at + 3).min(rl.len())].join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn default_engine_is_the_kernel_when_bpf_loads() {
+    let s = Scratch::new();
+    let p = s.path("scenario.pcap");
+    scenario().write_pcap(&p);
+    let out = agent(&["analyze", p.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let first = text(&out.stdout).lines().next().unwrap_or("").to_string();
+    // SAFETY: geteuid has no preconditions.
+    let want = if unsafe { libc::geteuid() } == 0 {
+        "engine kernel"
+    } else {
+        "engine reference"
+    };
+    assert!(first.ends_with(want), "{first}");
+}
+
+#[test]
+fn pcapng_gives_the_same_flows_as_pcap() {
+    let s = Scratch::new();
+    let (a, b) = (s.path("scenario.pcap"), s.path("scenario.pcapng"));
+    scenario().write_pcap(&a);
+    scenario().write_pcapng(&b);
+    let (da, _) = analyze_json(&a, "reference");
+    let (db, _) = analyze_json(&b, "reference");
+    assert_eq!(da["flows"], db["flows"]);
+    assert_eq!(da["counters"], db["counters"]);
+    assert_eq!(da["findings"], db["findings"]);
+    assert_eq!(db["capture"]["format"], "pcapng");
+    assert_eq!(db["capture"]["first_ns"].as_u64(), Some(T0_NS));
+}
+
+#[test]
+fn human_output_is_a_table_sorted_by_ce_ratio_with_findings() {
+    let s = Scratch::new();
+    let p = s.path("scenario.pcap");
+    scenario().write_pcap(&p);
+    let out = agent(&["analyze", p.to_str().unwrap(), "--engine", "reference"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    let lines: Vec<&str> = t.lines().collect();
+    assert!(lines[0].contains("57 frames (Pcap"), "{t}");
+    assert!(
+        lines[1].starts_with("iface") && lines[1].contains("CE%") && lines[1].contains("gaps"),
+        "{t}"
+    );
+    // Highest CE ratio first: the VXLAN flow on VNI 5001 (1 of 3) and IPv6 (1 of 3),
+    // the bigger one first, then qp 0x100 (2 of 12).
+    assert!(
+        lines[2].contains("10.0.0.1→10.0.0.2") && lines[2].contains("33.3"),
+        "{t}"
+    );
+    assert!(
+        lines[3].contains("fd00::1→fd00::2") && lines[3].contains("33.3"),
+        "{t}"
+    );
+    assert!(
+        lines[4].contains("198.18.0.1→198.18.0.2") && lines[4].contains("16.7"),
+        "{t}"
+    );
+    assert!(t.contains("ICRC: 53 RoCE frames checked, 1 bad"), "{t}");
+    assert!(
+        t.contains("findings:\n  ERROR psn_gaps: 1 PSN gaps on 1 flows"),
+        "{t}"
+    );
+    assert!(t.contains("WARN  non_roce_on_lossless_dscp"), "{t}");
+}
+
+#[test]
+fn real_captures_agree_with_tshark_and_show_no_psn_gap() {
+    let tshark = have_tshark();
+    for p in real_captures() {
+        let (doc, _) = analyze_json(&p, "reference");
+        let flows = flows_by_id(&doc);
+        assert!(!flows.is_empty(), "{}: no flows", p.display());
+        for (id, f) in &flows {
+            assert_eq!(
+                f["psn_gaps"],
+                0,
+                "{}: {id}: READs and retransmissions are no gap",
+                p.display()
+            );
+            assert_eq!(
+                f["icrc_errors"],
+                0,
+                "{}: {id}: real ICRCs are valid",
+                p.display()
+            );
+        }
+        let roce = doc["counters"]["roce"].as_u64().unwrap_or(0);
+        assert_eq!(
+            doc["capture"]["icrc_checked"].as_u64(),
+            Some(roce),
+            "{}",
+            p.display()
+        );
+        let checks: Vec<&str> = doc["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["check"].as_str())
+            .collect();
+        assert!(
+            checks.contains(&"roce_outside_lossless_dscp") && checks.contains(&"roce_not_ect"),
+            "{}: DSCP 0 / Not-ECT must be reported: {checks:?}",
+            p.display()
+        );
+        assert!(!checks.contains(&"psn_gaps"), "{}", p.display());
+        if tshark {
+            assert_agrees_with_tshark(&p, &doc);
+        }
+    }
+}
+
+#[test]
+fn real_read_capture_learns_path_mtu_1024() {
+    let p = real_captures()
+        .into_iter()
+        .find(|p| p.ends_with("rxe-read.pcap"))
+        .expect("rxe-read.pcap");
+    let (doc, _) = analyze_json(&p, "reference");
+    let flows = flows_by_id(&doc);
+    // 5 READ requests of 3000 bytes (3 PSNs each) and their 15 responses.
+    let reqs: Vec<&Value> = flows.values().filter(|f| f["packets"] == 5).collect();
+    assert_eq!(reqs.len(), 1, "{flows:?}");
+    assert_eq!(reqs[0]["psn_gaps"], 0);
+    assert!(flows.values().any(|f| f["packets"] == 15));
+}
+
+#[test]
+fn truncated_file_reports_the_frame_and_still_prints_the_flows() {
+    let s = Scratch::new();
+    let p = s.path("scenario.pcap");
+    scenario().write_pcap(&p);
+    let bytes = fs::read(&p).unwrap();
+    // Cut in the middle of the last record's data.
+    let cut = s.path("cut.pcap");
+    fs::write(&cut, &bytes[..bytes.len() - 20]).unwrap();
+    let out = agent(&[
+        "analyze",
+        cut.to_str().unwrap(),
+        "--json",
+        "--engine",
+        "reference",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("frame 57") && err.contains("truncated or corrupt"),
+        "{err}"
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON despite the error");
+    assert_eq!(doc["capture"]["frames"], 56);
+    assert_eq!(doc["capture"]["complete"], false);
+    assert_eq!(flows_by_id(&doc).len(), 17);
+    // Human output too.
+    let out = agent(&["analyze", cut.to_str().unwrap(), "--engine", "reference"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("capture_incomplete"),
+        "{}",
+        text(&out.stdout)
+    );
+    // A corrupt record header (captured length > snap length) inside the file.
+    let mut bad = bytes.clone();
+    let rec1 = 24; // the first record header
+    bad[rec1 + 8..rec1 + 12].copy_from_slice(&0x7FFF_FFF0u32.to_le_bytes());
+    let badp = s.path("bad.pcap");
+    fs::write(&badp, &bad).unwrap();
+    let out = agent(&["analyze", badp.to_str().unwrap(), "--engine", "reference"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("frame 1"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("no RoCE flows seen"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn non_ethernet_and_non_capture_files_are_refused_clearly() {
+    let s = Scratch::new();
+    let p = s.path("sll.pcap");
+    let header = PcapHeader {
+        datalink: DataLink::LINUX_SLL,
+        ..Default::default()
+    };
+    let mut w = PcapWriter::with_header(fs::File::create(&p).unwrap(), header).unwrap();
+    w.write_packet(&PcapPacket::new(Duration::ZERO, 20, &[0u8; 20]))
+        .unwrap();
+    drop(w);
+    let out = agent(&["analyze", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("link type LINUX_SLL (113) is not Ethernet"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+
+    let junk = s.path("junk.pcap");
+    fs::write(&junk, b"this is not a capture file at all").unwrap();
+    let out = agent(&["analyze", junk.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not a pcap or pcapng file"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = agent(&["analyze", s.path("missing.pcap").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("cannot open the capture"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn config_and_policy_flags_apply() {
+    let s = Scratch::new();
+    let p = s.path("scenario.pcap");
+    scenario().write_pcap(&p);
+    // RoCE on port 4792 only: nothing on 4791 is RoCE any more.
+    let cfg = s.path("c.toml");
+    fs::write(&cfg, "roce_port = 4792\n").unwrap();
+    let out = agent(&[
+        "analyze",
+        p.to_str().unwrap(),
+        "--json",
+        "--engine",
+        "reference",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["flows"].as_array().unwrap().len(), 0);
+    // DSCP 0 and 26 lossless, CNPs expected on 26: the DSCP findings change.
+    let out = agent(&[
+        "analyze",
+        p.to_str().unwrap(),
+        "--json",
+        "--engine",
+        "reference",
+        "--lossless-dscp",
+        "0,26",
+        "--cnp-dscp",
+        "26",
+    ]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks: Vec<&str> = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["check"].as_str())
+        .collect();
+    assert!(
+        !checks.contains(&"roce_outside_lossless_dscp"),
+        "{checks:?}"
+    );
+    let cnp = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "cnp_dscp")
+        .unwrap();
+    assert!(
+        cnp["found"].as_str().unwrap().contains("carry DSCP 48"),
+        "{cnp}"
+    );
+    // A bad DSCP is a usage error.
+    let out = agent(&["analyze", p.to_str().unwrap(), "--lossless-dscp", "64"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// scapy's contrib.roce computes the ICRC the way soft-RoCE does: frames built by
+/// scapy must pass our check, and a flipped byte must not.
+#[test]
+fn icrc_check_agrees_with_scapy() {
+    let probe = Command::new("python3")
+        .args(["-c", "import scapy.contrib.roce"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("scapy comparison skipped: scapy is not installed (pip install scapy)");
+        return;
+    }
+    let s = Scratch::new();
+    let p = s.path("scapy.pcap");
+    let script = r#"
+import sys
+from scapy.all import Ether, IP, IPv6, UDP, Raw, wrpcap
+from scapy.contrib.roce import BTH, AETH, opcode
+frames = []
+for i in range(8):
+    pl = bytes(range(i * 8, i * 8 + 16))
+    frames.append(Ether()/IP(src="10.9.0.1", dst="10.9.0.2", tos=106, ttl=17 + i)/UDP(sport=0xC000 + i, dport=4791, chksum=0)/BTH(opcode=opcode('RC', 'SEND_ONLY')[0], dqpn=0x55, psn=i, becn=i % 2)/Raw(pl))
+for i in range(4):
+    frames.append(Ether()/IPv6(src="fd09::1", dst="fd09::2", tc=106, fl=i)/UDP(sport=0xC100, dport=4791)/BTH(opcode=opcode('RC', 'ACKNOWLEDGE')[0], dqpn=0x66, psn=i)/AETH(syndrome=0x1f, msn=i))
+bad = Ether(bytes(frames[0]))
+raw = bytearray(bytes(bad))
+raw[-5] ^= 0x01   # a payload byte: the ICRC no longer matches
+frames.append(Ether(bytes(raw)))
+wrpcap(sys.argv[1], frames)
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, p.to_str().unwrap()])
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "scapy: {}", text(&out.stderr));
+    let (doc, _) = analyze_json(&p, "reference");
+    assert_eq!(doc["capture"]["icrc_checked"], 13, "{doc}");
+    let flows = flows_by_id(&doc);
+    let v4 = &flows["10.9.0.1>10.9.0.2 vni null ->- qp 85"];
+    assert_eq!(
+        (v4["packets"].as_u64(), v4["icrc_errors"].as_u64()),
+        (Some(9), Some(1))
+    );
+    let v6 = &flows["fd09::1>fd09::2 vni null ->- qp 102"];
+    assert_eq!(
+        (
+            v6["packets"].as_u64(),
+            v6["icrc_errors"].as_u64(),
+            v6["acks"].as_u64()
+        ),
+        (Some(4), Some(0), Some(4))
+    );
+}
