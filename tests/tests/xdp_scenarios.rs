@@ -291,7 +291,7 @@ fn uc_and_ud_requests_are_not_psn_tracked() {
     for (op, psn) in [
         (opcode::UC_SEND_ONLY, 1),
         (opcode::UC_WRITE_ONLY, 5),
-        (opcode::UC | 0x00, 50),
+        (opcode::UC, 50), // UC SEND_FIRST
         (opcode::UD_SEND_ONLY, 60),
         (opcode::UD_SEND_ONLY_IMM, 90),
     ] {
