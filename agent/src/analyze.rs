@@ -951,8 +951,13 @@ pub fn render(report: &Report, engine: Engine) -> String {
     };
     let _ = writeln!(
         out,
-        "{}: {} frames ({:?}{span}), engine {engine}",
-        c.file, c.frames, c.format
+        "{}: {} frames ({}{span}), engine {engine}",
+        c.file,
+        c.frames,
+        match c.format {
+            Format::Pcap => "pcap",
+            Format::Pcapng => "pcapng",
+        }
     );
     out.push_str(&crate::table::render(&report.document()));
     let icrc: u64 = report.flows.iter().map(|f| f.icrc_errors).sum();

@@ -1068,7 +1068,7 @@ fn human_output_is_a_table_sorted_by_ce_ratio_with_findings() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let t = text(&out.stdout);
     let lines: Vec<&str> = t.lines().collect();
-    assert!(lines[0].contains("57 frames (Pcap"), "{t}");
+    assert!(lines[0].contains("57 frames (pcap, "), "{t}");
     assert!(
         lines[1].starts_with("iface") && lines[1].contains("CE%") && lines[1].contains("gaps"),
         "{t}"
@@ -1359,4 +1359,56 @@ wrpcap(sys.argv[1], frames)
         ),
         (Some(4), Some(0), Some(4))
     );
+}
+
+/// Writes a large capture for measuring analyze's speed (not run by default):
+/// `ROCE_BENCH_PCAP=/tmp/big.pcap ROCE_BENCH_FRAMES=1000000 cargo test --release -p
+/// roce-agent --test analyze -- --ignored write_large_capture`. 1,024 queue pairs,
+/// plain and in VXLAN, sizes from a CNP to 1 KB of payload, a CE mark in every 50.
+#[test]
+#[ignore]
+fn write_large_capture() {
+    let Some(path) = std::env::var_os("ROCE_BENCH_PCAP") else {
+        eprintln!("set ROCE_BENCH_PCAP to the file to write");
+        return;
+    };
+    let n: usize = std::env::var("ROCE_BENCH_FRAMES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let eth = Eth::default();
+    let header = PcapHeader {
+        ts_resolution: TsResolution::NanoSecond,
+        snaplen: 65535,
+        ..Default::default()
+    };
+    let file = std::io::BufWriter::new(fs::File::create(&path).expect("create"));
+    let mut w = PcapWriter::with_header(file, header).expect("header");
+    let mut psn = vec![0u32; 1024];
+    let outer = L3::v4(v4("10.0.0.1"), v4("10.0.0.2")).with_tos(TOS_DATA);
+    for i in 0..n {
+        let qp = (i * 7919) % 1024;
+        let tos = if i % 50 == 0 { TOS_CE } else { TOS_DATA };
+        let l3 = L3::v4(
+            v4("198.18.0.1"),
+            Ipv4Addr::new(198, 18, 1, (qp % 250) as u8),
+        )
+        .with_tos(tos);
+        let msg = match i % 10 {
+            0 => RoceMsg::ack(qp as u32, psn[qp], 0x1F),
+            1 => cnp(qp as u32),
+            _ => {
+                psn[qp] = (psn[qp] + 1) & 0xFF_FFFF;
+                RoceMsg::send_only(qp as u32, psn[qp], 64 + (i % 8) * 128)
+            }
+        };
+        let frame = roce_frame(&eth, &l3, 0xC000, &msg);
+        let frame = if qp % 4 == 0 {
+            vxlan_frame(&eth, &outer, 0xD000, 5000 + (qp as u32 % 8), &frame)
+        } else {
+            frame
+        };
+        w.write_packet(&PcapPacket::new(Frames::ts(i), frame.len() as u32, &frame))
+            .expect("write");
+    }
 }
