@@ -63,24 +63,24 @@ pub enum Outcome {
     Malformed(Reason),
 }
 
-/// The IP layer of one header chain.
-struct Ip {
-    proto: u8,
-    l4: usize,
-    tos: u8,
-    v6: bool,
-    src: [u32; 4],
-    dst: [u32; 4],
+/// The IP layer of one header chain (the DSCP policy walks headers with it too).
+pub(crate) struct Ip {
+    pub(crate) proto: u8,
+    pub(crate) l4: usize,
+    pub(crate) tos: u8,
+    pub(crate) v6: bool,
+    pub(crate) src: [u32; 4],
+    pub(crate) dst: [u32; 4],
 }
 
-enum IpStep {
+pub(crate) enum IpStep {
     Ip(Ip),
     NotIp,
     Bad(Reason),
 }
 
 /// Reasons of the outer or the inner header chain.
-struct Reasons {
+pub(crate) struct Reasons {
     ipv4: Reason,
     ihl: Reason,
     frag4: Reason,
@@ -91,7 +91,7 @@ struct Reasons {
     bth: Reason,
 }
 
-const OUTER: Reasons = Reasons {
+pub(crate) const OUTER: Reasons = Reasons {
     ipv4: Reason::TruncatedIpv4,
     ihl: Reason::BadIpv4Ihl,
     frag4: Reason::Ipv4Fragment,
@@ -102,7 +102,7 @@ const OUTER: Reasons = Reasons {
     bth: Reason::TruncatedBth,
 };
 
-const INNER: Reasons = Reasons {
+pub(crate) const INNER: Reasons = Reasons {
     ipv4: Reason::TruncatedInnerIpv4,
     ihl: Reason::BadInnerIpv4Ihl,
     frag4: Reason::InnerIpv4Fragment,
@@ -240,7 +240,7 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
 }
 
 #[inline(always)]
-fn parse_ip<P: Packet>(p: &P, off: usize, ethertype: u16, r: &Reasons) -> IpStep {
+pub(crate) fn parse_ip<P: Packet>(p: &P, off: usize, ethertype: u16, r: &Reasons) -> IpStep {
     if ethertype == ETH_P_IPV4 {
         parse_ipv4(p, off, r)
     } else if ethertype == ETH_P_IPV6 {

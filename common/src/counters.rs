@@ -99,9 +99,55 @@ pub const STAT_FLOW_INSERT_FAILED: u32 = STAT_FLOW_CREATED + 1;
 /// Number of STATS entries (room left for counters added later).
 pub const STATS_LEN: u32 = 64;
 
+// Host QoS (tc programs, see `policy`). Appended: never renumber the ones above.
+/// Enforce mode: a RoCE data packet or CNP left with its DSCP rewritten.
+pub const STAT_QOS_ROCE_REWRITTEN: u32 = STAT_FLOW_INSERT_FAILED + 1;
+/// Enforce mode: non-RoCE traffic on a lossless DSCP was remarked.
+pub const STAT_QOS_INTRUDER_REMARKED: u32 = STAT_QOS_ROCE_REWRITTEN + 1;
+/// Enforce mode (and VTEPs): skb->priority was set from the DSCP -> priority table.
+pub const STAT_QOS_PRIORITY_SET: u32 = STAT_QOS_INTRUDER_REMARKED + 1;
+/// Audit mode: what enforce mode would have counted in the three counters above.
+pub const STAT_QOS_AUDIT_ROCE_REWRITE: u32 = STAT_QOS_PRIORITY_SET + 1;
+pub const STAT_QOS_AUDIT_INTRUDER_REMARK: u32 = STAT_QOS_AUDIT_ROCE_REWRITE + 1;
+pub const STAT_QOS_AUDIT_PRIORITY: u32 = STAT_QOS_AUDIT_INTRUDER_REMARK + 1;
+/// VTEP egress: VXLAN packets seen, and those whose outer TOS was rewritten.
+pub const STAT_VTEP_PACKETS: u32 = STAT_QOS_AUDIT_PRIORITY + 1;
+pub const STAT_VTEP_REWRITTEN: u32 = STAT_VTEP_PACKETS + 1;
+/// VTEP ingress (decapsulation side): VXLAN packets checked, outer DSCP not what the
+/// table makes of the inner one, outer CE over inner ECT, outer CE over inner Not-ECT.
+pub const STAT_DECAP_PACKETS: u32 = STAT_VTEP_REWRITTEN + 1;
+pub const STAT_DECAP_DSCP_MISMATCH: u32 = STAT_DECAP_PACKETS + 1;
+pub const STAT_DECAP_CE_OVER_ECT: u32 = STAT_DECAP_DSCP_MISMATCH + 1;
+pub const STAT_DECAP_CE_OVER_NOT_ECT: u32 = STAT_DECAP_CE_OVER_ECT + 1;
+/// tc could not make the headers readable (bpf_skb_pull_data failed); passed untouched.
+pub const STAT_TC_PULL_FAILED: u32 = STAT_DECAP_CE_OVER_NOT_ECT + 1;
+/// A rewrite helper (store bytes, checksum) failed; passed as it was left.
+pub const STAT_TC_WRITE_FAILED: u32 = STAT_TC_PULL_FAILED + 1;
+
 pub const STAT_NAMES_OTHER: [(u32, &str); 2] = [
     (STAT_FLOW_CREATED, "flows_created"),
     (STAT_FLOW_INSERT_FAILED, "flow_insert_failed"),
+];
+
+/// Names of the host QoS counters, as `/flows` shows them under "qos".
+pub const STAT_NAMES_QOS: [(u32, &str); 14] = [
+    (STAT_QOS_ROCE_REWRITTEN, "roce_rewritten"),
+    (STAT_QOS_INTRUDER_REMARKED, "intruders_remarked"),
+    (STAT_QOS_PRIORITY_SET, "priority_set"),
+    (STAT_QOS_AUDIT_ROCE_REWRITE, "audit_roce_would_rewrite"),
+    (
+        STAT_QOS_AUDIT_INTRUDER_REMARK,
+        "audit_intruders_would_remark",
+    ),
+    (STAT_QOS_AUDIT_PRIORITY, "audit_priority_would_set"),
+    (STAT_VTEP_PACKETS, "vtep_packets"),
+    (STAT_VTEP_REWRITTEN, "vtep_rewritten"),
+    (STAT_DECAP_PACKETS, "decap_packets"),
+    (STAT_DECAP_DSCP_MISMATCH, "decap_dscp_mismatch"),
+    (STAT_DECAP_CE_OVER_ECT, "decap_ce_over_ect"),
+    (STAT_DECAP_CE_OVER_NOT_ECT, "decap_ce_over_not_ect"),
+    (STAT_TC_PULL_FAILED, "tc_pull_failed"),
+    (STAT_TC_WRITE_FAILED, "tc_write_failed"),
 ];
 
 #[inline(always)]
@@ -126,6 +172,13 @@ mod tests {
             STAT_FLOW_CREATED
         );
         assert!(STAT_FLOW_INSERT_FAILED < STATS_LEN);
+        // The existing layout is a contract: QoS counters come after it.
+        assert_eq!((STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED), (34, 35));
+        assert_eq!(STAT_QOS_ROCE_REWRITTEN, 36);
+        assert!(STAT_TC_WRITE_FAILED < STATS_LEN);
+        for (i, (idx, _)) in STAT_NAMES_QOS.iter().enumerate() {
+            assert_eq!(*idx, STAT_QOS_ROCE_REWRITTEN + i as u32);
+        }
         assert_eq!(
             REASON_NAMES[Reason::TruncatedExtHeader as usize],
             "truncated_ext_header"

@@ -13,6 +13,7 @@ pub mod counters;
 pub mod flow;
 pub mod icrc;
 pub mod packet;
+pub mod policy;
 pub mod psn;
 pub mod wire;
 
@@ -25,4 +26,9 @@ mod pod {
     unsafe impl aya::Pod for crate::flow::FlowKey {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
     unsafe impl aya::Pod for crate::config::RuntimeConfig {}
+    unsafe impl aya::Pod for crate::policy::DscpEntry {}
+    unsafe impl aya::Pod for crate::policy::QosConfig {}
+    unsafe impl aya::Pod for crate::policy::IfaceQos {}
+    unsafe impl aya::Pod for crate::policy::VtepKey {}
+    unsafe impl aya::Pod for crate::policy::VtepStats {}
 }
