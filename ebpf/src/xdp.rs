@@ -33,6 +33,9 @@ fn classify_and_count(ctx: &XdpContext) {
     if let Outcome::Flow(parsed) = outcome {
         // SAFETY: ctx.ctx points at the kernel's xdp_md for this invocation.
         let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
+        // The program is not multi-buffer aware (no xdp.frags), so the kernel hands it
+        // only linear frames and data_end bounds the whole frame. (BPF_PROG_TEST_RUN
+        // splits inputs over ~3.5 KB into fragments: `analyze` takes bytes from the capture.)
         let frame_len = (ctx.data_end() - ctx.data()) as u32;
         count_on_flow(&parsed, ifindex, frame_len, cfg.default_pmtu_log2);
     }
