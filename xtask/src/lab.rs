@@ -244,9 +244,41 @@ impl Capture {
         &self.path
     }
 
-    /// Stops tcpdump (SIGINT, so it flushes) and returns the pcap's path.
+    /// Stops tcpdump (SIGINT, so it flushes) and returns the pcap's path. Fails when
+    /// tcpdump reports that it captured fewer packets than its filter accepted.
     pub fn finish(mut self) -> Result<PathBuf> {
+        // tcpdump drops what it has not read yet when stopped, and packets wait in a
+        // ring block for up to its 1 s timeout: let the file settle first (unchanged
+        // for 1.5 s; at most 15 s).
+        let start = Instant::now();
+        let mut last = (u64::MAX, Instant::now());
+        while start.elapsed() < Duration::from_secs(15) {
+            let len = fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+            if len != last.0 {
+                last = (len, Instant::now());
+            } else if last.1.elapsed() >= Duration::from_millis(1500) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         self.proc.stop_with(libc::SIGINT, Duration::from_secs(5))?;
+        let log = self.proc.stderr_text();
+        let count = |what: &str| -> Option<u64> {
+            log.lines()
+                .find(|l| l.ends_with(what))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+        };
+        if let (Some(captured), Some(filtered)) = (
+            count("packets captured"),
+            count("packets received by filter"),
+        ) {
+            if captured < filtered {
+                bail!(
+                    "tcpdump captured {captured} of the {filtered} packets its filter accepted:\n{log}"
+                );
+            }
+        }
         let meta = fs::metadata(&self.path)
             .with_context(|| format!("tcpdump wrote no {}", self.path.display()))?;
         if meta.len() < 24 {
@@ -508,6 +540,10 @@ impl Lab {
     /// until it listens. `inbound_only` captures what the interface receives only
     /// (`-Q in`), so the receiver's replies (ICMP errors quoting RoCE packets) stay
     /// out. `filter` is a pcap filter expression ("" for everything).
+    ///
+    /// [`Capture::finish`] checks that tcpdump wrote every packet its kernel filter
+    /// accepted; that count includes outgoing packets even with `-Q in`, so with
+    /// `inbound_only` let `filter` select inbound packets too (e.g. `dst host B`).
     pub fn capture(
         &self,
         ns: &str,
@@ -518,8 +554,14 @@ impl Lab {
     ) -> Result<Capture> {
         let path = self.dir.join(format!("{name}.pcap"));
         let mut cmd = self.command(ns, "tcpdump");
+        // Not --immediate-mode: with it, libpcap 1.10 (TPACKET_V3) leaves the last
+        // packets of a burst unread in the ring, for good. Without it they reach the
+        // file when their ring block retires, within tcpdump's 1 s timeout; `finish`
+        // waits for that.
         cmd.args(["-i", iface, "-n", "-U", "-s", "0", "-w"])
             .arg(&path);
+        // Not the `inbound` filter primitive: with it, libpcap 1.10 loses the first
+        // packet after start-up.
         if inbound_only {
             cmd.args(["-Q", "in"]);
         }
@@ -756,5 +798,448 @@ mod tests {
             stat.is_empty() || stat.contains(") Z"),
             "sleep {pid} still runs"
         );
+    }
+}
+
+/// Locating and building the project's binaries, for tests and the demo.
+pub mod bins {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::time::SystemTime;
+
+    use anyhow::{bail, Context, Result};
+
+    /// The workspace root (this crate's parent directory).
+    pub fn workspace_root() -> PathBuf {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        here.parent().unwrap_or(here).to_path_buf()
+    }
+
+    /// The cargo target directory (`CARGO_TARGET_DIR` or `<root>/target`).
+    pub fn target_dir() -> PathBuf {
+        match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => workspace_root().join("target"),
+        }
+    }
+
+    /// Builds roce-agent's binaries (`roce-agent`, `roce-gen`) with cargo and returns
+    /// the directory holding them.
+    pub fn build_agent(release: bool) -> Result<PathBuf> {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(workspace_root())
+            .args(["build", "-p", "roce-agent", "--bins"]);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+        if !status.success() {
+            bail!("{cmd:?} failed ({status})");
+        }
+        Ok(target_dir().join(if release { "release" } else { "debug" }))
+    }
+
+    fn newest_source(root: &Path) -> Option<SystemTime> {
+        let mut newest = None;
+        let mut stack: Vec<PathBuf> = ["agent", "common", "ebpf"]
+            .iter()
+            .map(|d| root.join(d))
+            .collect();
+        while let Some(p) = stack.pop() {
+            let Ok(meta) = std::fs::metadata(&p) else {
+                continue;
+            };
+            if meta.is_dir() {
+                if let Ok(rd) = std::fs::read_dir(&p) {
+                    stack.extend(rd.filter_map(|e| e.ok().map(|e| e.path())));
+                }
+            } else if let Ok(m) = meta.modified() {
+                if newest.is_none_or(|n| m > n) {
+                    newest = Some(m);
+                }
+            }
+        }
+        newest
+    }
+
+    /// The directory of up-to-date `roce-agent` and `roce-gen` binaries for a test:
+    /// the profile directory of the running test executable (`target/<profile>`) when
+    /// both binaries there are newer than every source file of agent/, common/ and
+    /// ebpf/; otherwise they are built first (`cargo build -p roce-agent --bins`, in
+    /// the same profile).
+    pub fn agent_bins_for_test() -> Result<PathBuf> {
+        let exe = std::env::current_exe().context("locating the test executable")?;
+        // target/<profile>/deps/<test>-<hash>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| target_dir().join("release"));
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let newest = newest_source(&workspace_root());
+        let fresh = ["roce-agent", "roce-gen"].iter().all(|b| {
+            let m = std::fs::metadata(profile_dir.join(b)).and_then(|m| m.modified());
+            match (m, newest) {
+                (Ok(m), Some(n)) => m >= n,
+                (Ok(_), None) => true,
+                (Err(_), _) => false,
+            }
+        });
+        if fresh {
+            return Ok(profile_dir);
+        }
+        build_agent(release)?;
+        Ok(profile_dir)
+    }
+}
+
+/// Flow tables from the agent, the generator and tshark, in one shape, and their
+/// comparison. The agent's document (`roce-agent flows --json`) and roce-gen's report
+/// (`roce-gen --json`) use the same field names; tshark's decode of a capture is
+/// grouped into the same flows (outer addresses + VNI + inner addresses + QP).
+pub mod oracle {
+    use std::collections::BTreeMap;
+    use std::fmt;
+    use std::net::IpAddr;
+    use std::path::Path;
+    use std::process::Command;
+
+    use anyhow::{anyhow, bail, Context, Result};
+    use serde_json::Value;
+
+    /// One direction of one queue pair: what the agent keys a flow by (without the
+    /// interface and direction).
+    #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct FlowId {
+        pub src: String,
+        pub dst: String,
+        pub vni: Option<u32>,
+        pub inner_src: Option<String>,
+        pub inner_dst: Option<String>,
+        pub dest_qp: u32,
+    }
+
+    impl fmt::Display for FlowId {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{}->{}", self.src, self.dst)?;
+            if let Some(v) = self.vni {
+                write!(f, " vni {v}")?;
+            }
+            if let (Some(s), Some(d)) = (&self.inner_src, &self.inner_dst) {
+                write!(f, " inner {s}->{d}")?;
+            }
+            write!(f, " qp {:#x}", self.dest_qp)
+        }
+    }
+
+    /// ECN codepoint counts.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Ecn {
+        pub not_ect: u64,
+        pub ect1: u64,
+        pub ect0: u64,
+        pub ce: u64,
+    }
+
+    impl Ecn {
+        fn add(&mut self, codepoint: u64) {
+            match codepoint & 3 {
+                0 => self.not_ect += 1,
+                1 => self.ect1 += 1,
+                2 => self.ect0 += 1,
+                _ => self.ce += 1,
+            }
+        }
+        fn from_json(v: &Value) -> Result<Ecn> {
+            let g = |k: &str| {
+                v.get(k)
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| anyhow!("ECN object without {k}: {v}"))
+            };
+            Ok(Ecn {
+                not_ect: g("not_ect")?,
+                ect1: g("ect1")?,
+                ect0: g("ect0")?,
+                ce: g("ce")?,
+            })
+        }
+    }
+
+    /// A flow's counters. `psn_gaps` is None where the source cannot tell (tshark).
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct FlowCounts {
+        pub family: String,
+        pub inner_family: Option<String>,
+        pub sport: u16,
+        pub packets: u64,
+        pub bytes: u64,
+        pub ecn: Ecn,
+        pub inner_ecn: Option<Ecn>,
+        pub cnps: u64,
+        pub acks: u64,
+        pub naks: u64,
+        pub rnr_naks: u64,
+        pub psn_gaps: Option<u64>,
+        pub last_dscp: u8,
+    }
+
+    /// Flows by identity.
+    pub type FlowTable = BTreeMap<FlowId, FlowCounts>;
+
+    fn norm_ip(s: &str) -> String {
+        s.parse::<IpAddr>()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| s.to_string())
+    }
+
+    fn str_field(f: &Value, k: &str) -> Result<Option<String>> {
+        match f.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => bail!("field {k} is not a string: {other}"),
+        }
+    }
+
+    fn u64_field(f: &Value, k: &str) -> Result<u64> {
+        f.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| anyhow!("flow without numeric {k}: {f}"))
+    }
+
+    /// Parses one flow object of the agent's document or roce-gen's report.
+    pub fn flow_from_json(f: &Value) -> Result<(FlowId, FlowCounts)> {
+        let id = FlowId {
+            src: norm_ip(&str_field(f, "src")?.ok_or_else(|| anyhow!("flow without src"))?),
+            dst: norm_ip(&str_field(f, "dst")?.ok_or_else(|| anyhow!("flow without dst"))?),
+            vni: f.get("vni").and_then(Value::as_u64).map(|v| v as u32),
+            inner_src: str_field(f, "inner_src")?.map(|s| norm_ip(&s)),
+            inner_dst: str_field(f, "inner_dst")?.map(|s| norm_ip(&s)),
+            dest_qp: u64_field(f, "dest_qp")? as u32,
+        };
+        let counts = FlowCounts {
+            family: str_field(f, "family")?.unwrap_or_default(),
+            inner_family: str_field(f, "inner_family")?,
+            sport: u64_field(f, "sport")? as u16,
+            packets: u64_field(f, "packets")?,
+            bytes: u64_field(f, "bytes")?,
+            ecn: Ecn::from_json(f.get("ecn").unwrap_or(&Value::Null))?,
+            inner_ecn: match f.get("inner_ecn") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(Ecn::from_json(v)?),
+            },
+            cnps: u64_field(f, "cnps")?,
+            acks: u64_field(f, "acks")?,
+            naks: u64_field(f, "naks")?,
+            rnr_naks: u64_field(f, "rnr_naks")?,
+            psn_gaps: f.get("psn_gaps").and_then(Value::as_u64),
+            last_dscp: u64_field(f, "last_dscp")? as u8,
+        };
+        Ok((id, counts))
+    }
+
+    /// The flows of a document with a `"flows"` array, keeping those `keep` accepts
+    /// (e.g. one interface and direction of the agent's table).
+    pub fn flows_from_doc(doc: &Value, keep: impl Fn(&Value) -> bool) -> Result<FlowTable> {
+        let flows = doc
+            .get("flows")
+            .and_then(Value::as_array)
+            .ok_or_else(|| anyhow!("document without a flows array"))?;
+        let mut out = FlowTable::new();
+        for f in flows.iter().filter(|f| keep(f)) {
+            let (id, c) = flow_from_json(f)?;
+            if out.insert(id.clone(), c).is_some() {
+                bail!("flow {id} appears twice");
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decodes `pcap` with tshark and groups its RoCEv2 packets (plain and in VXLAN)
+    /// into flows. Only IPv4 or IPv6 in one layer each is needed: the families of
+    /// each layer come from `frame.protocols`.
+    pub fn tshark_flows(pcap: &Path) -> Result<FlowTable> {
+        const FIELDS: [&str; 16] = [
+            "frame.protocols",
+            "frame.len",
+            "ip.src",
+            "ip.dst",
+            "ip.dsfield.dscp",
+            "ip.dsfield.ecn",
+            "ipv6.src",
+            "ipv6.dst",
+            "ipv6.tclass.dscp",
+            "ipv6.tclass.ecn",
+            "udp.srcport",
+            "vxlan.vni",
+            "infiniband.bth.opcode",
+            "infiniband.bth.destqp",
+            "infiniband.aeth.syndrome",
+            "frame.number",
+        ];
+        let mut cmd = Command::new("tshark");
+        cmd.arg("-r")
+            .arg(pcap)
+            .args([
+                "-n",
+                "-Y",
+                "infiniband",
+                "-T",
+                "fields",
+                "-E",
+                "occurrence=a",
+            ])
+            .args(["-E", "separator=/t", "-E", "aggregator=,"]);
+        for f in FIELDS {
+            cmd.args(["-e", f]);
+        }
+        let out = cmd
+            .output()
+            .context("running tshark (is it installed? `cargo xtask setup`)")?;
+        if !out.status.success() {
+            bail!(
+                "tshark failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let mut table = FlowTable::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let cols: Vec<&str> = line.split('\t').collect();
+            if cols.len() != FIELDS.len() {
+                bail!(
+                    "tshark printed {} columns, not {}: {line:?}",
+                    cols.len(),
+                    FIELDS.len()
+                );
+            }
+            let list =
+                |i: usize| -> Vec<&str> { cols[i].split(',').filter(|s| !s.is_empty()).collect() };
+            let num = |s: &str| -> Result<u64> {
+                match s.strip_prefix("0x") {
+                    Some(h) => u64::from_str_radix(h, 16),
+                    None => s.parse(),
+                }
+                .with_context(|| format!("tshark value {s:?} in {line:?}"))
+            };
+            // Families of the IP layers, outermost first.
+            let fams: Vec<bool> = cols[0]
+                .split(':')
+                .filter_map(|p| match p {
+                    "ip" => Some(false),
+                    "ipv6" => Some(true),
+                    _ => None,
+                })
+                .collect();
+            let (mut i4, mut i6) = (0usize, 0usize);
+            // (src, dst, dscp, ecn) per layer.
+            let mut layers = Vec::new();
+            for v6 in &fams {
+                let (base, idx) = if *v6 { (6, &mut i6) } else { (2, &mut i4) };
+                let pick = |c: usize| list(c).get(*idx).map(|s| s.to_string());
+                let (Some(s), Some(d), Some(dscp), Some(ecn)) =
+                    (pick(base), pick(base + 1), pick(base + 2), pick(base + 3))
+                else {
+                    bail!("tshark line without a complete IP layer: {line:?}");
+                };
+                *idx += 1;
+                layers.push((norm_ip(&s), norm_ip(&d), num(&dscp)?, num(&ecn)?, *v6));
+            }
+            let vni = list(11).first().map(|v| num(v)).transpose()?;
+            let tunnelled = vni.is_some();
+            if layers.len() != if tunnelled { 2 } else { 1 } {
+                bail!("unexpected IP layers in {line:?}");
+            }
+            let opcode = list(12)
+                .last()
+                .map(|s| num(s))
+                .transpose()?
+                .ok_or_else(|| anyhow!("no opcode in {line:?}"))?;
+            let qp = list(13)
+                .last()
+                .map(|s| num(s))
+                .transpose()?
+                .ok_or_else(|| anyhow!("no destination QP in {line:?}"))?;
+            let sport = list(10)
+                .last()
+                .map(|s| num(s))
+                .transpose()?
+                .ok_or_else(|| anyhow!("no UDP source port in {line:?}"))?;
+            let outer = &layers[0];
+            let inner = layers.get(1);
+            let id = FlowId {
+                src: outer.0.clone(),
+                dst: outer.1.clone(),
+                vni: vni.map(|v| v as u32),
+                inner_src: inner.map(|l| l.0.clone()),
+                inner_dst: inner.map(|l| l.1.clone()),
+                dest_qp: qp as u32,
+            };
+            let fam = |v6: bool| if v6 { "ipv6" } else { "ipv4" }.to_string();
+            let c = table.entry(id).or_insert_with(|| FlowCounts {
+                family: fam(outer.4),
+                inner_family: inner.map(|l| fam(l.4)),
+                inner_ecn: inner.map(|_| Ecn::default()),
+                ..Default::default()
+            });
+            c.packets += 1;
+            c.bytes += num(cols[1])?;
+            c.sport = sport as u16;
+            c.ecn.add(outer.3);
+            c.last_dscp = outer.2 as u8;
+            if let (Some(ie), Some(l)) = (c.inner_ecn.as_mut(), inner) {
+                ie.add(l.3);
+            }
+            match opcode {
+                128 | 129 => c.cnps += 1,
+                17 | 177 => {
+                    if let Some(s) = list(14).last() {
+                        match num(s)? >> 5 {
+                            0 => c.acks += 1,
+                            1 => c.rnr_naks += 1,
+                            3 => c.naks += 1,
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(table)
+    }
+
+    /// Every difference between two tables, as readable lines (empty when equal).
+    /// `psn_gaps` is compared only where both sides know it.
+    pub fn differences(
+        left_name: &str,
+        left: &FlowTable,
+        right_name: &str,
+        right: &FlowTable,
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        for (id, l) in left {
+            match right.get(id) {
+                None => out.push(format!("flow {id}: in {left_name}, not in {right_name}")),
+                Some(r) => {
+                    let mut l = l.clone();
+                    let mut r = r.clone();
+                    if l.psn_gaps.is_none() || r.psn_gaps.is_none() {
+                        l.psn_gaps = None;
+                        r.psn_gaps = None;
+                    }
+                    if l != r {
+                        out.push(format!(
+                            "flow {id}:\n    {left_name}: {l:?}\n    {right_name}: {r:?}"
+                        ));
+                    }
+                }
+            }
+        }
+        for id in right.keys() {
+            if !left.contains_key(id) {
+                out.push(format!("flow {id}: in {right_name}, not in {left_name}"));
+            }
+        }
+        out
     }
 }

@@ -1,0 +1,381 @@
+//! End-to-end in a namespace lab (needs root): the real `roce-agent` binary attached
+//! with XDP on the receiving veth in namespace B, `roce-gen` sending from namespace A
+//! (crafted frames and UDP sockets with IP_TOS; plain RoCEv2, RoCE through the kernel's
+//! VXLAN devices, and crafted VXLAN with outer CE marks), tcpdump capturing on the
+//! same receiving interface. The agent's flow table must equal what the generator
+//! says it sent AND tshark's decode of the capture, flow by flow.
+//!
+//! Everything lives in the lab's namespaces and temporary directory, which the lab
+//! removes also when an assertion fails (set ROCE_LAB_KEEP=1 to keep the captures).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use xtask::lab::oracle::{self, FlowTable};
+use xtask::lab::{bins, Lab, LabOptions, Proc};
+
+const API: &str = "127.0.0.1:9473";
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "the namespace end-to-end tests need root (ip netns, XDP attach, raw sockets)"
+    );
+}
+
+/// The lab with the agent running on B's veth and a capture on the same interface.
+/// Fields drop in order: the agent (SIGTERM, it detaches) before the lab.
+struct Rig {
+    agent: Option<Proc>,
+    lab: Lab,
+    bin: PathBuf,
+}
+
+impl Rig {
+    fn new(options: LabOptions) -> Result<Rig> {
+        let bin = bins::agent_bins_for_test()?;
+        let lab = Lab::new(options)?;
+        Ok(Rig {
+            lab,
+            bin,
+            agent: None,
+        })
+    }
+
+    fn exe(&self, name: &str) -> PathBuf {
+        self.bin.join(name)
+    }
+
+    fn start_agent(&mut self) -> Result<()> {
+        let mut cmd = self.lab.command(&self.lab.b.ns, self.exe("roce-agent"));
+        cmd.args(["run", "--iface", &self.lab.b.veth, "--listen", API])
+            .args(["--interval", "0.2"])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        let mut agent = self.lab.spawn("roce-agent", cmd)?;
+        agent.wait_for_output("serving GET /flows", Duration::from_secs(20))?;
+        self.agent = Some(agent);
+        Ok(())
+    }
+
+    /// Runs roce-gen in namespace A with `args` (+ `--json`) and returns its report.
+    fn gen(&self, args: &[String]) -> Result<Value> {
+        let mut cmd = self.lab.command(&self.lab.a.ns, self.exe("roce-gen"));
+        cmd.args(args).arg("--json");
+        let out = cmd.output().context("running roce-gen")?;
+        if !out.status.success() {
+            bail!(
+                "roce-gen {args:?} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "roce-gen printed no JSON: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    /// `roce-agent flows --json` in namespace B.
+    fn agent_doc(&self) -> Result<Value> {
+        let out = self.lab.exec(
+            &self.lab.b.ns,
+            &self.exe("roce-agent").to_string_lossy(),
+            &["flows", "--json", "--api", API],
+        )?;
+        serde_json::from_slice(&out.stdout).context("roce-agent flows --json printed no JSON")
+    }
+
+    /// The agent's flows on B's veth, ingress.
+    fn agent_flows(&self, doc: &Value) -> Result<FlowTable> {
+        let ifname = self.lab.b.veth.clone();
+        oracle::flows_from_doc(doc, |f| {
+            f.get("ifname").and_then(Value::as_str) == Some(ifname.as_str())
+                && f.get("direction").and_then(Value::as_str) == Some("ingress")
+        })
+    }
+
+    /// Polls the agent until its flows on B's veth hold `packets` packets (or 10 s pass).
+    fn agent_table_settled(&self, packets: u64) -> Result<(Value, FlowTable)> {
+        let start = Instant::now();
+        loop {
+            let doc = self.agent_doc()?;
+            let table = self.agent_flows(&doc)?;
+            let n: u64 = table.values().map(|c| c.packets).sum();
+            if n >= packets || start.elapsed() > Duration::from_secs(10) {
+                return Ok((doc, table));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Stops the agent with SIGINT; it must exit 0 and leave no XDP program on B's veth.
+    fn stop_agent(&mut self) -> Result<()> {
+        let Some(mut agent) = self.agent.take() else {
+            return Ok(());
+        };
+        let st = agent.stop_with(libc::SIGINT, Duration::from_secs(10))?;
+        if !st.success() {
+            bail!(
+                "roce-agent exited {st} on SIGINT; its stderr:\n{}",
+                agent.stderr_text()
+            );
+        }
+        let out = self.lab.exec(
+            &self.lab.b.ns,
+            "ip",
+            &["-d", "link", "show", "dev", &self.lab.b.veth],
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.contains("xdp") {
+            bail!("an XDP program is still attached after the agent stopped:\n{text}");
+        }
+        Ok(())
+    }
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// Merges generator reports into one table (each report's flows are distinct).
+fn generator_table(reports: &[Value]) -> Result<FlowTable> {
+    let mut all = FlowTable::new();
+    for r in reports {
+        for (id, c) in oracle::flows_from_doc(r, |_| true)? {
+            if all.insert(id.clone(), c).is_some() {
+                bail!("two generator runs sent flow {id}: make their QPs distinct");
+            }
+        }
+    }
+    Ok(all)
+}
+
+fn counter(doc: &Value, name: &str) -> Result<u64> {
+    doc.get("counters")
+        .and_then(|c| c.get(name))
+        .and_then(Value::as_u64)
+        .ok_or_else(|| anyhow!("agent document without counters.{name}"))
+}
+
+fn check_three_way(
+    gen: &FlowTable,
+    agent: &FlowTable,
+    wire: &FlowTable,
+    capture: &Path,
+) -> Result<()> {
+    let mut problems = oracle::differences("generator", gen, "agent", agent);
+    problems.extend(oracle::differences("tshark", wire, "agent", agent));
+    if !problems.is_empty() {
+        bail!(
+            "flow tables differ ({} problems; capture {}):\n{}",
+            problems.len(),
+            capture.display(),
+            problems.join("\n")
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn roce_plain_and_in_vxlan_agent_equals_generator_and_tshark() -> Result<()> {
+    require_root();
+    let mut rig = Rig::new(LabOptions::default())?;
+    let (a, b) = (rig.lab.a.clone(), rig.lab.b.clone());
+    let vx_a = a
+        .vxlan
+        .clone()
+        .ok_or_else(|| anyhow!("lab without VXLAN"))?;
+    let vx_b_ip = b.vxlan_ip4.ok_or_else(|| anyhow!("lab without VXLAN"))?;
+    let b_ip6 = b.ip6.ok_or_else(|| anyhow!("lab without IPv6"))?;
+    rig.start_agent()?;
+    let filter = format!("udp and (dst host {} or dst host {b_ip6})", b.ip4);
+    let capture = rig.lab.capture(&b.ns, &b.veth, "receiver", true, &filter)?;
+
+    let veth = a.veth.as_str();
+    let b4 = b.ip4.to_string();
+    let b6 = b_ip6.to_string();
+    let vxd = vx_b_ip.to_string();
+    let runs: Vec<Vec<String>> = vec![
+        // Crafted frames: every operation, CE marks, CNPs and PSN gaps on one QP.
+        strings(&[
+            "-i",
+            veth,
+            "--dst",
+            &b4,
+            "--dst-mac",
+            &b.mac,
+            "--qp",
+            "0x100",
+            "--ops",
+            "send,write,read,ack,nak,rnr-nak",
+            "--count",
+            "30",
+            "--ce",
+            "7",
+            "--cnp",
+            "5",
+            "--psn-gaps",
+            "2",
+        ]),
+        // UDP sockets with IP_TOS: two QPs, CE and CNPs.
+        strings(&[
+            "-i", veth, "--via", "udp", "--dst", &b4, "--qp", "0x200", "--flows", "2", "--sport",
+            "50000", "--count", "20", "--ce", "5", "--cnp", "3",
+        ]),
+        // IPv6, UDP socket with IPV6_TCLASS.
+        strings(&[
+            "-i", veth, "--via", "udp", "--dst", &b6, "--qp", "0x300", "--sport", "50100",
+            "--count", "10", "--ce", "2", "--cnp", "1", "--ops", "write",
+        ]),
+        // Through the kernel's VXLAN device (tos inherit): crafted inner frames ...
+        strings(&[
+            "-i",
+            &vx_a,
+            "--dst",
+            &vxd,
+            "--qp",
+            "0x400",
+            "--ops",
+            "send,write",
+            "--count",
+            "25",
+            "--ce",
+            "6",
+            "--cnp",
+            "4",
+        ]),
+        // ... and a UDP socket whose packets the kernel routes into the tunnel.
+        strings(&[
+            "-i", &vx_a, "--via", "udp", "--dst", &vxd, "--qp", "0x500", "--sport", "50200",
+            "--count", "12", "--ce", "3", "--cnp", "2",
+        ]),
+        // Crafted VXLAN (another VNI) whose outer header an underlay switch marked CE.
+        strings(&[
+            "-i",
+            veth,
+            "--dst-mac",
+            &b.mac,
+            "--vni",
+            "7001",
+            "--outer-src",
+            &a.ip4.to_string(),
+            "--outer-dst",
+            &b4,
+            "--src",
+            "198.19.200.1",
+            "--dst",
+            "198.19.200.2",
+            "--qp",
+            "0x600",
+            "--count",
+            "16",
+            "--ce",
+            "2",
+            "--outer-ce",
+            "5",
+            "--cnp",
+            "2",
+        ]),
+    ];
+    let mut reports = Vec::new();
+    for args in &runs {
+        reports.push(rig.gen(args)?);
+    }
+    let gen = generator_table(&reports)?;
+    let sent: u64 = gen.values().map(|c| c.packets).sum();
+    let sent_tunnelled: u64 = gen
+        .iter()
+        .filter(|(id, _)| id.vni.is_some())
+        .map(|(_, c)| c.packets)
+        .sum();
+
+    let (doc, agent) = rig.agent_table_settled(sent)?;
+    let pcap = capture.finish()?;
+    let wire = oracle::tshark_flows(&pcap)?;
+
+    // The scenario really has what it claims: CE and CNPs on plain and tunnelled
+    // flows, outer CE only where the underlay marked it, the kernel's CE -> ECT(0).
+    assert_eq!(gen.len(), 7, "{gen:#?}");
+    assert!(gen.values().all(|c| c.cnps > 0));
+    let kernel_vx = gen
+        .iter()
+        .find(|(id, _)| id.vni == Some(rig.lab.vni) && id.dest_qp == 0x400)
+        .map(|(_, c)| c.clone())
+        .ok_or_else(|| anyhow!("no kernel-VXLAN flow in the generator's report"))?;
+    assert_eq!(kernel_vx.inner_ecn.map(|e| e.ce), Some(6));
+    assert_eq!(kernel_vx.ecn.ce, 0, "Linux never writes outer CE");
+    let crafted = gen
+        .iter()
+        .find(|(id, _)| id.vni == Some(7001))
+        .map(|(_, c)| c.clone())
+        .ok_or_else(|| anyhow!("no crafted-VXLAN flow"))?;
+    assert_eq!(
+        (crafted.ecn.ce, crafted.inner_ecn.map(|e| e.ce)),
+        (5, Some(2))
+    );
+
+    check_three_way(&gen, &agent, &wire, &pcap)?;
+
+    assert_eq!(counter(&doc, "roce")?, sent - sent_tunnelled);
+    assert_eq!(counter(&doc, "roce_in_vxlan")?, sent_tunnelled);
+    let errors = doc
+        .get("counters")
+        .and_then(|c| c.get("parse_errors"))
+        .and_then(Value::as_object)
+        .ok_or_else(|| anyhow!("no parse_errors"))?;
+    let nonzero: Vec<_> = errors
+        .iter()
+        .filter(|(_, v)| v.as_u64() != Some(0))
+        .collect();
+    assert!(nonzero.is_empty(), "parse errors: {nonzero:?}");
+
+    rig.stop_agent()?;
+    Ok(())
+}
+
+#[test]
+fn vxlan_without_tos_inherit_has_outer_dscp_zero_and_still_maps_ecn() -> Result<()> {
+    require_root();
+    let mut rig = Rig::new(LabOptions {
+        tos_inherit: false,
+        ipv6: false,
+        ..LabOptions::default()
+    })?;
+    let (a, b) = (rig.lab.a.clone(), rig.lab.b.clone());
+    let vx_a = a
+        .vxlan
+        .clone()
+        .ok_or_else(|| anyhow!("lab without VXLAN"))?;
+    let vxd = b
+        .vxlan_ip4
+        .ok_or_else(|| anyhow!("lab without VXLAN"))?
+        .to_string();
+    rig.start_agent()?;
+    let filter = format!("udp and dst host {}", b.ip4);
+    let capture = rig.lab.capture(&b.ns, &b.veth, "receiver", true, &filter)?;
+    let report = rig.gen(&strings(&[
+        "-i", &vx_a, "--dst", &vxd, "--qp", "0x700", "--count", "9", "--ce", "4",
+    ]))?;
+    let gen = generator_table(&[report])?;
+    let (_, agent) = rig.agent_table_settled(9)?;
+    let pcap = capture.finish()?;
+    let wire = oracle::tshark_flows(&pcap)?;
+    let flow = gen
+        .values()
+        .next()
+        .ok_or_else(|| anyhow!("generator reported no flow"))?;
+    assert_eq!(flow.last_dscp, 0, "outer DSCP without tos inherit");
+    assert_eq!(
+        flow.ecn.ect0, 9,
+        "inner ECT(0) and CE both leave as outer ECT(0)"
+    );
+    check_three_way(&gen, &agent, &wire, &pcap)?;
+    rig.stop_agent()?;
+    Ok(())
+}
