@@ -4,6 +4,7 @@
 
 mod maps;
 mod packet;
+mod tc;
 mod xdp;
 
 #[cfg(not(test))]

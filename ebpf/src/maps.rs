@@ -1,10 +1,13 @@
 //! The maps shared with the agent. Their names are a contract (DESIGN.md).
 
 use aya_ebpf::macros::map;
-use aya_ebpf::maps::{Array, LruPerCpuHashMap, PerCpuArray};
+use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray};
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::STATS_LEN;
 use roce_common::flow::{FlowKey, FlowStats};
+use roce_common::policy::{
+    DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT,
+};
 
 /// Per-flow counters. The agent resizes it from its configuration before loading.
 #[map]
@@ -32,5 +35,43 @@ pub fn runtime_config() -> RuntimeConfig {
     match CONFIG.get(0) {
         Some(c) => *c,
         None => RuntimeConfig::default(),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Host QoS (tc programs, see `roce_common::policy`), written by the agent.
+
+/// DSCP -> priority, lossless flag and VTEP outer DSCP, indexed by DSCP.
+#[map]
+pub static POLICY: Array<DscpEntry> = Array::with_max_entries(DSCP_COUNT, 0);
+
+/// The DSCPs the host policy writes (RoCE data, CNP, remark target).
+#[map]
+pub static QOS: Array<QosConfig> = Array::with_max_entries(1, 0);
+
+/// ifindex -> what the tc programs do there. An interface without an entry is untouched.
+#[map]
+pub static IFACE_QOS: HashMap<u32, IfaceQos> = HashMap::with_max_entries(256, 0);
+
+/// Decapsulation-side counters per remote VTEP (outer source address).
+#[map]
+pub static VTEPS: LruPerCpuHashMap<VtepKey, VtepStats> =
+    LruPerCpuHashMap::with_max_entries(4096, 0);
+
+/// POLICY as the shared decision code reads it.
+pub struct PolicyMap;
+
+impl DscpTable for PolicyMap {
+    #[inline(always)]
+    fn entry(&self, dscp: u8) -> Option<DscpEntry> {
+        POLICY.get(dscp as u32).copied()
+    }
+}
+
+#[inline(always)]
+pub fn qos_config() -> QosConfig {
+    match QOS.get(0) {
+        Some(c) => *c,
+        None => QosConfig::default(),
     }
 }

@@ -1,0 +1,142 @@
+//! The tc programs: `tc_egress` (host DSCP policy, VTEP inner->outer propagation, skb
+//! priority) and `tc_ingress` (decapsulation-side checks). The decision is
+//! `roce_common::policy`; this file only reads the maps, makes the headers readable,
+//! writes what the decision says and counts it. Never drops: every path returns
+//! TC_NEXT, so later programs on the hook still run.
+
+use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::macros::classifier;
+use aya_ebpf::programs::TcContext;
+use roce_common::counters::{STAT_TC_PULL_FAILED, STAT_TC_WRITE_FAILED};
+use roce_common::policy::{
+    action_stats, decap_check, decap_stats, decide, tos_word, Action, VtepStats,
+};
+
+use crate::maps::{bump, qos_config, runtime_config, PolicyMap, IFACE_QOS, VTEPS};
+use crate::packet::KernelPacket;
+
+/// TCX_NEXT, which is also TC_ACT_UNSPEC for clsact direct-action filters: "carry on
+/// with the next program, then the default action". TC_ACT_OK would end a TCX chain.
+pub const TC_NEXT: i32 = -1;
+
+/// Bytes made linear before parsing: the deepest header the policy reads (two VLAN
+/// tags, IPv6 / UDP / VXLAN / Ethernet / IPv6 / UDP / BTH, room for extension headers).
+const PULL_LEN: u32 = 256;
+
+/// `BPF_F_RECOMPUTE_CSUM`: keep skb->csum right (CHECKSUM_COMPLETE) for IPv6 writes.
+const F_RECOMPUTE_CSUM: u64 = 1;
+
+static EMPTY_VTEP: VtepStats = unsafe { core::mem::zeroed() };
+
+#[classifier]
+pub fn tc_egress(ctx: TcContext) -> i32 {
+    egress(&ctx);
+    TC_NEXT
+}
+
+#[classifier]
+pub fn tc_ingress(ctx: TcContext) -> i32 {
+    ingress(&ctx);
+    TC_NEXT
+}
+
+/// An empty tc program: the baseline that benchmarks measure the others against.
+#[classifier]
+pub fn tc_baseline(_ctx: TcContext) -> i32 {
+    TC_NEXT
+}
+
+#[inline(always)]
+fn ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
+
+/// Makes the first PULL_LEN bytes (or the whole packet when shorter) linear.
+#[inline(always)]
+fn pull_headers(ctx: &TcContext) -> bool {
+    let len = ctx.len();
+    let want = if len < PULL_LEN { len } else { PULL_LEN };
+    if ctx.data_end() - ctx.data() >= want as usize {
+        return true;
+    }
+    if ctx.pull_data(want).is_ok() {
+        return true;
+    }
+    bump(STAT_TC_PULL_FAILED);
+    false
+}
+
+#[inline(always)]
+fn egress(ctx: &TcContext) {
+    let Some(iface) = (unsafe { IFACE_QOS.get(&ifindex(ctx)) }).copied() else {
+        return;
+    };
+    if !pull_headers(ctx) {
+        return;
+    }
+    let cfg = runtime_config();
+    let qos = qos_config();
+    let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
+    let action = decide(&pkt, &cfg, &qos, &PolicyMap, &iface);
+    if action.writes() && write_tos(ctx, &pkt, &action).is_err() {
+        bump(STAT_TC_WRITE_FAILED);
+    }
+    if let Some(prio) = action.sets_priority() {
+        // SAFETY: tc programs may write __sk_buff.priority.
+        unsafe { (*ctx.skb.skb).priority = prio };
+    }
+    for s in action_stats(&action).into_iter().flatten() {
+        bump(s);
+    }
+}
+
+/// Writes the new TOS / traffic class; for IPv4 the header checksum follows (RFC 1624,
+/// by the kernel's helper). Nothing else changes: length, UDP checksum and ICRC stay.
+#[inline(always)]
+fn write_tos(ctx: &TcContext, pkt: &KernelPacket, a: &Action) -> Result<(), ()> {
+    use roce_common::packet::Packet;
+    let b0 = pkt.u8_at(a.l3).ok_or(())?;
+    let b1 = pkt.u8_at(a.l3 + 1).ok_or(())?;
+    let old = u16::from_be_bytes([b0, b1]);
+    let new = tos_word(b0, b1, a.v6, a.new_tos);
+    let new_be = new.to_be();
+    if a.v6 {
+        ctx.store(a.l3, &new_be, F_RECOMPUTE_CSUM).map_err(|_| ())?;
+    } else {
+        ctx.store(a.l3, &new_be, 0).map_err(|_| ())?;
+        ctx.l3_csum_replace(a.l3 + 10, old.to_be() as u64, new_be as u64, 2)
+            .map_err(|_| ())?;
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn ingress(ctx: &TcContext) {
+    let Some(iface) = (unsafe { IFACE_QOS.get(&ifindex(ctx)) }).copied() else {
+        return;
+    };
+    if iface.vtep == 0 || !pull_headers(ctx) {
+        return;
+    }
+    let cfg = runtime_config();
+    let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
+    let Some(check) = decap_check(&pkt, &cfg, &PolicyMap) else {
+        return;
+    };
+    for s in decap_stats(&check).into_iter().flatten() {
+        bump(s);
+    }
+    let stats = match VTEPS.get_ptr_mut(&check.remote) {
+        Some(s) => s,
+        None => {
+            let _ = VTEPS.insert(&check.remote, &EMPTY_VTEP, BPF_NOEXIST as u64);
+            match VTEPS.get_ptr_mut(&check.remote) {
+                Some(s) => s,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: a per-CPU value of this CPU.
+    unsafe { (*stats).record(&check) };
+}
