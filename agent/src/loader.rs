@@ -3,17 +3,24 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 
-use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use aya::programs::xdp::XdpLinkId;
-use aya::programs::{Xdp, XdpMode};
+use aya::programs::{SchedClassifier, Xdp, XdpMode};
 use aya::Ebpf;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::STATS_LEN;
 use roce_common::flow::{FlowKey, FlowStats};
+use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats};
 
 pub const XDP_PROGRAM: &str = "xdp_classify";
 /// An empty XDP program in the same object, the baseline of benchmarks.
 pub const XDP_BASELINE: &str = "xdp_baseline";
+/// Host DSCP policy, VTEP propagation and skb priority (tc egress).
+pub const TC_EGRESS: &str = "tc_egress";
+/// Decapsulation-side checks (tc ingress of VTEP underlay interfaces).
+pub const TC_INGRESS: &str = "tc_ingress";
+/// An empty tc program, the baseline of benchmarks.
+pub const TC_BASELINE: &str = "tc_baseline";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -289,6 +296,136 @@ impl Loaded {
                 name: "STATS",
                 source,
             })?;
+        }
+        Ok(())
+    }
+
+    /// Loads a tc program of the object (once) and returns its fd.
+    pub fn tc_fd(&mut self, name: &'static str) -> Result<BorrowedFd<'_>, LoadError> {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(LoadError::Missing(name))?
+            .try_into()
+            .map_err(|source| LoadError::Program { name, source })?;
+        if prog.fd().is_err() {
+            prog.load()
+                .map_err(|source| LoadError::Program { name, source })?;
+        }
+        Ok(prog
+            .fd()
+            .map_err(|source| LoadError::Program { name, source })?
+            .as_fd())
+    }
+
+    /// A loaded tc program, for attaching.
+    pub fn tc_program(&mut self, name: &'static str) -> Result<&mut SchedClassifier, LoadError> {
+        self.tc_fd(name)?;
+        self.ebpf
+            .program_mut(name)
+            .ok_or(LoadError::Missing(name))?
+            .try_into()
+            .map_err(|source| LoadError::Program { name, source })
+    }
+
+    /// Writes the host QoS policy: QOS (DSCPs written) and POLICY (per-DSCP entries).
+    pub fn set_policy(&mut self, policy: &Policy) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut("QOS").ok_or(LoadError::Missing("QOS"))?;
+        let mut qos: Array<_, roce_common::policy::QosConfig> =
+            Array::try_from(map).map_err(|source| LoadError::Map {
+                name: "QOS",
+                source,
+            })?;
+        qos.set(0, policy.qos, 0).map_err(|source| LoadError::Map {
+            name: "QOS",
+            source,
+        })?;
+        let map = self
+            .ebpf
+            .map_mut("POLICY")
+            .ok_or(LoadError::Missing("POLICY"))?;
+        let mut table: Array<_, roce_common::policy::DscpEntry> =
+            Array::try_from(map).map_err(|source| LoadError::Map {
+                name: "POLICY",
+                source,
+            })?;
+        for (dscp, entry) in policy.table.iter().enumerate() {
+            table
+                .set(dscp as u32, *entry, 0)
+                .map_err(|source| LoadError::Map {
+                    name: "POLICY",
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Sets what the tc programs do on interface `ifindex` (None: nothing).
+    pub fn set_iface_qos(&mut self, ifindex: u32, qos: Option<IfaceQos>) -> Result<(), LoadError> {
+        let map = self
+            .ebpf
+            .map_mut("IFACE_QOS")
+            .ok_or(LoadError::Missing("IFACE_QOS"))?;
+        let mut ifaces: HashMap<_, u32, IfaceQos> =
+            HashMap::try_from(map).map_err(|source| LoadError::Map {
+                name: "IFACE_QOS",
+                source,
+            })?;
+        match qos {
+            Some(q) => ifaces
+                .insert(ifindex, q, 0)
+                .map_err(|source| LoadError::Map {
+                    name: "IFACE_QOS",
+                    source,
+                }),
+            None => match ifaces.remove(&ifindex) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                Err(source) => Err(LoadError::Map {
+                    name: "IFACE_QOS",
+                    source,
+                }),
+            },
+        }
+    }
+
+    /// Decapsulation-side counters per remote VTEP, CPUs merged.
+    pub fn vteps(&self) -> Result<Vec<(VtepKey, VtepStats)>, LoadError> {
+        let map = self.ebpf.map("VTEPS").ok_or(LoadError::Missing("VTEPS"))?;
+        let vteps: PerCpuHashMap<&MapData, VtepKey, VtepStats> = PerCpuHashMap::try_from(map)
+            .map_err(|source| LoadError::Map {
+                name: "VTEPS",
+                source,
+            })?;
+        let mut out = Vec::new();
+        for entry in vteps.iter() {
+            let (key, per_cpu) = entry.map_err(|source| LoadError::Map {
+                name: "VTEPS",
+                source,
+            })?;
+            let mut total = VtepStats::default();
+            for v in per_cpu.iter() {
+                total.merge(v);
+            }
+            out.push((key, total));
+        }
+        out.sort_by_key(|(k, _)| *k);
+        Ok(out)
+    }
+
+    /// Empties VTEPS (tests run many cases through one load).
+    pub fn reset_vteps(&mut self) -> Result<(), LoadError> {
+        let keys: Vec<VtepKey> = self.vteps()?.into_iter().map(|(k, _)| k).collect();
+        let map = self
+            .ebpf
+            .map_mut("VTEPS")
+            .ok_or(LoadError::Missing("VTEPS"))?;
+        let mut vteps: PerCpuHashMap<&mut MapData, VtepKey, VtepStats> =
+            PerCpuHashMap::try_from(map).map_err(|source| LoadError::Map {
+                name: "VTEPS",
+                source,
+            })?;
+        for k in keys {
+            let _ = vteps.remove(&k);
         }
         Ok(())
     }

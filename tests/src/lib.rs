@@ -5,6 +5,7 @@
 pub mod expect;
 pub mod harness;
 pub mod pcap;
+pub mod tc;
 
 /// Hex dump of a frame, 16 bytes a line, for failure messages.
 pub fn hex(frame: &[u8]) -> String {

@@ -1,0 +1,130 @@
+//! The real tc programs (`tc_egress`, `tc_ingress`), loaded once per harness and run on
+//! single frames through BPF_PROG_TEST_RUN with an `__sk_buff` context in and out, so
+//! that the skb priority they set can be read back.
+//!
+//! BPF_PROG_TEST_RUN gives the skb the loopback device of the caller's namespace
+//! (ifindex 1): the harness configures the policy for that interface.
+
+use roce_agent::loader::{load, LoadOptions, Loaded, TC_EGRESS, TC_INGRESS};
+use roce_agent::testrun::{test_run, TestRun};
+use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats};
+
+use crate::harness::pin_to_current_cpu;
+use crate::hex;
+
+/// The interface the kernel gives test runs: loopback.
+pub const TEST_RUN_IFINDEX: u32 = 1;
+/// sizeof(struct __sk_buff).
+pub const SKB_CTX_LEN: usize = 192;
+/// offsetof(struct __sk_buff, priority).
+pub const SKB_PRIORITY_OFF: usize = 32;
+/// TCX_NEXT / TC_ACT_UNSPEC (-1): what the tc programs always return.
+pub const TC_NEXT: u32 = u32::MAX;
+
+/// The output of one run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcOut {
+    pub retval: u32,
+    pub data: Vec<u8>,
+    pub priority: u32,
+}
+
+pub struct TcHarness {
+    loaded: Loaded,
+}
+
+impl TcHarness {
+    /// Loads the object, writes `policy`, and configures the test interface as `iface`.
+    pub fn load(policy: &Policy, iface: IfaceQos) -> Self {
+        pin_to_current_cpu();
+        let opts = LoadOptions {
+            config: policy.config,
+            ..LoadOptions::default()
+        };
+        let mut loaded = match load(&opts) {
+            Ok(l) => l,
+            Err(e) => panic!("loading the eBPF object (these tests need root): {e}"),
+        };
+        for name in [TC_EGRESS, TC_INGRESS] {
+            if let Err(e) = loaded.tc_fd(name) {
+                panic!("loading {name}: {e}");
+            }
+        }
+        let mut h = TcHarness { loaded };
+        h.set_policy(policy);
+        h.set_iface(iface);
+        h
+    }
+
+    pub fn set_policy(&mut self, policy: &Policy) {
+        if let Err(e) = self.loaded.set_policy(policy) {
+            panic!("writing the policy: {e}");
+        }
+    }
+
+    pub fn set_iface(&mut self, iface: IfaceQos) {
+        if let Err(e) = self.loaded.set_iface_qos(TEST_RUN_IFINDEX, Some(iface)) {
+            panic!("writing IFACE_QOS: {e}");
+        }
+    }
+
+    /// Runs program `name` once on `frame`, with skb->priority `priority` on the way in.
+    pub fn run(&mut self, name: &'static str, frame: &[u8], priority: u32) -> TcOut {
+        let mut ctx = [0u8; SKB_CTX_LEN];
+        ctx[SKB_PRIORITY_OFF..SKB_PRIORITY_OFF + 4].copy_from_slice(&priority.to_ne_bytes());
+        let fd = match self.loaded.tc_fd(name) {
+            Ok(fd) => fd,
+            Err(e) => panic!("{name}: {e}"),
+        };
+        let run = TestRun {
+            data: frame,
+            repeat: 1,
+            ctx_in: Some(&ctx),
+            ctx_out_len: SKB_CTX_LEN,
+        };
+        let out = match test_run(fd, &run) {
+            Ok(out) => out,
+            Err(e) => panic!("BPF_PROG_TEST_RUN of {name} failed: {e}\n{}", hex(frame)),
+        };
+        let p = &out.ctx[SKB_PRIORITY_OFF..SKB_PRIORITY_OFF + 4];
+        TcOut {
+            retval: out.retval,
+            priority: u32::from_ne_bytes([p[0], p[1], p[2], p[3]]),
+            data: out.data,
+        }
+    }
+
+    pub fn egress(&mut self, frame: &[u8], priority: u32) -> TcOut {
+        self.run(TC_EGRESS, frame, priority)
+    }
+
+    pub fn ingress(&mut self, frame: &[u8]) -> TcOut {
+        self.run(TC_INGRESS, frame, 0)
+    }
+
+    /// STATS summed over CPUs.
+    pub fn stats(&self) -> Vec<u64> {
+        match self.loaded.stats() {
+            Ok(v) => v,
+            Err(e) => panic!("reading STATS: {e}"),
+        }
+    }
+
+    pub fn vteps(&self) -> Vec<(VtepKey, VtepStats)> {
+        match self.loaded.vteps() {
+            Ok(v) => v,
+            Err(e) => panic!("reading VTEPS: {e}"),
+        }
+    }
+
+    /// Zeroes STATS and empties FLOWS and VTEPS.
+    pub fn reset(&mut self) {
+        if let Err(e) = self.loaded.reset().and_then(|_| self.loaded.reset_vteps()) {
+            panic!("resetting the maps: {e}");
+        }
+    }
+
+    pub fn loaded_mut(&mut self) -> &mut Loaded {
+        &mut self.loaded
+    }
+}
