@@ -112,6 +112,15 @@ pub struct RunArgs {
     /// Seconds between two reads of the kernel's flow table [default: 1]
     #[arg(long, value_name = "SECS")]
     pub interval: Option<f64>,
+    /// DSCP policy on egress of the --iface interfaces: audit counts what would change, enforce rewrites [default: audit]
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub mode: Option<crate::config::HostMode>,
+    /// VTEP underlay interface: inner DSCP/ECN propagated to the outer header of VXLAN packets leaving it (always rewrites), decap checks on ingress; repeat for more
+    #[arg(long = "vtep", value_name = "IF")]
+    pub vtep: Vec<String>,
+    /// Outer ECN on --vtep interfaces: kernel (as `tos inherit`: inner CE -> ECT(0)) or rfc6040 (copy, CE included) [default: kernel]
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub ecn_propagation: Option<crate::config::EcnPropagation>,
 }
 
 #[derive(Debug, Args)]
@@ -185,6 +194,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         interfaces: args.iface,
         listen: args.listen,
         interval_secs: args.interval,
+        mode: args.mode,
+        vteps: args.vtep,
+        ecn_propagation: args.ecn_propagation,
     };
     let settings = Settings::resolve(file.as_ref(), &flags, true)?;
 
@@ -192,6 +204,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let missing: Vec<String> = settings
         .interfaces
         .iter()
+        .chain(settings.vteps.iter())
         .filter(|i| netif::index_of(i).is_none())
         .cloned()
         .collect();
@@ -241,6 +254,23 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     }
 
+    // tc QoS programs: enforce and --vtep must attach; audit-only failure is a warning.
+    let mut qos = match crate::qos::attach(
+        collector.loaded_mut(),
+        &settings,
+        crate::qos::TcMechanism::Auto,
+    ) {
+        Ok(q) => Some(q),
+        Err(e) if settings.mode == crate::config::HostMode::Audit && settings.vteps.is_empty() => {
+            tracing::warn!(error = %e, "tc QoS audit not attached; flow counting goes on");
+            None
+        }
+        Err(e) => {
+            collector.loaded_mut().detach_all();
+            return Err(anyhow!(e).context("attaching the tc QoS programs"));
+        }
+    };
+
     let first = match collector.poll() {
         Ok(p) => p.document,
         Err(e) => {
@@ -269,6 +299,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
                 match tokio::task::block_in_place(|| collector.poll()) {
                     Ok(p) => {
                         tracing::debug!(flows = p.document.flows.len(), entries = p.entries, elapsed = ?p.elapsed, "polled");
+                        if let Some(q) = qos.as_mut() {
+                            q.log_changes(&p.document.counters.qos);
+                        }
                         tx.send_replace(Arc::new(p.document));
                     }
                     Err(e) => tracing::warn!(error = %e, "reading the flow table failed"),
@@ -280,6 +313,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     }
 
+    drop(qos);
     collector.loaded_mut().detach_all();
     tracing::info!(interfaces = ?settings.interfaces, "detached");
     match server_done {

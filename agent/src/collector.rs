@@ -42,7 +42,8 @@ impl Collector {
                 .or_insert_with(|| netif::name_of(k.ifindex));
         }
         let resolve = |i: u32| names.get(&i).cloned().flatten();
-        let document = Document::build(flows, &stats, Some(&resolve));
+        let mut document = Document::build(flows, &stats, Some(&resolve));
+        document.counters.qos.vteps = crate::qos::vtep_records(&self.loaded.vteps()?);
         Ok(Poll {
             document,
             elapsed: start.elapsed(),

@@ -13,6 +13,17 @@
 //! roce_port = 4791               # UDP destination port of RoCEv2
 //! vxlan_port = 4789              # UDP destination port of VXLAN
 //! default_pmtu = 4096            # path MTU assumed for READs until a flow's own is learnt
+//! mode = "audit"                 # host DSCP policy on egress of `interfaces`: "audit" | "enforce" (flag: --mode)
+//! vteps = ["eth0"]               # VTEP underlays: inner->outer DSCP/ECN, decap checks (flag: --vtep)
+//! ecn_propagation = "kernel"     # outer ECN on VTEPs: "kernel" (tos inherit) | "rfc6040" (flag: --ecn-propagation)
+//!
+//! [qos]                          # the host DSCP policy (all keys optional)
+//! roce_dscp = 26                 # DSCP of RoCEv2 data
+//! cnp_dscp = 48                  # DSCP of CNPs
+//! lossless_dscps = [26]          # non-RoCE traffic on these is remarked ...
+//! remark_dscp = 0                # ... to this DSCP
+//! priority = { "26" = 3, "48" = 6 }   # DSCP -> skb priority overrides (default DSCP >> 3)
+//! vtep_dscp = { "10" = 26 }      # inner DSCP -> outer DSCP overrides on VTEPs (default: the same)
 //! ```
 
 use std::fmt;
@@ -20,7 +31,12 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use roce_common::config::{pmtu_log2, RuntimeConfig};
+use roce_common::policy::{
+    Policy, ECN_KERNEL, ECN_RFC6040, ENTRY_LOSSLESS, HOST_AUDIT, HOST_ENFORCE,
+};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -120,6 +136,68 @@ pub struct FileConfig {
     pub vxlan_port: Option<Spanned<u16>>,
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
     pub default_pmtu: Option<Spanned<u32>>,
+    /// Host DSCP policy on egress of `interfaces`.
+    pub mode: Option<Spanned<HostMode>>,
+    /// VTEP underlay interfaces.
+    pub vteps: Option<Spanned<Vec<Spanned<String>>>>,
+    pub ecn_propagation: Option<Spanned<EcnPropagation>>,
+    pub qos: Option<QosFile>,
+}
+
+/// The `[qos]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosFile {
+    pub roce_dscp: Option<Spanned<u8>>,
+    pub cnp_dscp: Option<Spanned<u8>>,
+    pub lossless_dscps: Option<Spanned<Vec<Spanned<u8>>>>,
+    pub remark_dscp: Option<Spanned<u8>>,
+    /// DSCP (as a string key) -> skb priority.
+    pub priority: Option<Spanned<BTreeMap<String, Spanned<u32>>>>,
+    /// Inner DSCP (as a string key) -> outer DSCP.
+    pub vtep_dscp: Option<Spanned<BTreeMap<String, Spanned<u8>>>>,
+}
+
+/// What the host DSCP policy does on egress of the `--iface` interfaces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HostMode {
+    /// Count what would change, change no byte.
+    #[default]
+    Audit,
+    /// Rewrite DSCPs and set skb->priority.
+    Enforce,
+}
+
+impl HostMode {
+    /// The IFACE_QOS value.
+    pub fn code(self) -> u8 {
+        match self {
+            HostMode::Audit => HOST_AUDIT,
+            HostMode::Enforce => HOST_ENFORCE,
+        }
+    }
+}
+
+/// How a VTEP derives the outer ECN field from the inner one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum EcnPropagation {
+    /// What Linux `tos inherit` does: copy, but inner CE becomes outer ECT(0).
+    #[default]
+    Kernel,
+    /// RFC 6040 normal mode: copy, CE included.
+    Rfc6040,
+}
+
+impl EcnPropagation {
+    /// The IFACE_QOS value.
+    pub fn code(self) -> u8 {
+        match self {
+            EcnPropagation::Kernel => ECN_KERNEL,
+            EcnPropagation::Rfc6040 => ECN_RFC6040,
+        }
+    }
 }
 
 /// A parsed configuration file together with its text, for error positions.
@@ -208,6 +286,10 @@ pub struct Overrides {
     pub interfaces: Vec<String>,
     pub listen: Option<String>,
     pub interval_secs: Option<f64>,
+    pub mode: Option<HostMode>,
+    /// `--vtep`: replaces `vteps` of the file when given.
+    pub vteps: Vec<String>,
+    pub ecn_propagation: Option<EcnPropagation>,
 }
 
 /// The configuration the agent runs with: defaults, then the file, then the flags.
@@ -222,6 +304,13 @@ pub struct Settings {
     pub default_pmtu: u32,
     /// What the kernel programs read from CONFIG.
     pub runtime: RuntimeConfig,
+    /// Host DSCP policy mode on egress of `interfaces`.
+    pub mode: HostMode,
+    /// VTEP underlay interfaces.
+    pub vteps: Vec<String>,
+    pub ecn_propagation: EcnPropagation,
+    /// DSCPs, lossless set, priority and VTEP tables (POLICY and QOS maps).
+    pub policy: Policy,
 }
 
 impl Default for Settings {
@@ -233,6 +322,10 @@ impl Default for Settings {
             flows_map_size: DEFAULT_FLOWS_MAP_SIZE,
             default_pmtu: DEFAULT_PMTU,
             runtime: RuntimeConfig::default(),
+            mode: HostMode::default(),
+            vteps: Vec::new(),
+            ecn_propagation: EcnPropagation::default(),
+            policy: Policy::default(),
         }
     }
 }
@@ -361,7 +454,127 @@ impl Settings {
                 s.default_pmtu = bytes;
             }
         }
+        s.resolve_qos(file, flags)?;
+        s.policy.config = s.runtime;
         Ok(s)
+    }
+
+    /// Mode, VTEPs, ECN propagation and the `[qos]` table.
+    fn resolve_qos(
+        &mut self,
+        file: Option<&ConfigFile>,
+        flags: &Overrides,
+    ) -> Result<(), ConfigError> {
+        let invalid = |origin: Origin, field: &'static str, message: String| ConfigError::Invalid {
+            origin,
+            field,
+            message,
+        };
+        let values = file.map(|f| (f, &f.values));
+        if let Some(m) = flags.mode {
+            self.mode = m;
+        } else if let Some(m) = values.and_then(|(_, v)| v.mode.as_ref()) {
+            self.mode = *m.get_ref();
+        }
+        if let Some(e) = flags.ecn_propagation {
+            self.ecn_propagation = e;
+        } else if let Some(e) = values.and_then(|(_, v)| v.ecn_propagation.as_ref()) {
+            self.ecn_propagation = *e.get_ref();
+        }
+        let mut vteps: Vec<(String, Origin)> = flags
+            .vteps
+            .iter()
+            .map(|i| (i.clone(), Origin::Flag("--vtep")))
+            .collect();
+        if vteps.is_empty() {
+            if let Some((f, list)) = values.and_then(|(f, v)| v.vteps.as_ref().map(|l| (f, l))) {
+                vteps = list
+                    .get_ref()
+                    .iter()
+                    .map(|i| (i.get_ref().clone(), f.origin(i.span())))
+                    .collect();
+            }
+        }
+        for (i, (name, origin)) in vteps.iter().enumerate() {
+            check_ifname(name).map_err(|m| invalid(origin.clone(), "vteps", m))?;
+            if vteps[..i].iter().any(|(n, _)| n == name) {
+                return Err(invalid(
+                    origin.clone(),
+                    "vteps",
+                    format!("interface {name} is listed twice"),
+                ));
+            }
+        }
+        self.vteps = vteps.into_iter().map(|(n, _)| n).collect();
+
+        let Some((f, q)) = values.and_then(|(f, v)| v.qos.as_ref().map(|q| (f, q))) else {
+            return Ok(());
+        };
+        let dscp = |v: &Spanned<u8>, field: &'static str| -> Result<u8, ConfigError> {
+            let d = *v.get_ref();
+            if d >= 64 {
+                return Err(invalid(
+                    f.origin(v.span()),
+                    field,
+                    format!("DSCP {d} is out of range (0 to 63)"),
+                ));
+            }
+            Ok(d)
+        };
+        let key_dscp =
+            |k: &str, span: Range<usize>, field: &'static str| -> Result<u8, ConfigError> {
+                match k.parse::<u8>() {
+                    Ok(d) if d < 64 => Ok(d),
+                    _ => Err(invalid(
+                        f.origin(span),
+                        field,
+                        format!("key {k:?} is not a DSCP (0 to 63)"),
+                    )),
+                }
+            };
+        let p = &mut self.policy;
+        if let Some(v) = &q.roce_dscp {
+            p.qos.roce_dscp = dscp(v, "qos.roce_dscp")?;
+        }
+        if let Some(v) = &q.cnp_dscp {
+            p.qos.cnp_dscp = dscp(v, "qos.cnp_dscp")?;
+        }
+        if let Some(v) = &q.remark_dscp {
+            p.qos.remark_dscp = dscp(v, "qos.remark_dscp")?;
+        }
+        if let Some(list) = &q.lossless_dscps {
+            for e in p.table.iter_mut() {
+                e.flags &= !ENTRY_LOSSLESS;
+            }
+            for v in list.get_ref() {
+                let d = dscp(v, "qos.lossless_dscps")?;
+                p.table[d as usize].flags |= ENTRY_LOSSLESS;
+            }
+        }
+        if p.table[p.qos.remark_dscp as usize].lossless() {
+            let span = q.remark_dscp.as_ref().map(|v| v.span()).unwrap_or(0..0);
+            return Err(invalid(
+                f.origin(span),
+                "qos.remark_dscp",
+                format!(
+                    "DSCP {} is in lossless_dscps: intruders would stay in the lossless queue",
+                    p.qos.remark_dscp
+                ),
+            ));
+        }
+        if let Some(map) = &q.priority {
+            for (k, v) in map.get_ref() {
+                let d = key_dscp(k, map.span(), "qos.priority")?;
+                p.table[d as usize].priority = *v.get_ref();
+            }
+        }
+        if let Some(map) = &q.vtep_dscp {
+            for (k, v) in map.get_ref() {
+                let d = key_dscp(k, map.span(), "qos.vtep_dscp")?;
+                p.table[d as usize].vtep_outer = dscp(v, "qos.vtep_dscp")?;
+            }
+        }
+        Ok(())
     }
 
     /// What `loader::load` needs.
@@ -485,6 +698,7 @@ mod tests {
             interfaces: vec!["veth0".into()],
             listen: Some("127.0.0.1:1".into()),
             interval_secs: Some(3.0),
+            ..Default::default()
         };
         let s = resolve(
             "interfaces = [\"eth1\"]\nlisten = \"127.0.0.1:2\"\ninterval = 5\n",
@@ -593,6 +807,107 @@ mod tests {
     fn long_interface_name_is_refused() {
         let e = Settings::resolve(None, &iface("a-very-long-interface"), true).unwrap_err();
         assert!(e.to_string().contains("longer than 15"), "{e}");
+    }
+
+    #[test]
+    fn qos_defaults_are_audit_kernel_and_the_documented_policy() {
+        let s = Settings::resolve(None, &iface("eth1"), true).unwrap();
+        assert_eq!(
+            (s.mode, s.ecn_propagation),
+            (HostMode::Audit, EcnPropagation::Kernel)
+        );
+        assert!(s.vteps.is_empty());
+        assert_eq!(s.policy, Policy::default());
+        assert_eq!(
+            (
+                s.policy.qos.roce_dscp,
+                s.policy.qos.cnp_dscp,
+                s.policy.qos.remark_dscp
+            ),
+            (26, 48, 0)
+        );
+        assert_eq!(s.policy.table[26].priority, 3);
+        assert!(s.policy.table[26].lossless() && !s.policy.table[48].lossless());
+    }
+
+    #[test]
+    fn qos_table_and_modes_come_from_the_file_and_flags_win() {
+        let text = "interfaces = [\"eth1\"]\nmode = \"enforce\"\nvteps = [\"eth0\"]\n\
+                    ecn_propagation = \"rfc6040\"\nroce_port = 4792\n[qos]\nroce_dscp = 24\ncnp_dscp = 56\n\
+                    lossless_dscps = [24, 46]\nremark_dscp = 8\npriority = { \"24\" = 4, \"56\" = 7 }\n\
+                    vtep_dscp = { \"10\" = 26 }\n";
+        let s = resolve(text, &Overrides::default()).unwrap();
+        assert_eq!(
+            (s.mode, s.ecn_propagation),
+            (HostMode::Enforce, EcnPropagation::Rfc6040)
+        );
+        assert_eq!(s.vteps, vec!["eth0"]);
+        let p = &s.policy;
+        assert_eq!(
+            (p.qos.roce_dscp, p.qos.cnp_dscp, p.qos.remark_dscp),
+            (24, 56, 8)
+        );
+        assert!(p.table[24].lossless() && p.table[46].lossless() && !p.table[26].lossless());
+        assert_eq!(
+            (
+                p.table[24].priority,
+                p.table[56].priority,
+                p.table[26].priority
+            ),
+            (4, 7, 3)
+        );
+        assert_eq!((p.table[10].vtep_outer, p.table[11].vtep_outer), (26, 11));
+        assert_eq!(p.config.roce_port, 4792);
+        let flags = Overrides {
+            mode: Some(HostMode::Audit),
+            vteps: vec!["eth9".into()],
+            ecn_propagation: Some(EcnPropagation::Kernel),
+            ..Default::default()
+        };
+        let s = resolve(text, &flags).unwrap();
+        assert_eq!(
+            (s.mode, s.ecn_propagation, s.vteps),
+            (
+                HostMode::Audit,
+                EcnPropagation::Kernel,
+                vec!["eth9".to_string()]
+            )
+        );
+    }
+
+    #[test]
+    fn bad_qos_values_are_refused_with_their_position() {
+        let e = resolve(
+            "interfaces = [\"e\"]\n[qos]\nroce_dscp = 64\n",
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.toml:3:13: qos.roce_dscp: DSCP 64 is out of range (0 to 63)"
+        );
+        let e = resolve(
+            "interfaces = [\"e\"]\n[qos]\npriority = { \"x\" = 1 }\n",
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("qos.priority: key \"x\" is not a DSCP"),
+            "{e}"
+        );
+        let e = resolve(
+            "interfaces = [\"e\"]\n[qos]\nremark_dscp = 26\n",
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("lossless"), "{e}");
+        let e = resolve(
+            "interfaces = [\"e\"]\nmode = \"strict\"\n",
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("t.toml:2:"), "{e}");
     }
 
     #[test]

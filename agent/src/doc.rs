@@ -11,9 +11,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_common::counters::{
     CLASS_NAMES, REASON_NAMES, STAT_CLASS_BASE, STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED,
-    STAT_REASON_BASE,
+    STAT_NAMES_QOS, STAT_REASON_BASE,
 };
 use roce_common::flow::{FlowKey, FlowStats};
+use roce_common::policy::{VtepKey, VtepStats};
 use roce_common::wire::{ECN_CE, ECN_ECT0, ECN_ECT1, ECN_NOT_ECT};
 use serde::{Deserialize, Serialize};
 
@@ -158,6 +159,108 @@ pub struct Counters {
     /// Added: flows created but no longer in the table (LRU evictions); 0 in `analyze`.
     #[serde(default)]
     pub flows_evicted: u64,
+    /// Added: what the tc QoS programs did (all zero when none is attached, and in `analyze`).
+    #[serde(default)]
+    pub qos: QosCounters,
+}
+
+/// The host QoS counters (STATS entries named in `roce_common::counters::STAT_NAMES_QOS`)
+/// and the decapsulation-side counters per remote VTEP.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct QosCounters {
+    /// Enforce mode: RoCE data / CNPs whose DSCP was rewritten.
+    pub roce_rewritten: u64,
+    /// Enforce mode: non-RoCE packets on a lossless DSCP remarked.
+    pub intruders_remarked: u64,
+    /// Enforce mode and VTEPs: packets whose skb->priority was set.
+    pub priority_set: u64,
+    /// Audit mode: what enforce mode would have counted above (no byte changed).
+    pub audit_roce_would_rewrite: u64,
+    pub audit_intruders_would_remark: u64,
+    pub audit_priority_would_set: u64,
+    /// VTEP egress: VXLAN packets seen, and those whose outer TOS was rewritten.
+    pub vtep_packets: u64,
+    pub vtep_rewritten: u64,
+    /// VTEP ingress: VXLAN packets checked; outer DSCP not what the table makes of
+    /// the inner one; outer CE over inner ECT (propagated); outer CE over inner
+    /// Not-ECT (decapsulation drops it).
+    pub decap_packets: u64,
+    pub decap_dscp_mismatch: u64,
+    pub decap_ce_over_ect: u64,
+    pub decap_ce_over_not_ect: u64,
+    /// tc could not read the headers / a rewrite helper failed (packet passed).
+    pub tc_pull_failed: u64,
+    pub tc_write_failed: u64,
+    /// Per remote VTEP (outer source address), what arrived on VTEP underlays.
+    pub vteps: Vec<VtepRecord>,
+}
+
+impl QosCounters {
+    pub fn from_stats(stats: &[u64]) -> QosCounters {
+        let at = |i: u32| stats.get(i as usize).copied().unwrap_or(0);
+        let mut q = QosCounters::default();
+        for (i, name) in STAT_NAMES_QOS {
+            let v = at(i);
+            match name {
+                "roce_rewritten" => q.roce_rewritten = v,
+                "intruders_remarked" => q.intruders_remarked = v,
+                "priority_set" => q.priority_set = v,
+                "audit_roce_would_rewrite" => q.audit_roce_would_rewrite = v,
+                "audit_intruders_would_remark" => q.audit_intruders_would_remark = v,
+                "audit_priority_would_set" => q.audit_priority_would_set = v,
+                "vtep_packets" => q.vtep_packets = v,
+                "vtep_rewritten" => q.vtep_rewritten = v,
+                "decap_packets" => q.decap_packets = v,
+                "decap_dscp_mismatch" => q.decap_dscp_mismatch = v,
+                "decap_ce_over_ect" => q.decap_ce_over_ect = v,
+                "decap_ce_over_not_ect" => q.decap_ce_over_not_ect = v,
+                "tc_pull_failed" => q.tc_pull_failed = v,
+                "tc_write_failed" => q.tc_write_failed = v,
+                _ => {}
+            }
+        }
+        q
+    }
+
+    /// The scalar counters by name (logs, change detection).
+    pub fn named(&self) -> BTreeMap<&'static str, u64> {
+        let v = serde_json::to_value(self).unwrap_or_default();
+        STAT_NAMES_QOS
+            .iter()
+            .map(|(_, n)| (*n, v.get(*n).and_then(|x| x.as_u64()).unwrap_or(0)))
+            .collect()
+    }
+}
+
+/// What arrived from one remote VTEP.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VtepRecord {
+    /// Outer source address of the VXLAN packets.
+    pub remote: String,
+    pub packets: u64,
+    pub dscp_mismatch: u64,
+    pub ce_over_ect: u64,
+    pub ce_over_not_ect: u64,
+    pub last_outer_dscp: u8,
+    pub last_inner_dscp: u8,
+}
+
+impl VtepRecord {
+    pub fn from_entry(k: &VtepKey, s: &VtepStats) -> VtepRecord {
+        let v4 =
+            k.addr[0] == 0 && k.addr[1] == 0 && k.addr[2] == u32::from_ne_bytes([0, 0, 0xFF, 0xFF]);
+        VtepRecord {
+            remote: key_addr(&k.addr, !v4).to_string(),
+            packets: s.packets,
+            dscp_mismatch: s.dscp_mismatch,
+            ce_over_ect: s.ce_over_ect,
+            ce_over_not_ect: s.ce_over_not_ect,
+            last_outer_dscp: s.last_outer_tos >> 2,
+            last_inner_dscp: s.last_inner_tos >> 2,
+        }
+    }
 }
 
 impl Counters {
@@ -188,6 +291,7 @@ impl Counters {
             flows_created: created,
             flow_insert_failed: at(STAT_FLOW_INSERT_FAILED),
             flows_evicted: created.saturating_sub(present as u64),
+            qos: QosCounters::from_stats(stats),
         }
     }
 

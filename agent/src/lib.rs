@@ -17,3 +17,4 @@ pub mod collector;
 pub mod gen;
 pub mod analyze;
 pub mod findings;
+pub mod qos;

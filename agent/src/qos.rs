@@ -1,0 +1,348 @@
+//! Host QoS enforcement: writes the policy maps, attaches `tc_egress` (and on VTEP
+//! underlays `tc_ingress`) to the interfaces, and owns the attachments: dropping a
+//! [`QosAttachments`] detaches every program and removes any clsact qdisc it added.
+//!
+//! Attaching tries a TCX link first (kernels >= 6.6) and falls back to a clsact qdisc
+//! with a direct-action filter; [`TcMechanism`] forces either (the tests run both).
+
+use std::collections::BTreeMap;
+use std::io;
+
+use aya::programs::tc::{self, NlOptions, TcAttachOptions};
+use aya::programs::tc::SchedClassifierLink;
+use aya::programs::{LinkOrder, TcAttachType};
+use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats};
+
+use crate::config::{EcnPropagation, HostMode, Settings};
+use crate::loader::{LoadError, Loaded, TC_EGRESS, TC_INGRESS};
+use crate::netif;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QosError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("interface {0} does not exist")]
+    NoInterface(String),
+    #[error("attaching {program} to {ifname} ({direction}) with {mechanism}: {source}")]
+    Attach {
+        program: &'static str,
+        ifname: String,
+        direction: &'static str,
+        mechanism: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("adding a clsact qdisc to {ifname}: {source}")]
+    Clsact {
+        ifname: String,
+        source: aya::programs::tc::TcError,
+    },
+}
+
+/// How tc programs are attached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TcMechanism {
+    /// TCX when the kernel has it, clsact otherwise.
+    #[default]
+    Auto,
+    Tcx,
+    Clsact,
+}
+
+/// The programs attached to one interface. Dropping it detaches them, then removes
+/// the clsact qdisc if this value added it.
+pub struct TcInterface {
+    pub ifname: String,
+    links: Vec<(&'static str, SchedClassifierLink)>,
+    added_clsact: bool,
+    /// Whether the links are TCX links (false: clsact filters).
+    pub tcx: bool,
+}
+
+impl TcInterface {
+    pub fn new(ifname: &str) -> Self {
+        TcInterface {
+            ifname: ifname.to_string(),
+            links: Vec::new(),
+            added_clsact: false,
+            tcx: false,
+        }
+    }
+
+    /// Attaches loaded program `program` in `direction`.
+    pub fn attach(
+        &mut self,
+        loaded: &mut Loaded,
+        program: &'static str,
+        direction: TcAttachType,
+        how: TcMechanism,
+    ) -> Result<(), QosError> {
+        let dir = match direction {
+            TcAttachType::Ingress => "ingress",
+            _ => "egress",
+        };
+        let prog = loaded.tc_program(program)?;
+        let attach_err = |mechanism, source| QosError::Attach {
+            program,
+            ifname: self.ifname.clone(),
+            direction: dir,
+            mechanism,
+            source,
+        };
+        if how != TcMechanism::Clsact {
+            match prog.attach_with_options(
+                &self.ifname,
+                direction,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            ) {
+                Ok(id) => {
+                    let link = prog.take_link(id).map_err(|e| attach_err("tcx", e))?;
+                    self.links.push((program, link));
+                    self.tcx = true;
+                    return Ok(());
+                }
+                Err(e) if how == TcMechanism::Tcx => return Err(attach_err("tcx", e)),
+                Err(e) => {
+                    tracing::info!(interface = %self.ifname, error = %e, "TCX refused, falling back to clsact");
+                }
+            }
+        }
+        if !self.added_clsact {
+            match tc::qdisc_add_clsact(&self.ifname) {
+                Ok(()) => self.added_clsact = true,
+                Err(e) if is_exists(&e) => {}
+                Err(source) => {
+                    return Err(QosError::Clsact {
+                        ifname: self.ifname.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        let id = prog
+            .attach_with_options(
+                &self.ifname,
+                direction,
+                TcAttachOptions::Netlink(NlOptions::default()),
+            )
+            .map_err(|e| attach_err("clsact", e))?;
+        let link = prog.take_link(id).map_err(|e| attach_err("clsact", e))?;
+        self.links.push((program, link));
+        Ok(())
+    }
+}
+
+fn is_exists(e: &aya::programs::tc::TcError) -> bool {
+    let mut cur: Option<&dyn std::error::Error> = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<io::Error>() {
+            if io.raw_os_error() == Some(libc::EEXIST) {
+                return true;
+            }
+        }
+        cur = c.source();
+    }
+    e.to_string().contains("exists")
+}
+
+impl Drop for TcInterface {
+    fn drop(&mut self) {
+        // Dropping an owned link detaches it.
+        self.links.clear();
+        if self.added_clsact {
+            if let Err(e) = netlink::del_clsact(&self.ifname) {
+                tracing::warn!(interface = %self.ifname, error = %e, "removing the clsact qdisc failed");
+            }
+        }
+    }
+}
+
+/// Everything `run` attached for QoS; dropping it detaches all of it.
+pub struct QosAttachments {
+    pub interfaces: Vec<TcInterface>,
+    /// Last counters logged, to log only changes.
+    last_logged: Option<BTreeMap<&'static str, u64>>,
+}
+
+/// What one interface gets from the settings.
+pub fn iface_qos(settings: &Settings, ifname: &str) -> IfaceQos {
+    let host = settings.interfaces.iter().any(|i| i == ifname);
+    let vtep = settings.vteps.iter().any(|i| i == ifname);
+    IfaceQos {
+        host: if host { settings.mode.code() } else { 0 },
+        vtep: vtep as u8,
+        ecn: settings.ecn_propagation.code(),
+        _pad: 0,
+    }
+}
+
+/// Writes the policy, configures and attaches every `--iface` (egress) and `--vtep`
+/// (egress and ingress) interface.
+pub fn attach(
+    loaded: &mut Loaded,
+    settings: &Settings,
+    how: TcMechanism,
+) -> Result<QosAttachments, QosError> {
+    write_policy(loaded, &settings.policy)?;
+    let mut names: Vec<&String> = settings.interfaces.iter().collect();
+    for v in &settings.vteps {
+        if !names.contains(&v) {
+            names.push(v);
+        }
+    }
+    let mut out = QosAttachments {
+        interfaces: Vec::new(),
+        last_logged: None,
+    };
+    for name in names {
+        let index = netif::index_of(name).ok_or_else(|| QosError::NoInterface(name.clone()))?;
+        let q = iface_qos(settings, name);
+        loaded.set_iface_qos(index, Some(q))?;
+        let mut t = TcInterface::new(name);
+        t.attach(loaded, TC_EGRESS, TcAttachType::Egress, how)?;
+        if q.vtep != 0 {
+            t.attach(loaded, TC_INGRESS, TcAttachType::Ingress, how)?;
+        }
+        tracing::info!(
+            interface = %name,
+            mode = if q.host != 0 { format!("{:?}", settings.mode).to_lowercase() } else { "-".into() },
+            vtep = q.vtep != 0,
+            ecn_propagation = ?settings.ecn_propagation,
+            mechanism = if t.tcx { "tcx" } else { "clsact" },
+            "tc QoS programs attached"
+        );
+        out.interfaces.push(t);
+    }
+    Ok(out)
+}
+
+/// Writes POLICY and QOS.
+pub fn write_policy(loaded: &mut Loaded, policy: &Policy) -> Result<(), QosError> {
+    loaded.set_policy(policy)?;
+    Ok(())
+}
+
+impl QosAttachments {
+    /// Logs the QoS counters when they changed since the last call.
+    pub fn log_changes(&mut self, counters: &crate::doc::QosCounters) {
+        let now = counters.named();
+        if self.last_logged.as_ref() == Some(&now) {
+            return;
+        }
+        let total: u64 = now.values().sum();
+        if total > 0 {
+            tracing::info!(
+                roce_rewritten = counters.roce_rewritten,
+                intruders_remarked = counters.intruders_remarked,
+                priority_set = counters.priority_set,
+                audit_roce_would_rewrite = counters.audit_roce_would_rewrite,
+                audit_intruders_would_remark = counters.audit_intruders_would_remark,
+                vtep_rewritten = counters.vtep_rewritten,
+                decap_dscp_mismatch = counters.decap_dscp_mismatch,
+                decap_ce_over_not_ect = counters.decap_ce_over_not_ect,
+                "QoS counters"
+            );
+        }
+        self.last_logged = Some(now);
+    }
+}
+
+/// For logs and docs: `audit`/`enforce`, `kernel`/`rfc6040`.
+pub fn describe(mode: HostMode, ecn: EcnPropagation) -> String {
+    format!("{mode:?}/{ecn:?}").to_lowercase()
+}
+
+/// VTEPS as (remote address, counters), for the document.
+pub fn vtep_records(vteps: &[(VtepKey, VtepStats)]) -> Vec<crate::doc::VtepRecord> {
+    vteps
+        .iter()
+        .map(|(k, s)| crate::doc::VtepRecord::from_entry(k, s))
+        .collect()
+}
+
+/// Removing a clsact qdisc (aya adds them but has no call to remove one).
+mod netlink {
+    use std::io;
+
+    const RTM_DELQDISC: u16 = 37;
+    const NLM_F_REQUEST: u16 = 1;
+    const NLM_F_ACK: u16 = 4;
+    const NLMSG_ERROR: u16 = 2;
+    const TC_H_CLSACT: u32 = 0xFFFF_FFF1;
+    const CLSACT_HANDLE: u32 = 0xFFFF_0000;
+
+    #[repr(C)]
+    struct Request {
+        // struct nlmsghdr
+        len: u32,
+        kind: u16,
+        flags: u16,
+        seq: u32,
+        pid: u32,
+        // struct tcmsg
+        family: u8,
+        pad1: u8,
+        pad2: u16,
+        ifindex: i32,
+        handle: u32,
+        parent: u32,
+        info: u32,
+    }
+
+    /// `tc qdisc del dev IF clsact`.
+    pub fn del_clsact(ifname: &str) -> io::Result<()> {
+        let index = crate::netif::index_of(ifname)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, ifname.to_string()))?;
+        // SAFETY: plain socket calls on buffers we own, of the sizes given.
+        unsafe {
+            let fd = libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            );
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let req = Request {
+                len: std::mem::size_of::<Request>() as u32,
+                kind: RTM_DELQDISC,
+                flags: NLM_F_REQUEST | NLM_F_ACK,
+                seq: 1,
+                pid: 0,
+                family: libc::AF_UNSPEC as u8,
+                pad1: 0,
+                pad2: 0,
+                ifindex: index as i32,
+                handle: CLSACT_HANDLE,
+                parent: TC_H_CLSACT,
+                info: 0,
+            };
+            let sent = libc::send(
+                fd,
+                &req as *const Request as *const libc::c_void,
+                std::mem::size_of::<Request>(),
+                0,
+            );
+            if sent < 0 {
+                let e = io::Error::last_os_error();
+                libc::close(fd);
+                return Err(e);
+            }
+            let mut buf = [0u8; 1024];
+            let n = libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0);
+            let result = if n < 0 {
+                Err(io::Error::last_os_error())
+            } else if n >= 20 && u16::from_ne_bytes([buf[4], buf[5]]) == NLMSG_ERROR {
+                let code = i32::from_ne_bytes([buf[16], buf[17], buf[18], buf[19]]);
+                if code == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::from_raw_os_error(-code))
+                }
+            } else {
+                Err(io::Error::other("unexpected netlink answer"))
+            };
+            libc::close(fd);
+            result
+        }
+    }
+}
