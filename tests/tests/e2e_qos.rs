@@ -1,0 +1,473 @@
+//! End-to-end host QoS in network namespaces (xtask::lab: two namespaces, a veth pair,
+//! VXLAN devices over it), with tshark and the kernel as oracles:
+//!
+//! - VTEP propagation: a `tos 0` VXLAN tunnel plus our tc program gives, for all 64
+//!   DSCP x 4 ECN inner markings, the outer TOS that the kernel's `tos inherit` tunnel
+//!   gives (mode `kernel`), and a copy with CE (mode `rfc6040`); TCX and clsact.
+//! - Remarking: non-RoCE UDP on DSCP 26 leaves with DSCP 0, RoCE keeps 26, CNPs get 48;
+//!   the iptables `DSCP` target doing the same remark gives the same bytes.
+//! - Audit mode changes no byte and counts what enforce mode changed.
+//! - Detaching removes the programs and the clsact qdisc the agent added.
+//!
+//! The programs are loaded and attached by the agent's own library on a thread inside
+//! the namespace; traffic comes from sockets in that namespace. Needs root, tcpdump,
+//! tshark and iptables.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use roce_agent::config::{EcnPropagation, HostMode, Settings};
+use roce_agent::loader::{self, LoadOptions};
+use roce_agent::packet::{cnp, roce_frame, udp_frame, Eth, RoceMsg, L3};
+use roce_agent::qos::{self, TcMechanism};
+use roce_common::counters::*;
+use roce_common::policy::ecn_encapsulate;
+use roce_common::policy::{ECN_KERNEL, ECN_RFC6040};
+use xtask::lab::{in_namespace, Lab, LabOptions};
+
+fn lab(vxlan: bool, tos_inherit: bool) -> Lab {
+    match Lab::new(LabOptions {
+        vxlan,
+        tos_inherit,
+        ipv6: false,
+        ..LabOptions::default()
+    }) {
+        Ok(l) => l,
+        Err(e) => panic!("building the namespace lab (needs root and iproute2): {e:#}"),
+    }
+}
+
+fn settings(ifaces: &[&str], vteps: &[&str], mode: HostMode, ecn: EcnPropagation) -> Settings {
+    Settings {
+        interfaces: ifaces.iter().map(|s| s.to_string()).collect(),
+        vteps: vteps.iter().map(|s| s.to_string()).collect(),
+        mode,
+        ecn_propagation: ecn,
+        ..Settings::default()
+    }
+}
+
+/// Loads the programs inside namespace `ns`, attaches them as `settings` say, runs
+/// `traffic` there, and returns STATS (summed over CPUs). Everything is detached when
+/// this returns, also on error. Returns what `tc qdisc show` printed while attached.
+fn with_programs(
+    ns: &str,
+    settings: Settings,
+    how: TcMechanism,
+    traffic: impl FnOnce() -> Result<()> + Send + 'static,
+) -> Result<(Vec<u64>, String)> {
+    in_namespace(ns, move || {
+        let mut loaded = loader::load(&LoadOptions::default()).context("loading")?;
+        let attached = qos::attach(&mut loaded, &settings, how).context("attaching")?;
+        let dev = attached
+            .interfaces
+            .first()
+            .map(|i| i.ifname.clone())
+            .unwrap_or_default();
+        let qdiscs = output(Command::new("tc").args(["qdisc", "show", "dev", &dev]))?;
+        traffic()?;
+        let stats = loaded.stats()?;
+        drop(attached);
+        Ok((stats, qdiscs))
+    })
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One UDP datagram per TOS value, from a socket with IP_TOS set (UDP keeps the ECN bits).
+fn send_every_tos(dst: Ipv4Addr, port: u16) -> Result<()> {
+    let sock = UdpSocket::bind("0.0.0.0:0")?;
+    for tos in 0..=255u8 {
+        let v: libc::c_int = tos as libc::c_int;
+        // SAFETY: setsockopt on an open socket with a c_int option value.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_TOS,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        };
+        if rc != 0 {
+            bail!("IP_TOS {tos}: {}", std::io::Error::last_os_error());
+        }
+        sock.send_to(&[tos; 16], SocketAddrV4::new(dst, port))?;
+    }
+    Ok(())
+}
+
+/// tshark's view of a VXLAN capture: inner TOS -> outer TOS (one entry per probe).
+fn outer_by_inner(pcap: &Path) -> Result<BTreeMap<u8, u8>> {
+    let text = output(Command::new("tshark").args(["-r"]).arg(pcap).args([
+        "-Y",
+        "vxlan && udp.dstport == 7777",
+        "-T",
+        "fields",
+        "-E",
+        "occurrence=a",
+        "-E",
+        "aggregator=,",
+        "-e",
+        "ip.dsfield",
+    ]))?;
+    let mut map = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let v: Vec<u8> = line
+            .split(',')
+            .map(|h| u8::from_str_radix(h.trim_start_matches("0x"), 16))
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("tshark line {line:?}"))?;
+        let [outer, inner] = v[..] else {
+            bail!("expected outer and inner dsfield, got {line:?}");
+        };
+        if map.insert(inner, outer).is_some() {
+            bail!("inner TOS {inner} seen twice");
+        }
+    }
+    Ok(map)
+}
+
+/// Sends the 256 probes over lab's VXLAN from side A, captured on B's veth.
+fn probe_vxlan(
+    l: &Lab,
+    name: &str,
+    attach: Option<(Settings, TcMechanism)>,
+) -> Result<(BTreeMap<u8, u8>, Vec<u64>, String)> {
+    let filter = format!("udp dst port 4789 and dst host {}", l.b.ip4);
+    let cap = l.capture(&l.b.ns, &l.b.veth, name, true, &filter)?;
+    let dst = l.b.vxlan_ip4.context("lab without VXLAN")?;
+    let (stats, qdiscs) = match attach {
+        Some((s, how)) => with_programs(&l.a.ns, s, how, move || send_every_tos(dst, 7777))?,
+        None => {
+            in_namespace(&l.a.ns, move || send_every_tos(dst, 7777))?;
+            (Vec::new(), String::new())
+        }
+    };
+    let pcap = cap.finish()?;
+    Ok((outer_by_inner(&pcap)?, stats, qdiscs))
+}
+
+#[test]
+fn vtep_outer_tos_equals_kernel_tos_inherit_for_all_64_dscp_x_4_ecn_tcx_and_clsact() {
+    let inherit = lab(true, true);
+    let ours = lab(true, false);
+    let (kernel, _, _) = probe_vxlan(&inherit, "inherit", None).expect("probing the tos inherit tunnel");
+    assert_eq!(kernel.len(), 256, "{kernel:?}");
+    // The kernel itself, as WIRE.md says: DSCP copied, inner CE -> outer ECT(0).
+    for (inner, outer) in &kernel {
+        assert_eq!(
+            *outer,
+            (inner & 0xFC) | ecn_encapsulate(inner & 3, ECN_KERNEL),
+            "kernel, inner {inner}"
+        );
+    }
+    // Without our program the `tos 0` tunnel loses the DSCP: the test can fail.
+    let (plain, _, _) = probe_vxlan(&ours, "tos0", None).expect("probing the tos 0 tunnel");
+    assert!(plain.iter().any(|(i, o)| kernel[i] != *o));
+
+    for how in [TcMechanism::Tcx, TcMechanism::Clsact] {
+        let s = settings(
+            &[],
+            &[&ours.a.veth],
+            HostMode::Audit,
+            EcnPropagation::Kernel,
+        );
+        let (got, stats, qdiscs) = probe_vxlan(&ours, &format!("{how:?}"), Some((s, how))).expect("probing our tunnel");
+        assert_eq!(
+            got, kernel,
+            "{how:?}: our outer TOS differs from tos inherit"
+        );
+        assert_eq!(stats[STAT_VTEP_PACKETS as usize], 256, "{how:?}");
+        assert_eq!(
+            qdiscs.contains("clsact"),
+            how == TcMechanism::Clsact,
+            "{how:?}: {qdiscs}"
+        );
+    }
+
+    let s = settings(
+        &[],
+        &[&ours.a.veth],
+        HostMode::Audit,
+        EcnPropagation::Rfc6040,
+    );
+    let (got, _, _) = probe_vxlan(&ours, "rfc6040", Some((s, TcMechanism::Auto))).expect("rfc6040 probe");
+    for (inner, outer) in &got {
+        assert_eq!(
+            *outer,
+            (inner & 0xFC) | ecn_encapsulate(inner & 3, ECN_RFC6040),
+            "rfc6040, inner {inner}"
+        );
+    }
+    assert_eq!(got.len(), 256);
+    // Detached: the clsact qdisc the agent added is gone again.
+    let q = inherit_free_qdiscs(&ours);
+    assert!(!q.contains("clsact"), "clsact left behind: {q}");
+}
+
+fn inherit_free_qdiscs(l: &Lab) -> String {
+    match l.exec(&l.a.ns, "tc", &["qdisc", "show", "dev", &l.a.veth]) {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => panic!("tc qdisc show: {e:#}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Host remarking
+
+/// The probes of the remarking tests, as IPv4 packets for a raw socket: fixed IP IDs,
+/// so that two runs send identical bytes.
+fn host_probes(src: Ipv4Addr, dst: Ipv4Addr, with_cnp: bool) -> Vec<(&'static str, Vec<u8>)> {
+    let eth = Eth::default();
+    let l3 = |tos: u8| L3::v4(src, dst).with_tos(tos);
+    let mut out = vec![
+        (
+            "intruder_ect0",
+            udp_frame(&eth, &l3(106), 40000, 5001, &[1; 64]),
+        ),
+        (
+            "intruder_ce",
+            udp_frame(&eth, &l3(107), 40001, 5001, &[2; 64]),
+        ),
+        (
+            "other_af41",
+            udp_frame(&eth, &l3(34 << 2), 40002, 5001, &[3; 64]),
+        ),
+        (
+            "roce",
+            roce_frame(&eth, &l3(106), 0xC000, &RoceMsg::write_only(0x12, 5, 64)),
+        ),
+        (
+            "roce_wrong_dscp",
+            roce_frame(&eth, &l3(2), 0xC000, &RoceMsg::write_only(0x12, 6, 64)),
+        ),
+    ];
+    if with_cnp {
+        out.push(("cnp", roce_frame(&eth, &l3(106), 0xC000, &cnp(0x12))));
+    }
+    for (i, (_, f)) in out.iter_mut().enumerate() {
+        f.drain(..14);
+        f[4..6].copy_from_slice(&(0x100 + i as u16).to_be_bytes());
+    }
+    out
+}
+
+fn send_raw(packets: Vec<Vec<u8>>, dst: Ipv4Addr) -> Result<()> {
+    // SAFETY: plain socket calls on buffers we own.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW);
+        if fd < 0 {
+            bail!("raw socket: {}", std::io::Error::last_os_error());
+        }
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(dst.octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        for p in &packets {
+            let n = libc::sendto(
+                fd,
+                p.as_ptr() as *const libc::c_void,
+                p.len(),
+                0,
+                &addr as *const libc::sockaddr_in as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_in>() as u32,
+            );
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                libc::close(fd);
+                bail!("sendto: {e}");
+            }
+        }
+        libc::close(fd);
+    }
+    Ok(())
+}
+
+/// Captured frames on B's veth from A, in order.
+fn frames(pcap: &Path) -> Vec<Vec<u8>> {
+    match roce_tests::pcap::read(pcap) {
+        Ok(c) => c.records.into_iter().map(|r| r.data).collect(),
+        Err(e) => panic!("reading {}: {e}", pcap.display()),
+    }
+}
+
+/// (dscp, ecn) per frame, by tshark.
+fn tshark_dscp_ecn(pcap: &Path) -> Vec<(u8, u8)> {
+    let text = match output(Command::new("tshark").args(["-r"]).arg(pcap).args([
+        "-T",
+        "fields",
+        "-E",
+        "separator=,",
+        "-e",
+        "ip.dsfield.dscp",
+        "-e",
+        "ip.dsfield.ecn",
+    ])) {
+        Ok(t) => t,
+        Err(e) => panic!("tshark: {e:#}"),
+    };
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (d, e) = l.split_once(',').unwrap_or((l, "0"));
+            (d.parse().unwrap_or(255), e.parse().unwrap_or(255))
+        })
+        .collect()
+}
+
+fn run_host(
+    l: &Lab,
+    mode: Option<HostMode>,
+    with_cnp: bool,
+    name: &str,
+) -> (Vec<Vec<u8>>, Vec<u64>) {
+    let probes: Vec<Vec<u8>> = host_probes(l.a.ip4, l.b.ip4, with_cnp)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    let filter = format!("src host {} and dst host {} and udp", l.a.ip4, l.b.ip4);
+    let cap = match l.capture(&l.b.ns, &l.b.veth, name, true, &filter) {
+        Ok(c) => c,
+        Err(e) => panic!("tcpdump: {e:#}"),
+    };
+    let dst = l.b.ip4;
+    let stats = match mode {
+        Some(m) => {
+            let s = settings(&[&l.a.veth], &[], m, EcnPropagation::Kernel);
+            match with_programs(&l.a.ns, s, TcMechanism::Auto, move || send_raw(probes, dst)) {
+                Ok((s, _)) => s,
+                Err(e) => panic!("{name}: {e:#}"),
+            }
+        }
+        None => {
+            if let Err(e) = in_namespace(&l.a.ns, move || send_raw(probes, dst)) {
+                panic!("{name}: {e:#}");
+            }
+            Vec::new()
+        }
+    };
+    let pcap = match cap.finish() {
+        Ok(p) => p,
+        Err(e) => panic!("{name}: {e:#}"),
+    };
+    let f = frames(&pcap);
+    assert_eq!(
+        f.len(),
+        if with_cnp { 6 } else { 5 },
+        "{name}: frames captured"
+    );
+    let seen = tshark_dscp_ecn(&pcap);
+    assert_eq!(seen.len(), f.len());
+    (f, stats)
+}
+
+#[test]
+fn intruders_on_dscp_26_are_remarked_to_0_roce_keeps_26_cnps_get_48_as_tshark_decodes() {
+    let l = lab(false, false);
+    let (got, stats) = run_host(&l, Some(HostMode::Enforce), true, "enforce");
+    let dscp_ecn: Vec<(u8, u8)> = got.iter().map(|f| (f[15] >> 2, f[15] & 3)).collect();
+    // intruder ECT(0), intruder CE, AF41 untouched, RoCE 26, RoCE fixed to 26, CNP 48.
+    let want = vec![(0, 2), (0, 3), (34, 0), (26, 2), (26, 2), (48, 2)];
+    assert_eq!(dscp_ecn, want);
+    let tmp = l.dir.join("enforce.pcap");
+    assert_eq!(tshark_dscp_ecn(&tmp), want, "tshark");
+    assert_eq!(
+        (
+            stats[STAT_QOS_INTRUDER_REMARKED as usize],
+            stats[STAT_QOS_ROCE_REWRITTEN as usize],
+            stats[STAT_QOS_PRIORITY_SET as usize]
+        ),
+        (2, 2, 6)
+    );
+}
+
+#[test]
+fn the_iptables_dscp_target_doing_the_same_remark_gives_the_same_bytes() {
+    let l = lab(false, false);
+    let (ours, _) = run_host(&l, Some(HostMode::Enforce), false, "ours");
+    let rule = [
+        "-t",
+        "mangle",
+        "-A",
+        "POSTROUTING",
+        "-o",
+        &l.a.veth,
+        "-p",
+        "udp",
+        "!",
+        "--dport",
+        "4791",
+        "-m",
+        "dscp",
+        "--dscp",
+        "26",
+        "-j",
+        "DSCP",
+        "--set-dscp",
+        "0",
+    ];
+    if let Err(e) = l.exec(&l.a.ns, "iptables", &rule) {
+        panic!("iptables: {e:#}");
+    }
+    let (theirs, _) = run_host(&l, None, false, "iptables");
+    // The RoCE probe on DSCP 0 is ours alone to fix: iptables leaves it.
+    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        if i == 4 {
+            assert_eq!((a[15], b[15]), (106, 2));
+            continue;
+        }
+        assert!(
+            a == b,
+            "probe {i}: ours\n{}iptables\n{}",
+            roce_tests::hex(a),
+            roce_tests::hex(b)
+        );
+    }
+}
+
+#[test]
+fn audit_mode_changes_no_byte_and_counts_what_enforce_changed() {
+    let l = lab(false, false);
+    let (untouched, _) = run_host(&l, None, true, "none");
+    let (audited, audit) = run_host(&l, Some(HostMode::Audit), true, "audit");
+    assert_eq!(audited, untouched, "audit mode changed bytes");
+    let (enforced, enforce) = run_host(&l, Some(HostMode::Enforce), true, "enforce2");
+    let changed = enforced
+        .iter()
+        .zip(&untouched)
+        .filter(|(a, b)| a != b)
+        .count() as u64;
+    assert_eq!(changed, 4);
+    assert_eq!(
+        audit[STAT_QOS_AUDIT_ROCE_REWRITE as usize]
+            + audit[STAT_QOS_AUDIT_INTRUDER_REMARK as usize],
+        changed
+    );
+    assert_eq!(
+        (
+            audit[STAT_QOS_AUDIT_ROCE_REWRITE as usize],
+            audit[STAT_QOS_AUDIT_INTRUDER_REMARK as usize],
+            audit[STAT_QOS_AUDIT_PRIORITY as usize]
+        ),
+        (
+            enforce[STAT_QOS_ROCE_REWRITTEN as usize],
+            enforce[STAT_QOS_INTRUDER_REMARKED as usize],
+            enforce[STAT_QOS_PRIORITY_SET as usize]
+        )
+    );
+}
