@@ -1,5 +1,7 @@
-//! roce-bench: what `xdp_classify` costs per packet, against an empty XDP program
-//! measured in the same run (the machines are noisy: only the difference means much).
+//! roce-bench: what `xdp_classify` and the tc QoS programs cost per packet, against
+//! an empty program of the same type measured in the same run (the machines are noisy:
+//! only the difference means much), and the tc paths' throughput against their kernel
+//! peers on the same namespace path (iptables DSCP target, VXLAN `tos inherit`).
 //! Run through `cargo xtask bench`; needs root to load BPF programs.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -10,6 +12,13 @@ use clap::Parser;
 use roce_agent::loader::{self, LoadOptions};
 use roce_agent::packet::{self, Eth, RoceMsg, L3};
 use roce_agent::testrun::{test_run, TestRun};
+use roce_agent::config::{HostMode, Settings};
+use roce_agent::qos::{self, TcMechanism};
+use roce_common::policy::{IfaceQos, Policy, ECN_KERNEL, HOST_ENFORCE};
+use std::net::{SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+use xtask::lab::{in_namespace, Lab, LabOptions};
 
 #[derive(Parser)]
 #[command(name = "roce-bench", about = "Per-packet cost of roce-agent's XDP classifier vs an empty XDP program")]
@@ -23,6 +32,9 @@ struct Args {
     /// Measurements per case; the median is reported.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Seconds of traffic per throughput measurement (0 skips the throughput cases).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
 }
 
 /// One packet kind to measure, with the added cost the project aims for.
@@ -68,6 +80,189 @@ fn median(mut v: Vec<u32>) -> f64 {
     v[v.len() / 2] as f64
 }
 
+// ---------------------------------------------------------------------------------
+// tc programs through BPF_PROG_TEST_RUN
+
+/// One tc case: a frame, the interface mode, and whether the frame is rewritten (then
+/// every run needs fresh input: repeats reuse the already-rewritten buffer).
+struct TcCase {
+    name: &'static str,
+    frame: Vec<u8>,
+    iface: IfaceQos,
+    program: &'static str,
+    rewrites: bool,
+}
+
+fn tc_cases() -> Vec<TcCase> {
+    let eth = Eth::default();
+    let a4 = Ipv4Addr::new(198, 18, 0, 1);
+    let b4 = Ipv4Addr::new(198, 18, 0, 2);
+    let v6 = L3::v6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1), Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2));
+    let write = RoceMsg::write_only(0x1234, 100, 256);
+    let enforce = IfaceQos { host: HOST_ENFORCE, vtep: 0, ecn: ECN_KERNEL, _pad: 0 };
+    let vtep = IfaceQos { host: 0, vtep: 1, ecn: ECN_KERNEL, _pad: 0 };
+    let inner = packet::roce_frame(
+        &eth,
+        &L3::v4(Ipv4Addr::new(198, 19, 0, 1), Ipv4Addr::new(198, 19, 0, 2)).with_tos(106),
+        0xC001,
+        &write,
+    );
+    vec![
+        TcCase { name: "tc_egress_roce_ipv4_kept", frame: packet::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write), iface: enforce, program: loader::TC_EGRESS, rewrites: false },
+        TcCase { name: "tc_egress_intruder_ipv4_remarked", frame: packet::udp_frame(&eth, &L3::v4(a4, b4).with_tos(106), 40000, 5001, &[0u8; 256]), iface: enforce, program: loader::TC_EGRESS, rewrites: true },
+        TcCase { name: "tc_egress_roce_ipv6_rewritten", frame: packet::roce_frame(&eth, &v6.with_tos(2), 0xC000, &write), iface: enforce, program: loader::TC_EGRESS, rewrites: true },
+        TcCase { name: "tc_egress_vtep_ipv4_propagated", frame: packet::vxlan_frame(&eth, &L3::v4(a4, b4), 0xD000, 5001, &inner), iface: vtep, program: loader::TC_EGRESS, rewrites: true },
+        TcCase { name: "tc_ingress_decap_check", frame: packet::vxlan_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xD000, 5001, &inner), iface: vtep, program: loader::TC_INGRESS, rewrites: false },
+        TcCase { name: "tc_egress_unconfigured_iface", frame: packet::udp_frame(&eth, &L3::v4(a4, b4).with_tos(106), 40000, 5001, &[0u8; 256]), iface: IfaceQos::default(), program: loader::TC_EGRESS, rewrites: false },
+    ]
+}
+
+/// Mean ns per run: `repeat` runs of one buffer, or (fresh) many single runs of the
+/// original frame, averaging the kernel's own per-run duration.
+fn tc_ns(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32, fresh: bool) -> Result<f64> {
+    let ctx = [0u8; 192];
+    if !fresh {
+        let out = test_run(prog, &TestRun { data: frame, repeat, ctx_in: Some(&ctx), ctx_out_len: 0 })
+            .context("BPF_PROG_TEST_RUN")?;
+        return Ok(out.duration_ns as f64);
+    }
+    let runs = (repeat / 100).clamp(1000, 20_000);
+    let mut total = 0u64;
+    for _ in 0..runs {
+        let out = test_run(prog, &TestRun { data: frame, repeat: 1, ctx_in: Some(&ctx), ctx_out_len: 0 })
+            .context("BPF_PROG_TEST_RUN")?;
+        total += out.duration_ns as u64;
+    }
+    Ok(total as f64 / runs as f64)
+}
+
+fn median_f(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
+    let mut loaded = loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
+    loaded.set_policy(&Policy::default())?;
+    for case in tc_cases() {
+        loaded.set_iface_qos(1, Some(case.iface))?;
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            base.push(tc_ns(loaded.tc_fd(loader::TC_BASELINE)?, &case.frame, args.repeat, case.rewrites)?);
+            ours.push(tc_ns(loaded.tc_fd(case.program)?, &case.frame, args.repeat, case.rewrites)?);
+        }
+        let (ns, baseline) = (median_f(ours), median_f(base));
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "name": case.name,
+                    "ns_per_packet": ns,
+                    "baseline_ns_per_packet": baseline,
+                    "added_ns": ns - baseline,
+                    "fresh_input": case.rewrites,
+                    "repeat": args.repeat,
+                    "rounds": rounds,
+                })
+            );
+        } else {
+            println!("{:<34} {:>10.0} {:>10.0} {:>9.0} {:>8}", case.name, ns, baseline, ns - baseline, if case.rewrites { "fresh" } else { "repeat" });
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Throughput on a namespace path
+
+/// Sends UDP datagrams with TOS `tos` to `dst` for `secs` seconds from the calling
+/// thread's namespace; returns packets per second.
+fn flood(dst: Ipv4Addr, tos: u8, secs: f64) -> Result<f64> {
+    let sock = UdpSocket::bind("0.0.0.0:0")?;
+    let v: libc::c_int = tos as libc::c_int;
+    // SAFETY: setsockopt on an open socket with a c_int value.
+    let rc = unsafe {
+        libc::setsockopt(sock.as_raw_fd(), libc::IPPROTO_IP, libc::IP_TOS, &v as *const libc::c_int as *const libc::c_void, 4)
+    };
+    if rc != 0 {
+        anyhow::bail!("IP_TOS: {}", std::io::Error::last_os_error());
+    }
+    sock.connect(SocketAddrV4::new(dst, 9))?;
+    let payload = [0u8; 64];
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < secs {
+        for _ in 0..256 {
+            // ENOBUFS / ECONNREFUSED (ICMP from the peer) are part of a flood.
+            if sock.send(&payload).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Floods from namespace `ns`, with the QoS programs attached as `settings` say (None: none).
+fn flood_in(ns: &str, settings: Option<Settings>, dst: Ipv4Addr, secs: f64) -> Result<f64> {
+    in_namespace(ns, move || {
+        let mut loaded = loader::load(&LoadOptions::default())?;
+        let _attached = match &settings {
+            Some(s) => Some(qos::attach(&mut loaded, s, TcMechanism::Auto)?),
+            None => None,
+        };
+        flood(dst, 106, secs)
+    })
+}
+
+fn throughput_line(args: &Args, name: &str, peer: &str, pps: f64, peer_pps: f64) {
+    let ratio = pps / peer_pps;
+    let extra_pct = (peer_pps / pps - 1.0) * 100.0;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"name": name, "peer": peer, "pps": pps, "peer_pps": peer_pps, "ratio": ratio, "extra_pct": extra_pct, "seconds": args.seconds})
+        );
+    } else {
+        println!("{name:<34} {pps:>10.0} pps vs {peer} {peer_pps:>10.0} pps: ratio {ratio:.3}, extra {extra_pct:+.1} %");
+    }
+}
+
+fn bench_throughput(args: &Args, rounds: usize) -> Result<()> {
+    let lab = |tos_inherit: bool| Lab::new(LabOptions { vxlan: true, tos_inherit, ipv6: false, ..LabOptions::default() });
+    // 1. Remarking intruders on a veth: our tc_egress (enforce) vs the iptables DSCP target.
+    {
+        let l = lab(false)?;
+        let veth = l.a.veth.clone();
+        let rule = ["-t", "mangle", "-A", "POSTROUTING", "-o", veth.as_str(), "-p", "udp", "-m", "dscp", "--dscp", "26", "-j", "DSCP", "--set-dscp", "0"];
+        let del: Vec<&str> = rule.iter().map(|a| if *a == "-A" { "-D" } else { *a }).collect();
+        let settings = Settings { interfaces: vec![veth.clone()], mode: HostMode::Enforce, ..Settings::default() };
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            ours.push(flood_in(&l.a.ns, Some(settings.clone()), l.b.ip4, args.seconds)?);
+            l.exec(&l.a.ns, "iptables", &rule)?;
+            let peer = flood_in(&l.a.ns, None, l.b.ip4, args.seconds);
+            l.exec(&l.a.ns, "iptables", &del)?;
+            theirs.push(peer?);
+        }
+        throughput_line(args, "tc_remark_intruders_veth", "iptables_dscp_target", median_f(ours), median_f(theirs));
+    }
+    // 2. VTEP propagation: a tos 0 tunnel + tc_egress on its underlay vs tos inherit.
+    {
+        let inherit = lab(true)?;
+        let ours_lab = lab(false)?;
+        let settings = Settings { vteps: vec![ours_lab.a.veth.clone()], ..Settings::default() };
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let dst = ours_lab.b.vxlan_ip4.context("VXLAN lab")?;
+            ours.push(flood_in(&ours_lab.a.ns, Some(settings.clone()), dst, args.seconds)?);
+            let dst = inherit.b.vxlan_ip4.context("VXLAN lab")?;
+            theirs.push(flood_in(&inherit.a.ns, None, dst, args.seconds)?);
+        }
+        throughput_line(args, "tc_vtep_propagation_vxlan", "kernel_tos_inherit", median_f(ours), median_f(theirs));
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let rounds = args.rounds.max(1);
@@ -107,6 +302,13 @@ fn main() -> Result<()> {
                 format!("<= {}", case.target_added_ns)
             );
         }
+    }
+    if !args.json {
+        println!("{:<34} {:>10} {:>10} {:>9} {:>8}", "tc case", "ns/pkt", "empty tc", "added", "input");
+    }
+    bench_tc(&args, rounds)?;
+    if args.seconds > 0.0 {
+        bench_throughput(&args, rounds.min(3))?;
     }
     Ok(())
 }
