@@ -162,7 +162,8 @@ fn probe_vxlan(
 fn vtep_outer_tos_equals_kernel_tos_inherit_for_all_64_dscp_x_4_ecn_tcx_and_clsact() {
     let inherit = lab(true, true);
     let ours = lab(true, false);
-    let (kernel, _, _) = probe_vxlan(&inherit, "inherit", None).expect("probing the tos inherit tunnel");
+    let (kernel, _, _) =
+        probe_vxlan(&inherit, "inherit", None).expect("probing the tos inherit tunnel");
     assert_eq!(kernel.len(), 256, "{kernel:?}");
     // The kernel itself, as WIRE.md says: DSCP copied, inner CE -> outer ECT(0).
     for (inner, outer) in &kernel {
@@ -183,7 +184,8 @@ fn vtep_outer_tos_equals_kernel_tos_inherit_for_all_64_dscp_x_4_ecn_tcx_and_clsa
             HostMode::Audit,
             EcnPropagation::Kernel,
         );
-        let (got, stats, qdiscs) = probe_vxlan(&ours, &format!("{how:?}"), Some((s, how))).expect("probing our tunnel");
+        let (got, stats, qdiscs) =
+            probe_vxlan(&ours, &format!("{how:?}"), Some((s, how))).expect("probing our tunnel");
         assert_eq!(
             got, kernel,
             "{how:?}: our outer TOS differs from tos inherit"
@@ -202,7 +204,8 @@ fn vtep_outer_tos_equals_kernel_tos_inherit_for_all_64_dscp_x_4_ecn_tcx_and_clsa
         HostMode::Audit,
         EcnPropagation::Rfc6040,
     );
-    let (got, _, _) = probe_vxlan(&ours, "rfc6040", Some((s, TcMechanism::Auto))).expect("rfc6040 probe");
+    let (got, _, _) =
+        probe_vxlan(&ours, "rfc6040", Some((s, TcMechanism::Auto))).expect("rfc6040 probe");
     for (inner, outer) in &got {
         assert_eq!(
             *outer,
@@ -470,4 +473,151 @@ fn audit_mode_changes_no_byte_and_counts_what_enforce_changed() {
             enforce[STAT_QOS_PRIORITY_SET as usize]
         )
     );
+}
+
+// ---------------------------------------------------------------------------------
+// The agent binary: flags, attach, counters in `flows --json`
+
+const API: &str = "127.0.0.1:9477";
+
+fn start_agent(l: &Lab, bin: &Path, ns: &str, args: &[&str]) -> xtask::lab::Proc {
+    let mut cmd = l.command(ns, bin.join("roce-agent"));
+    cmd.arg("run")
+        .args(args)
+        .args(["--listen", API, "--interval", "0.2"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1");
+    let mut agent = match l.spawn("roce-agent", cmd) {
+        Ok(a) => a,
+        Err(e) => panic!("starting roce-agent: {e:#}"),
+    };
+    if let Err(e) = agent.wait_for_output("serving GET /flows", std::time::Duration::from_secs(20))
+    {
+        panic!("roce-agent did not start: {e:#}\n{}", agent.stderr_text());
+    }
+    agent
+}
+
+/// `counters.qos` of the agent in `ns`, once the poll shows `ready` true (2 s at most).
+fn agent_qos(
+    l: &Lab,
+    bin: &Path,
+    ns: &str,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let exe = bin.join("roce-agent");
+    let mut last = serde_json::Value::Null;
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let out = match l.exec(
+            ns,
+            &exe.to_string_lossy(),
+            &["flows", "--json", "--api", API],
+        ) {
+            Ok(o) => o,
+            Err(e) => panic!("roce-agent flows: {e:#}"),
+        };
+        let doc: serde_json::Value = match serde_json::from_slice(&out.stdout) {
+            Ok(d) => d,
+            Err(e) => panic!("flows --json: {e}"),
+        };
+        last = doc["counters"]["qos"].clone();
+        if ready(&last) {
+            return last;
+        }
+    }
+    last
+}
+
+#[test]
+fn agent_run_vtep_and_enforce_flags_rewrite_and_report_decap_mismatches_per_remote_vtep() {
+    let bin = match xtask::lab::bins::agent_bins_for_test() {
+        Ok(b) => b,
+        Err(e) => panic!("building roce-agent: {e:#}"),
+    };
+    let l = lab(true, false);
+    // No IPv6 on the VXLAN devices: no router solicitation or MLD joins the probes.
+    for (ns, vx) in [(&l.a.ns, &l.a.vxlan), (&l.b.ns, &l.b.vxlan)] {
+        let vx = vx.clone().unwrap_or_default();
+        if let Err(e) = l.exec(
+            ns,
+            "sysctl",
+            &["-qw", &format!("net.ipv6.conf.{vx}.disable_ipv6=1")],
+        ) {
+            panic!("sysctl: {e:#}");
+        }
+    }
+    let dst = l.b.vxlan_ip4.unwrap_or(Ipv4Addr::UNSPECIFIED);
+    let send = |ns: &str| {
+        if let Err(e) = in_namespace(ns, move || send_every_tos(dst, 7777)) {
+            panic!("sending probes: {e:#}");
+        }
+    };
+
+    // B decapsulates; A's `tos 0` tunnel loses every DSCP but 0.
+    let _b = start_agent(
+        &l,
+        &bin,
+        &l.b.ns,
+        &["--iface", &l.b.veth, "--vtep", &l.b.veth],
+    );
+    send(&l.a.ns);
+    let q = agent_qos(&l, &bin, &l.b.ns, |q| q["decap_packets"] == 256);
+    assert_eq!(
+        (
+            q["decap_packets"].as_u64(),
+            q["decap_dscp_mismatch"].as_u64()
+        ),
+        (Some(256), Some(252)),
+        "{q:#}"
+    );
+    assert_eq!(q["vteps"][0]["remote"], l.a.ip4.to_string(), "{q:#}");
+    assert_eq!(
+        (
+            q["vteps"][0]["packets"].as_u64(),
+            q["vteps"][0]["dscp_mismatch"].as_u64()
+        ),
+        (Some(256), Some(252))
+    );
+    assert_eq!(q["decap_ce_over_not_ect"], 0);
+
+    // Now A propagates: B sees no new mismatch; A counts its rewrites.
+    let _a = start_agent(
+        &l,
+        &bin,
+        &l.a.ns,
+        &[
+            "--iface", &l.a.veth, "--vtep", &l.a.veth, "--mode", "enforce",
+        ],
+    );
+    send(&l.a.ns);
+    let q = agent_qos(&l, &bin, &l.b.ns, |q| q["decap_packets"] == 512);
+    assert_eq!(
+        (
+            q["decap_packets"].as_u64(),
+            q["decap_dscp_mismatch"].as_u64()
+        ),
+        (Some(512), Some(252)),
+        "{q:#}"
+    );
+    let qa = agent_qos(&l, &bin, &l.a.ns, |q| q["vtep_packets"] == 256);
+    assert_eq!(
+        (qa["vtep_packets"].as_u64(), qa["vtep_rewritten"].as_u64()),
+        (Some(256), Some(252)),
+        "{qa:#}"
+    );
+
+    // An intruder on DSCP 26 leaving A's veth is remarked and counted.
+    let (src, peer) = (l.a.ip4, l.b.ip4);
+    let probes: Vec<Vec<u8>> = host_probes(src, peer, false)
+        .into_iter()
+        .take(2)
+        .map(|(_, p)| p)
+        .collect();
+    if let Err(e) = in_namespace(&l.a.ns, move || send_raw(probes, peer)) {
+        panic!("{e:#}");
+    }
+    let qa = agent_qos(&l, &bin, &l.a.ns, |q| q["intruders_remarked"] == 2);
+    assert_eq!(qa["intruders_remarked"], 2, "{qa:#}");
+    assert_eq!(qa["audit_intruders_would_remark"], 0);
 }
