@@ -621,3 +621,146 @@ fn agent_run_vtep_and_enforce_flags_rewrite_and_report_decap_mismatches_per_remo
     assert_eq!(qa["intruders_remarked"], 2, "{qa:#}");
     assert_eq!(qa["audit_intruders_would_remark"], 0);
 }
+
+// ---------------------------------------------------------------------------------
+// IPv6 underlay, and a VXLAN device with a fixed `tos`
+
+/// A VXLAN pair over the lab's IPv6 underlay: (device name in A, inner address of B).
+fn vxlan6(l: &Lab, vni: u32, subnet: u8, tos: &str) -> (String, Ipv4Addr) {
+    let (a6, b6) = match (l.a.ip6, l.b.ip6) {
+        (Some(a), Some(b)) => (a, b),
+        _ => panic!("lab without IPv6"),
+    };
+    let name = |tag: &str| format!("vx{vni}{tag}");
+    let mut macs = Vec::new();
+    for (side, local, remote, host) in [(&l.a, a6, b6, 1u8), (&l.b, b6, a6, 2u8)] {
+        let dev = name(if host == 1 { "a" } else { "b" });
+        let (vni_s, local_s, remote_s) = (vni.to_string(), local.to_string(), remote.to_string());
+        let addr = format!("198.19.{subnet}.{host}/24");
+        let cmds: Vec<Vec<&str>> = vec![
+            vec![
+                "link", "add", &dev, "type", "vxlan", "id", &vni_s, "dstport", "4789", "local",
+                &local_s, "remote", &remote_s, "dev", &side.veth, "tos", tos,
+            ],
+            vec!["addr", "add", &addr, "dev", &dev],
+            vec!["link", "set", &dev, "up"],
+        ];
+        for c in cmds {
+            if let Err(e) = l.exec(&side.ns, "ip", &c) {
+                panic!("ip {c:?}: {e:#}");
+            }
+        }
+        let _ = l.exec(
+            &side.ns,
+            "sysctl",
+            &["-qw", &format!("net.ipv6.conf.{dev}.disable_ipv6=1")],
+        );
+        let out = match l.exec(&side.ns, "ip", &["-br", "link", "show", "dev", &dev]) {
+            Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Err(e) => panic!("{e:#}"),
+        };
+        macs.push(
+            out.split_whitespace()
+                .nth(2)
+                .unwrap_or_default()
+                .to_string(),
+        );
+    }
+    let b_inner = Ipv4Addr::new(198, 19, subnet, 2);
+    let neigh = [
+        "neigh",
+        "replace",
+        &b_inner.to_string(),
+        "lladdr",
+        &macs[1],
+        "dev",
+        &name("a"),
+        "nud",
+        "permanent",
+    ];
+    if let Err(e) = l.exec(&l.a.ns, "ip", &neigh) {
+        panic!("{e:#}");
+    }
+    (name("a"), b_inner)
+}
+
+/// Outer traffic class by inner TOS, from a capture with an IPv6 underlay.
+fn outer6_by_inner(pcap: &Path) -> Result<BTreeMap<u8, u8>> {
+    let text = output(Command::new("tshark").args(["-r"]).arg(pcap).args([
+        "-Y",
+        "vxlan && udp.dstport == 7777",
+        "-T",
+        "fields",
+        "-E",
+        "separator=,",
+        "-e",
+        "ipv6.tclass",
+        "-e",
+        "ip.dsfield",
+    ]))?;
+    let mut map = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let hex = |h: &str| u32::from_str_radix(h.trim().trim_start_matches("0x"), 16);
+        let (o, i) = line
+            .split_once(',')
+            .with_context(|| format!("tshark line {line:?}"))?;
+        let (outer, inner) = (hex(o)? as u8, hex(i)? as u8);
+        if map.insert(inner, outer).is_some() {
+            bail!("inner TOS {inner} seen twice");
+        }
+    }
+    Ok(map)
+}
+
+#[test]
+fn vtep_on_an_ipv6_underlay_over_a_fixed_tos_device_matches_tos_inherit() {
+    let l = match Lab::new(LabOptions {
+        vxlan: false,
+        ipv6: true,
+        ..LabOptions::default()
+    }) {
+        Ok(l) => l,
+        Err(e) => panic!("lab: {e:#}"),
+    };
+    let (_, inherit_dst) = vxlan6(&l, 6001, 250, "inherit");
+    // A fixed DSCP 10 on the device: our program overrides whatever the device wrote.
+    let (_, ours_dst) = vxlan6(&l, 6002, 251, "0x28");
+    let filter = format!(
+        "udp dst port 4789 and dst host {}",
+        l.b.ip6.unwrap_or(std::net::Ipv6Addr::UNSPECIFIED)
+    );
+    let probe = |name: &str, dst: Ipv4Addr, attach: bool| -> BTreeMap<u8, u8> {
+        let cap = match l.capture(&l.b.ns, &l.b.veth, name, true, &filter) {
+            Ok(c) => c,
+            Err(e) => panic!("{e:#}"),
+        };
+        let r = if attach {
+            let s = settings(&[], &[&l.a.veth], HostMode::Audit, EcnPropagation::Kernel);
+            with_programs(&l.a.ns, s, TcMechanism::Auto, move || {
+                send_every_tos(dst, 7777)
+            })
+            .map(|_| ())
+        } else {
+            in_namespace(&l.a.ns, move || send_every_tos(dst, 7777))
+        };
+        if let Err(e) = r {
+            panic!("{name}: {e:#}");
+        }
+        match cap.finish().and_then(|p| outer6_by_inner(&p)) {
+            Ok(m) => m,
+            Err(e) => panic!("{name}: {e:#}"),
+        }
+    };
+    let kernel = probe("inherit6", inherit_dst, false);
+    assert_eq!(kernel.len(), 256);
+    let fixed = probe("fixed6", ours_dst, false);
+    assert!(
+        fixed.values().all(|o| o >> 2 == 10),
+        "the device's own tos: {fixed:?}"
+    );
+    let ours = probe("ours6", ours_dst, true);
+    assert_eq!(
+        ours, kernel,
+        "IPv6 underlay: our outer traffic class differs from tos inherit"
+    );
+}
