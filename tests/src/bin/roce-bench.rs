@@ -2,6 +2,8 @@
 //! an empty program of the same type measured in the same run (the machines are noisy:
 //! only the difference means much), and the tc paths' throughput against their kernel
 //! peers on the same namespace path (iptables DSCP target, VXLAN `tos inherit`).
+//! Then `roce-agent analyze` of a 1,000,000-frame capture: frames/s of both engines and
+//! peak RSS, against tshark decoding the same file to fields (`bench_analyze.rs`).
 //! Run through `cargo xtask bench`; needs root to load BPF programs.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -20,6 +22,9 @@ use std::os::fd::AsRawFd;
 use std::time::Instant;
 use xtask::lab::{in_namespace, Lab, LabOptions};
 
+#[path = "../bench_analyze.rs"]
+mod bench_analyze;
+
 #[derive(Parser)]
 #[command(name = "roce-bench", about = "Per-packet cost of roce-agent's XDP classifier vs an empty XDP program")]
 struct Args {
@@ -35,6 +40,12 @@ struct Args {
     /// Seconds of traffic per throughput measurement (0 skips the throughput cases).
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Frames of the capture that `roce-agent analyze` reads (0: no analyze case).
+    #[arg(long, default_value_t = 1_000_000)]
+    analyze_frames: u64,
+    /// Frames of the same capture that tshark decodes (0: all).
+    #[arg(long, default_value_t = 0)]
+    analyze_tshark_frames: u64,
 }
 
 /// One packet kind to measure, with the added cost the project aims for.
@@ -310,5 +321,10 @@ fn main() -> Result<()> {
     if args.seconds > 0.0 {
         bench_throughput(&args, rounds.min(3))?;
     }
+    bench_analyze::run(&bench_analyze::Options {
+        json: args.json,
+        frames: args.analyze_frames,
+        tshark_frames: args.analyze_tshark_frames,
+    })?;
     Ok(())
 }
