@@ -218,9 +218,65 @@ pub struct GenArgs {
     /// as Linux encapsulates (inner CE -> outer ECT(0)).
     #[arg(long, default_value_t = 0)]
     pub outer_ce: u64,
+    /// CPU to send from: a number, `current` (the one it starts on) or `any` (no
+    /// pinning). A NIC's RSS keeps a flow on one receive queue and CPU; on a veth the
+    /// receiver runs on the sender's CPU, so pinning keeps each flow on one CPU there
+    /// too (per-CPU flow state such as PSN tracking depends on it).
+    #[arg(long, default_value = "current", value_parser = parse_cpu)]
+    pub cpu: CpuChoice,
     /// Print the report as JSON (one document on stdout).
     #[arg(long)]
     pub json: bool,
+}
+
+/// Where the generator runs (see `--cpu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuChoice {
+    Current,
+    Any,
+    Cpu(usize),
+}
+
+fn parse_cpu(s: &str) -> Result<CpuChoice, String> {
+    match s {
+        "current" => Ok(CpuChoice::Current),
+        "any" => Ok(CpuChoice::Any),
+        n => n
+            .parse::<usize>()
+            .map(CpuChoice::Cpu)
+            .map_err(|_| format!("{s:?} is not a CPU number, `current` or `any`")),
+    }
+}
+
+/// Pins the calling thread to one CPU (see `--cpu`); returns the CPU.
+fn pin(choice: CpuChoice) -> Result<Option<usize>, GenError> {
+    let cpu = match choice {
+        CpuChoice::Any => return Ok(None),
+        CpuChoice::Cpu(n) => n,
+        CpuChoice::Current => {
+            // SAFETY: sched_getcpu has no preconditions.
+            let c = unsafe { libc::sched_getcpu() };
+            if c < 0 {
+                return Err(io_err("sched_getcpu")(io::Error::last_os_error()));
+            }
+            c as usize
+        }
+    };
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(usage(format!("--cpu {cpu} is out of range")));
+    }
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it (checked above).
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(io_err(format!("pinning to CPU {cpu} (--cpu)"))(
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(Some(cpu))
 }
 
 fn parse_u24(s: &str) -> Result<u32, String> {
@@ -299,6 +355,8 @@ pub struct Report {
     pub via: Via,
     pub packets: u64,
     pub elapsed_s: f64,
+    /// The CPU the generator was pinned to (None: not pinned).
+    pub cpu: Option<usize>,
     /// True when interrupted (SIGINT) before everything was sent.
     pub interrupted: bool,
     pub flows: Vec<FlowReport>,
@@ -679,6 +737,7 @@ pub fn run(args: &GenArgs, stop: &AtomicBool) -> Result<Report, GenError> {
     if args.sport as u64 + args.flows as u64 - 1 > 0xFFFF {
         return Err(usage("--sport + --flows runs past port 65535"));
     }
+    let cpu = pin(args.cpu)?;
     let ifc = find_interface(&args.iface)?;
     let device = vxlan_device(&args.iface)?;
     let encap = match (&device, args.vni) {
@@ -933,6 +992,7 @@ pub fn run(args: &GenArgs, stop: &AtomicBool) -> Result<Report, GenError> {
         via: args.via,
         packets: sent,
         elapsed_s: start.elapsed().as_secs_f64(),
+        cpu,
         interrupted,
         flows: reports,
     })

@@ -139,8 +139,9 @@ impl Rig {
     }
 }
 
-fn strings(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
+/// Splits a command line on whitespace (the arguments here hold no spaces).
+fn argv(line: &str) -> Vec<String> {
+    line.split_whitespace().map(str::to_string).collect()
 }
 
 /// Merges generator reports into one table (each report's flows are distinct).
@@ -201,88 +202,40 @@ fn roce_plain_and_in_vxlan_agent_equals_generator_and_tshark() -> Result<()> {
     let b4 = b.ip4.to_string();
     let b6 = b_ip6.to_string();
     let vxd = vx_b_ip.to_string();
-    let runs: Vec<Vec<String>> = vec![
+    let (bmac, a4) = (&b.mac, a.ip4);
+    let runs: Vec<Vec<String>> = [
         // Crafted frames: every operation, CE marks, CNPs and PSN gaps on one QP.
-        strings(&[
-            "-i",
-            veth,
-            "--dst",
-            &b4,
-            "--dst-mac",
-            &b.mac,
-            "--qp",
-            "0x100",
-            "--ops",
-            "send,write,read,ack,nak,rnr-nak",
-            "--count",
-            "30",
-            "--ce",
-            "7",
-            "--cnp",
-            "5",
-            "--psn-gaps",
-            "2",
-        ]),
+        format!(
+            "-i {veth} --dst {b4} --dst-mac {bmac} --qp 0x100 \
+             --ops send,write,read,ack,nak,rnr-nak --count 30 --ce 7 --cnp 5 --psn-gaps 2"
+        ),
         // UDP sockets with IP_TOS: two QPs, CE and CNPs.
-        strings(&[
-            "-i", veth, "--via", "udp", "--dst", &b4, "--qp", "0x200", "--flows", "2", "--sport",
-            "50000", "--count", "20", "--ce", "5", "--cnp", "3",
-        ]),
+        format!(
+            "-i {veth} --via udp --dst {b4} --qp 0x200 --flows 2 --sport 50000 \
+             --count 20 --ce 5 --cnp 3"
+        ),
         // IPv6, UDP socket with IPV6_TCLASS.
-        strings(&[
-            "-i", veth, "--via", "udp", "--dst", &b6, "--qp", "0x300", "--sport", "50100",
-            "--count", "10", "--ce", "2", "--cnp", "1", "--ops", "write",
-        ]),
+        format!(
+            "-i {veth} --via udp --dst {b6} --qp 0x300 --sport 50100 \
+             --count 10 --ce 2 --cnp 1 --ops write"
+        ),
         // Through the kernel's VXLAN device (tos inherit): crafted inner frames ...
-        strings(&[
-            "-i",
-            &vx_a,
-            "--dst",
-            &vxd,
-            "--qp",
-            "0x400",
-            "--ops",
-            "send,write",
-            "--count",
-            "25",
-            "--ce",
-            "6",
-            "--cnp",
-            "4",
-        ]),
+        format!("-i {vx_a} --dst {vxd} --qp 0x400 --ops send,write --count 25 --ce 6 --cnp 4"),
         // ... and a UDP socket whose packets the kernel routes into the tunnel.
-        strings(&[
-            "-i", &vx_a, "--via", "udp", "--dst", &vxd, "--qp", "0x500", "--sport", "50200",
-            "--count", "12", "--ce", "3", "--cnp", "2",
-        ]),
+        format!(
+            "-i {vx_a} --via udp --dst {vxd} --qp 0x500 --sport 50200 \
+             --count 12 --ce 3 --cnp 2"
+        ),
         // Crafted VXLAN (another VNI) whose outer header an underlay switch marked CE.
-        strings(&[
-            "-i",
-            veth,
-            "--dst-mac",
-            &b.mac,
-            "--vni",
-            "7001",
-            "--outer-src",
-            &a.ip4.to_string(),
-            "--outer-dst",
-            &b4,
-            "--src",
-            "198.19.200.1",
-            "--dst",
-            "198.19.200.2",
-            "--qp",
-            "0x600",
-            "--count",
-            "16",
-            "--ce",
-            "2",
-            "--outer-ce",
-            "5",
-            "--cnp",
-            "2",
-        ]),
-    ];
+        format!(
+            "-i {veth} --dst-mac {bmac} --vni 7001 --outer-src {a4} --outer-dst {b4} \
+             --src 198.19.200.1 --dst 198.19.200.2 --qp 0x600 \
+             --count 16 --ce 2 --outer-ce 5 --cnp 2"
+        ),
+    ]
+    .iter()
+    .map(|l| argv(l))
+    .collect();
     let mut reports = Vec::new();
     for args in &runs {
         reports.push(rig.gen(args)?);
@@ -359,9 +312,9 @@ fn vxlan_without_tos_inherit_has_outer_dscp_zero_and_still_maps_ecn() -> Result<
     rig.start_agent()?;
     let filter = format!("udp and dst host {}", b.ip4);
     let capture = rig.lab.capture(&b.ns, &b.veth, "receiver", true, &filter)?;
-    let report = rig.gen(&strings(&[
-        "-i", &vx_a, "--dst", &vxd, "--qp", "0x700", "--count", "9", "--ce", "4",
-    ]))?;
+    let report = rig.gen(&argv(&format!(
+        "-i {vx_a} --dst {vxd} --qp 0x700 --count 9 --ce 4"
+    )))?;
     let gen = generator_table(&[report])?;
     let (_, agent) = rig.agent_table_settled(9)?;
     let pcap = capture.finish()?;

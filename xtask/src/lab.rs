@@ -86,6 +86,8 @@ pub struct Side {
 pub struct Proc {
     name: String,
     child: Option<Child>,
+    /// The exit status, once reaped.
+    status: Option<ExitStatus>,
     stdout: PathBuf,
     stderr: PathBuf,
     registry: Arc<Mutex<HashSet<u32>>>,
@@ -126,7 +128,7 @@ impl Proc {
     /// Exit status when the process has already ended, without waiting.
     pub fn try_status(&mut self) -> Result<Option<ExitStatus>> {
         match self.child.as_mut() {
-            None => Ok(None),
+            None => Ok(self.status),
             Some(c) => {
                 let st = c
                     .try_wait()
@@ -170,7 +172,9 @@ impl Proc {
     /// `grace` for it, then kills it. Returns its exit status.
     pub fn stop_with(&mut self, signal: i32, grace: Duration) -> Result<ExitStatus> {
         let Some(child) = self.child.as_mut() else {
-            bail!("{} was already stopped", self.name);
+            return self
+                .status
+                .ok_or_else(|| anyhow!("{} was never started", self.name));
         };
         if let Some(st) = child.try_wait()? {
             self.reaped(st);
@@ -206,7 +210,9 @@ impl Proc {
     /// Waits for the process to end on its own.
     pub fn wait(&mut self) -> Result<ExitStatus> {
         let Some(child) = self.child.as_mut() else {
-            bail!("{} was already stopped", self.name);
+            return self
+                .status
+                .ok_or_else(|| anyhow!("{} was never started", self.name));
         };
         let st = child
             .wait()
@@ -215,7 +221,8 @@ impl Proc {
         Ok(st)
     }
 
-    fn reaped(&mut self, _st: ExitStatus) {
+    fn reaped(&mut self, st: ExitStatus) {
+        self.status = Some(st);
         if let Some(c) = self.child.take() {
             if let Ok(mut r) = self.registry.lock() {
                 r.remove(&c.id());
@@ -530,6 +537,7 @@ impl Lab {
         Ok(Proc {
             name: name.to_string(),
             child: Some(child),
+            status: None,
             stdout,
             stderr,
             registry: Arc::clone(&self.registry),
@@ -765,6 +773,32 @@ mod tests {
         drop(lab);
         assert!(!namespace_exists(&na) && !namespace_exists(&nb));
         assert!(!dir.exists());
+        Ok(())
+    }
+
+    #[test]
+    fn a_finished_process_keeps_its_exit_status() -> Result<()> {
+        if !root() {
+            return Ok(());
+        }
+        let lab = Lab::new(LabOptions {
+            vxlan: false,
+            ipv6: false,
+            ..LabOptions::default()
+        })?;
+        let mut p = lab.spawn("false", lab.command(&lab.a.ns, "false"))?;
+        let start = Instant::now();
+        while p.try_status()?.is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "false never ended"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for _ in 0..2 {
+            assert_eq!(p.try_status()?.map(|s| s.success()), Some(false));
+        }
+        assert!(!p.wait()?.success());
         Ok(())
     }
 
