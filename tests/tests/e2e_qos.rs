@@ -139,7 +139,7 @@ fn outer_by_inner(pcap: &Path) -> Result<BTreeMap<u8, u8>> {
 }
 
 /// Sends the 256 probes over lab's VXLAN from side A, captured on B's veth.
-fn probe_vxlan(
+fn probe_vxlan_once(
     l: &Lab,
     name: &str,
     attach: Option<(Settings, TcMechanism)>,
@@ -156,6 +156,25 @@ fn probe_vxlan(
     };
     let pcap = cap.finish()?;
     Ok((outer_by_inner(&pcap)?, stats, qdiscs))
+}
+
+/// `probe_vxlan_once`, again when tcpdump itself lost a packet (a loaded machine): the
+/// capture is the oracle's eyes, not the thing under test.
+fn probe_vxlan(
+    l: &Lab,
+    name: &str,
+    attach: Option<(Settings, TcMechanism)>,
+) -> Result<(BTreeMap<u8, u8>, Vec<u64>, String)> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match probe_vxlan_once(l, &format!("{name}{tries}"), attach.clone()) {
+            Err(e) if tries < 3 && format!("{e:#}").contains("tcpdump captured") => {
+                eprintln!("{name}: {e:#}; probing again");
+            }
+            r => return r,
+        }
+    }
 }
 
 #[test]
@@ -338,7 +357,7 @@ fn run_host(
     mode: Option<HostMode>,
     with_cnp: bool,
     name: &str,
-) -> (Vec<Vec<u8>>, Vec<u64>) {
+) -> (Vec<Vec<u8>>, Vec<u64>, Vec<(u8, u8)>) {
     let probes: Vec<Vec<u8>> = host_probes(l.a.ip4, l.b.ip4, with_cnp)
         .into_iter()
         .map(|(_, p)| p)
@@ -366,6 +385,13 @@ fn run_host(
     };
     let pcap = match cap.finish() {
         Ok(p) => p,
+        // tcpdump lost a packet (a loaded machine): the oracle's eyes, not our program.
+        Err(e)
+            if format!("{e:#}").contains("tcpdump captured") && !name.ends_with("-again-again") =>
+        {
+            eprintln!("{name}: {e:#}; sending again");
+            return run_host(l, mode, with_cnp, &format!("{name}-again"));
+        }
         Err(e) => panic!("{name}: {e:#}"),
     };
     let f = frames(&pcap);
@@ -376,19 +402,18 @@ fn run_host(
     );
     let seen = tshark_dscp_ecn(&pcap);
     assert_eq!(seen.len(), f.len());
-    (f, stats)
+    (f, stats, seen)
 }
 
 #[test]
 fn intruders_on_dscp_26_are_remarked_to_0_roce_keeps_26_cnps_get_48_as_tshark_decodes() {
     let l = lab(false, false);
-    let (got, stats) = run_host(&l, Some(HostMode::Enforce), true, "enforce");
+    let (got, stats, seen) = run_host(&l, Some(HostMode::Enforce), true, "enforce");
     let dscp_ecn: Vec<(u8, u8)> = got.iter().map(|f| (f[15] >> 2, f[15] & 3)).collect();
     // intruder ECT(0), intruder CE, AF41 untouched, RoCE 26, RoCE fixed to 26, CNP 48.
     let want = vec![(0, 2), (0, 3), (34, 0), (26, 2), (26, 2), (48, 2)];
     assert_eq!(dscp_ecn, want);
-    let tmp = l.dir.join("enforce.pcap");
-    assert_eq!(tshark_dscp_ecn(&tmp), want, "tshark");
+    assert_eq!(seen, want, "tshark");
     assert_eq!(
         (
             stats[STAT_QOS_INTRUDER_REMARKED as usize],
@@ -402,7 +427,7 @@ fn intruders_on_dscp_26_are_remarked_to_0_roce_keeps_26_cnps_get_48_as_tshark_de
 #[test]
 fn the_iptables_dscp_target_doing_the_same_remark_gives_the_same_bytes() {
     let l = lab(false, false);
-    let (ours, _) = run_host(&l, Some(HostMode::Enforce), false, "ours");
+    let (ours, _, _) = run_host(&l, Some(HostMode::Enforce), false, "ours");
     let rule = [
         "-t",
         "mangle",
@@ -427,7 +452,7 @@ fn the_iptables_dscp_target_doing_the_same_remark_gives_the_same_bytes() {
     if let Err(e) = l.exec(&l.a.ns, "iptables", &rule) {
         panic!("iptables: {e:#}");
     }
-    let (theirs, _) = run_host(&l, None, false, "iptables");
+    let (theirs, _, _) = run_host(&l, None, false, "iptables");
     // The RoCE probe on DSCP 0 is ours alone to fix: iptables leaves it.
     for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
         if i == 4 {
@@ -446,10 +471,10 @@ fn the_iptables_dscp_target_doing_the_same_remark_gives_the_same_bytes() {
 #[test]
 fn audit_mode_changes_no_byte_and_counts_what_enforce_changed() {
     let l = lab(false, false);
-    let (untouched, _) = run_host(&l, None, true, "none");
-    let (audited, audit) = run_host(&l, Some(HostMode::Audit), true, "audit");
+    let (untouched, _, _) = run_host(&l, None, true, "none");
+    let (audited, audit, _) = run_host(&l, Some(HostMode::Audit), true, "audit");
     assert_eq!(audited, untouched, "audit mode changed bytes");
-    let (enforced, enforce) = run_host(&l, Some(HostMode::Enforce), true, "enforce2");
+    let (enforced, enforce, _) = run_host(&l, Some(HostMode::Enforce), true, "enforce2");
     let changed = enforced
         .iter()
         .zip(&untouched)
