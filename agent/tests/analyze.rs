@@ -1087,6 +1087,42 @@ fn committed_captures_are_what_the_generator_writes() {
     }
 }
 
+/// Whether `got` holds everything `want` holds, with equal values: objects may have
+/// more keys (listed in `added`), arrays and scalars must match. Err: where they differ.
+fn json_contains(
+    got: &Value,
+    want: &Value,
+    at: &str,
+    added: &mut Vec<String>,
+) -> Result<(), String> {
+    match (got, want) {
+        (Value::Object(g), Value::Object(w)) => {
+            for (k, wv) in w {
+                let path = format!("{at}.{k}");
+                let gv = g.get(k).ok_or_else(|| format!("{path} (missing)"))?;
+                json_contains(gv, wv, &path, added)?;
+            }
+            added.extend(
+                g.keys()
+                    .filter(|k| !w.contains_key(*k))
+                    .map(|k| format!("{at}.{k}")),
+            );
+            Ok(())
+        }
+        (Value::Array(g), Value::Array(w)) => {
+            if g.len() != w.len() {
+                return Err(format!("{at} ({} elements, expected {})", g.len(), w.len()));
+            }
+            for (i, (gv, wv)) in g.iter().zip(w).enumerate() {
+                json_contains(gv, wv, &format!("{at}[{i}]"), added)?;
+            }
+            Ok(())
+        }
+        _ if got == want => Ok(()),
+        _ => Err(format!("{at}: {got} (expected {want})")),
+    }
+}
+
 #[test]
 fn committed_captures_give_the_expected_json_with_both_engines() {
     let mut engines = vec!["reference"];
@@ -1097,14 +1133,31 @@ fn committed_captures_give_the_expected_json_with_both_engines() {
         let path = workspace_root().join(CAPTURES).join(expected_name(name));
         let want = fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("{}: {e} (write it with `{REGENERATE}`)", path.display()));
+        let want_doc: Value =
+            serde_json::from_str(&want).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for engine in &engines {
             let got = analyze_committed(name, engine);
-            assert!(
-                got == want,
-                "roce-agent analyze {CAPTURES}/{name} --json --engine {engine} differs from \
-                 {CAPTURES}/{}: {}",
+            if got == want {
+                continue;
+            }
+            // DESIGN.md: later fields may be added, but no name may change meaning.
+            // Every expected field must be there with its value; an added field is
+            // allowed and reported (regenerate to take it into the expected file).
+            let got_doc: Value = serde_json::from_str(&got).expect("analyze --json prints JSON");
+            let mut added = Vec::new();
+            if let Err(at) = json_contains(&got_doc, &want_doc, "", &mut added) {
+                panic!(
+                    "roce-agent analyze {CAPTURES}/{name} --json --engine {engine} differs from \
+                     {CAPTURES}/{} at {at}: {}",
+                    expected_name(name),
+                    first_difference(&want, &got)
+                );
+            }
+            eprintln!(
+                "{CAPTURES}/{name} ({engine}): fields added since {} was written: {} \
+                 (regenerate with `{REGENERATE}`)",
                 expected_name(name),
-                first_difference(&want, &got)
+                added.join(", ")
             );
         }
     }
