@@ -110,7 +110,7 @@ fn write_capture(full: &Path, frames: u64, prefix: Option<(&Path, u64)>) -> Resu
     let mut psn = vec![0u32; QPS];
     for i in 0..frames as usize {
         let qp = (i * 7919) % QPS;
-        let tos = if i % 50 == 0 { 107 } else { 106 }; // DSCP 26, CE or ECT(0)
+        let tos = if i.is_multiple_of(50) { 107 } else { 106 }; // DSCP 26, CE or ECT(0)
         let l3 = L3::v4(
             Ipv4Addr::new(198, 18, 1, 1),
             Ipv4Addr::new(198, 18, 2, (qp % 250) as u8),
@@ -125,7 +125,7 @@ fn write_capture(full: &Path, frames: u64, prefix: Option<(&Path, u64)>) -> Resu
             }
         };
         let frame = packet::roce_frame(&eth, &l3, 0xC000, &msg);
-        let frame = if qp % 4 == 0 {
+        let frame = if qp.is_multiple_of(4) {
             packet::vxlan_frame(&eth, &outer, 0xD000, 5000 + (qp as u32 % 8), &frame)
         } else {
             frame
