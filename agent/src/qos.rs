@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::io;
 
-use aya::programs::tc::{self, NlOptions, TcAttachOptions};
 use aya::programs::tc::SchedClassifierLink;
+use aya::programs::tc::{self, NlOptions, TcAttachOptions};
 use aya::programs::{LinkOrder, TcAttachType};
 use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats};
 
@@ -20,7 +20,7 @@ use crate::netif;
 #[derive(Debug, thiserror::Error)]
 pub enum QosError {
     #[error(transparent)]
-    Load(#[from] LoadError),
+    Load(Box<LoadError>),
     #[error("interface {0} does not exist")]
     NoInterface(String),
     #[error("attaching {program} to {ifname} ({direction}) with {mechanism}: {source}")]
@@ -29,13 +29,19 @@ pub enum QosError {
         ifname: String,
         direction: &'static str,
         mechanism: &'static str,
-        source: aya::programs::ProgramError,
+        source: Box<aya::programs::ProgramError>,
     },
     #[error("adding a clsact qdisc to {ifname}: {source}")]
     Clsact {
         ifname: String,
-        source: aya::programs::tc::TcError,
+        source: Box<aya::programs::tc::TcError>,
     },
+}
+
+impl From<LoadError> for QosError {
+    fn from(e: LoadError) -> Self {
+        QosError::Load(Box::new(e))
+    }
 }
 
 /// How tc programs are attached.
@@ -86,7 +92,7 @@ impl TcInterface {
             ifname: self.ifname.clone(),
             direction: dir,
             mechanism,
-            source,
+            source: Box::new(source),
         };
         if how != TcMechanism::Clsact {
             match prog.attach_with_options(
@@ -113,7 +119,7 @@ impl TcInterface {
                 Err(source) => {
                     return Err(QosError::Clsact {
                         ifname: self.ifname.clone(),
-                        source,
+                        source: Box::new(source),
                     })
                 }
             }

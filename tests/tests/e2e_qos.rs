@@ -352,12 +352,10 @@ fn tshark_dscp_ecn(pcap: &Path) -> Vec<(u8, u8)> {
         .collect()
 }
 
-fn run_host(
-    l: &Lab,
-    mode: Option<HostMode>,
-    with_cnp: bool,
-    name: &str,
-) -> (Vec<Vec<u8>>, Vec<u64>, Vec<(u8, u8)>) {
+/// Frames captured, STATS, and tshark's (DSCP, ECN) per frame.
+type HostRun = (Vec<Vec<u8>>, Vec<u64>, Vec<(u8, u8)>);
+
+fn run_host(l: &Lab, mode: Option<HostMode>, with_cnp: bool, name: &str) -> HostRun {
     let probes: Vec<Vec<u8>> = host_probes(l.a.ip4, l.b.ip4, with_cnp)
         .into_iter()
         .map(|(_, p)| p)
