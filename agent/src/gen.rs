@@ -169,7 +169,9 @@ pub struct GenArgs {
     /// CNPs per flow (opcode 0x81, BECN, destination QP = the flow's QP), interleaved.
     #[arg(long, default_value_t = 0)]
     pub cnp: u64,
-    /// Request packets per flow whose PSN skips one ahead (a PSN gap each).
+    /// Request packets per flow whose PSN skips one ahead (a PSN gap each; never the
+    /// first request nor one right after a READ, whose PSN distance tells the receiver
+    /// the path MTU).
     #[arg(long, default_value_t = 0)]
     pub psn_gaps: u64,
     /// First PSN of each flow (24 bits).
@@ -481,18 +483,32 @@ fn plan_flow(a: &GenArgs, qp: u32) -> Result<Vec<Planned>, GenError> {
             )
         })
         .collect();
-    if a.psn_gaps > requests.len().saturating_sub(1) as u64 {
+    let op_of = |k: u64| a.ops[k as usize % a.ops.len()];
+    // Where a gap may go: a request after the first (which only sets what the receiver
+    // expects) whose previous request is not a READ. The receiver learns a flow's path
+    // MTU from the PSN distance after a READ, so a gap there would read as a smaller
+    // MTU, not as a gap.
+    let candidates: Vec<u64> = requests
+        .windows(2)
+        .filter(|w| op_of(w[0]) != Op::Read)
+        .map(|w| w[1])
+        .collect();
+    if a.psn_gaps > candidates.len() as u64 {
         return Err(usage(format!(
-            "--psn-gaps {} needs at least {} request packets (SEND/WRITE/READ) per flow; there are {}",
+            "--psn-gaps {} needs as many request packets (SEND/WRITE/READ, not the first, \
+             not right after a READ) per flow; --count {} with --ops {:?} has {}",
             a.psn_gaps,
-            a.psn_gaps + 1,
-            requests.len()
+            a.count,
+            a.ops,
+            candidates.len()
         )));
     }
-    // Gaps go on requests 1.. (the first request only sets what the receiver expects).
-    let gap_at: std::collections::HashSet<u64> = (1..requests.len() as u64)
-        .filter(|i| spread(i - 1, a.psn_gaps, requests.len() as u64 - 1))
-        .map(|i| requests[i as usize])
+    let n_cand = candidates.len() as u64;
+    let gap_at: std::collections::HashSet<u64> = candidates
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| spread(*i as u64, a.psn_gaps, n_cand))
+        .map(|(_, k)| *k)
         .collect();
     let total = a.count + a.cnp;
     let mut out = Vec::with_capacity(total as usize);
@@ -1211,6 +1227,57 @@ mod tests {
         assert_eq!(gaps, 2);
         let too_many = args(&["--count", "2", "--psn-gaps", "2"]);
         assert!(plan_flow(&too_many, 1).is_err());
+    }
+
+    /// The reference classifier (the agent's counting rules) finds exactly the gaps
+    /// the generator plans, whatever the mix, READs (which teach the path MTU) included.
+    #[test]
+    fn reference_classifier_counts_exactly_the_planned_gaps() {
+        use roce_common::config::RuntimeConfig;
+        use roce_common::reference::ReferenceTable;
+        let mixes = [
+            "send",
+            "read",
+            "send,write,read,ack,nak",
+            "read,read,send",
+            "write,read",
+            "send,read,ack,rnr-nak",
+        ];
+        for ops in mixes {
+            for read_len in ["4096", "10000", "300"] {
+                let a = args(&[
+                    "--count",
+                    "40",
+                    "--psn-gaps",
+                    "3",
+                    "--ops",
+                    ops,
+                    "--read-len",
+                    read_len,
+                    "--cnp",
+                    "4",
+                    "--psn",
+                    "0xfffff0",
+                ]);
+                let plan = match plan_flow(&a, 9) {
+                    Ok(p) => p,
+                    Err(e) if ops == "read" => {
+                        assert!(e.to_string().contains("--psn-gaps"), "{e}");
+                        continue;
+                    }
+                    Err(e) => panic!("{ops}: {e}"),
+                };
+                let mut t = ReferenceTable::new(RuntimeConfig::default());
+                let l3 = L3::v4(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
+                for p in &plan {
+                    let f =
+                        packet::roce_frame(&Eth::default(), &l3.clone().with_tos(p.tos), 1, &p.msg);
+                    t.process(&f, 1, false, 0);
+                }
+                let gaps: u64 = t.flows.values().map(|s| s.psn_gaps).sum();
+                assert_eq!(gaps, 3, "ops {ops}, read-len {read_len}");
+            }
+        }
     }
 
     #[test]

@@ -355,14 +355,22 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
                 let one = |x: &oracle::FlowCounts| FlowTable::from([(id.clone(), x.clone())]);
                 oracle::differences("sent", &one(c), "seen", &one(s)).is_empty()
             });
+            let ce = match c.inner_ecn {
+                Some(inner) => format!("{} inner CE, {} outer CE", inner.ce, c.ecn.ce),
+                None => format!("{} CE", c.ecn.ce),
+            };
             println!(
-                "  {:<5} {id}: sent {} packets, {} CE (outer {}), {} CNPs",
+                "  {:<5} {id}: sent {} packets, {ce}, {} CNPs, {} PSN gaps",
                 if ok { "ok" } else { "DIFF" },
                 c.packets,
-                c.inner_ecn.map_or(c.ecn.ce, |e| e.ce),
-                c.ecn.ce,
-                c.cnps
+                c.cnps,
+                c.psn_gaps.unwrap_or(0)
             );
+        }
+        if problems.is_empty() {
+            println!("MATCH: roce-agent counted exactly what roce-gen sent.");
+        } else {
+            println!("MISMATCH: see the differences on stderr.");
         }
     }
     if problems.is_empty() {
