@@ -113,3 +113,18 @@ fn out_of_range_value_in_an_example_names_the_key() {
         format!("lab.toml:{line}:16: default_pmtu: 1500 is not an InfiniBand MTU: use 256, 512, 1024, 2048 or 4096")
     );
 }
+
+#[test]
+fn vtep_config_enforces_and_propagates_with_the_documented_policy() {
+    use roce_agent::config::{EcnPropagation, HostMode};
+    use roce_common::policy::Policy;
+    let f = load("vtep.toml");
+    let s = match Settings::resolve(Some(&f), &Overrides::default(), true) {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!((s.mode, s.ecn_propagation), (HostMode::Enforce, EcnPropagation::Kernel));
+    assert_eq!(s.vteps, vec!["eth0"]);
+    // Every [qos] value written out is the default.
+    assert_eq!(s.policy, Policy::default());
+}
