@@ -404,7 +404,12 @@ impl Lab {
                     ],
                 )?;
             }
-            ip(&side.ns, &["link", "set", &side.veth, "up"])?;
+            // No IPv6 link-local address: no router solicitations or MLD reports
+            // adding noise to the counters (neighbours are static, see below).
+            ip(
+                &side.ns,
+                &["link", "set", &side.veth, "addrgenmode", "none", "up"],
+            )?;
         }
         if self.options.vxlan {
             for (this, peer) in [(&a, &b), (&b, &a)] {
@@ -425,7 +430,7 @@ impl Lab {
                     &this.ns,
                     &["addr", "add", &format!("{vx_ip}/24"), "dev", vx],
                 )?;
-                ip(&this.ns, &["link", "set", vx, "up"])?;
+                ip(&this.ns, &["link", "set", vx, "addrgenmode", "none", "up"])?;
             }
         }
         self.a.mac = link_mac(&a.ns, &a.veth)?;
