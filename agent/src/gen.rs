@@ -641,10 +641,7 @@ fn find_interface(name: &str) -> Result<NetworkInterface, GenError> {
 }
 
 fn first_addr(ifc: &NetworkInterface, v4: bool) -> Option<IpAddr> {
-    ifc.ips
-        .iter()
-        .map(|n| n.ip())
-        .find(|ip| ip.is_ipv4() == v4 && !ip.is_loopback())
+    ifc.ips.iter().map(|n| n.ip()).find(|ip| ip.is_ipv4() == v4)
 }
 
 fn set_tos(sock: &UdpSocket, v6: bool, tos: u8) -> Result<(), GenError> {
@@ -799,6 +796,10 @@ pub fn run(args: &GenArgs, stop: &AtomicBool) -> Result<Report, GenError> {
         })?,
     };
     l3(src, args.dst, 0)?;
+    // Plan every flow before touching a socket: plan errors are usage errors.
+    let plans = (0..args.flows)
+        .map(|i| plan_flow(args, args.qp + i))
+        .collect::<Result<Vec<_>, _>>()?;
 
     let mut sink = match args.via {
         Via::Raw => {
@@ -870,11 +871,9 @@ pub fn run(args: &GenArgs, stop: &AtomicBool) -> Result<Report, GenError> {
     };
 
     // Plans and reports per flow.
-    let mut plans = Vec::new();
     let mut reports = Vec::new();
     for i in 0..args.flows {
         let qp = args.qp + i;
-        plans.push(plan_flow(args, qp)?);
         let (fam, osrc, odst, vni, inner) = match encap {
             Encap::Plain => (family(src), src, args.dst, None, false),
             Encap::Device(d) => (family(d.local), d.local, d.remote, Some(d.vni), true),
