@@ -319,7 +319,7 @@ fn main() -> Result<()> {
     }
     bench_tc(&args, rounds)?;
     if args.seconds > 0.0 {
-        bench_throughput(&args, rounds.min(3))?;
+        bench_throughput(&args, rounds)?;
     }
     bench_analyze::run(&bench_analyze::Options {
         json: args.json,
