@@ -787,3 +787,54 @@ fn vtep_on_an_ipv6_underlay_over_a_fixed_tos_device_matches_tos_inherit() {
         "IPv6 underlay: our outer traffic class differs from tos inherit"
     );
 }
+
+// ---------------------------------------------------------------------------------
+// Chaining: our programs return TCX_NEXT / TC_ACT_UNSPEC, so programs after them run
+
+#[test]
+fn a_program_attached_after_ours_still_sees_every_packet_tcx_and_clsact() {
+    let l = lab(false, false);
+    for how in [TcMechanism::Tcx, TcMechanism::Clsact] {
+        let s = settings(&[&l.a.veth], &[], HostMode::Enforce, EcnPropagation::Kernel);
+        let (src, dst) = (l.a.ip4, l.b.ip4);
+        let r = in_namespace(&l.a.ns, move || {
+            // Two independent loads (own maps), attached one after the other.
+            let mut first = loader::load(&LoadOptions::default())?;
+            let mut second = loader::load(&LoadOptions::default())?;
+            let a1 = qos::attach(&mut first, &s, how)?;
+            let a2 = qos::attach(&mut second, &s, how)?;
+            let probes: Vec<Vec<u8>> = host_probes(src, dst, true)
+                .into_iter()
+                .map(|(_, p)| p)
+                .collect();
+            send_raw(probes, dst)?;
+            let counts = (first.stats()?, second.stats()?);
+            drop((a2, a1));
+            Ok(counts)
+        });
+        let (first, second) = match r {
+            Ok(c) => c,
+            Err(e) => panic!("{how:?}: {e:#}"),
+        };
+        // Whichever runs first (clsact puts a later filter in front) remarks both
+        // intruders and fixes the RoCE DSCP; the other, seeing rewritten packets, has
+        // nothing left to change but still runs and sets their priority.
+        let remarks = |s: &[u64]| {
+            (
+                s[STAT_QOS_INTRUDER_REMARKED as usize],
+                s[STAT_QOS_ROCE_REWRITTEN as usize],
+            )
+        };
+        let mut both = [remarks(&first), remarks(&second)];
+        both.sort();
+        assert_eq!(both, [(0, 0), (2, 2)], "{how:?}");
+        for s in [&first, &second] {
+            assert!(
+                s[STAT_QOS_PRIORITY_SET as usize] >= 6,
+                "{how:?}: a program did not run"
+            );
+        }
+    }
+    let q = inherit_free_qdiscs(&l);
+    assert!(!q.contains("clsact"), "clsact left behind: {q}");
+}
