@@ -10,7 +10,7 @@ use aya::Ebpf;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::STATS_LEN;
 use roce_common::flow::{FlowKey, FlowStats};
-use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats};
+use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats, IFACE_DIRECT};
 
 pub const XDP_PROGRAM: &str = "xdp_classify";
 /// An empty XDP program in the same object, the baseline of benchmarks.
@@ -360,30 +360,29 @@ impl Loaded {
         Ok(())
     }
 
-    /// Sets what the tc programs do on interface `ifindex` (None: nothing).
+    /// Sets what the tc programs do on interface `ifindex` (None: nothing): in
+    /// IFACE_QOS_DIRECT below `IFACE_DIRECT`, in the IFACE_QOS hash above.
     pub fn set_iface_qos(&mut self, ifindex: u32, qos: Option<IfaceQos>) -> Result<(), LoadError> {
-        let map = self
-            .ebpf
-            .map_mut("IFACE_QOS")
-            .ok_or(LoadError::Missing("IFACE_QOS"))?;
+        if ifindex < IFACE_DIRECT {
+            let name = "IFACE_QOS_DIRECT";
+            let map = self.ebpf.map_mut(name).ok_or(LoadError::Missing(name))?;
+            let mut direct: Array<_, IfaceQos> =
+                Array::try_from(map).map_err(|source| LoadError::Map { name, source })?;
+            return direct
+                .set(ifindex, qos.unwrap_or_default(), 0)
+                .map_err(|source| LoadError::Map { name, source });
+        }
+        let name = "IFACE_QOS";
+        let map = self.ebpf.map_mut(name).ok_or(LoadError::Missing(name))?;
         let mut ifaces: HashMap<_, u32, IfaceQos> =
-            HashMap::try_from(map).map_err(|source| LoadError::Map {
-                name: "IFACE_QOS",
-                source,
-            })?;
+            HashMap::try_from(map).map_err(|source| LoadError::Map { name, source })?;
         match qos {
             Some(q) => ifaces
                 .insert(ifindex, q, 0)
-                .map_err(|source| LoadError::Map {
-                    name: "IFACE_QOS",
-                    source,
-                }),
+                .map_err(|source| LoadError::Map { name, source }),
             None => match ifaces.remove(&ifindex) {
                 Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-                Err(source) => Err(LoadError::Map {
-                    name: "IFACE_QOS",
-                    source,
-                }),
+                Err(source) => Err(LoadError::Map { name, source }),
             },
         }
     }

@@ -41,6 +41,14 @@ pub struct DscpEntry {
     pub _pad: [u8; 2],
 }
 
+impl IfaceQos {
+    /// Neither the host policy nor VTEP handling: the programs touch nothing.
+    #[inline(always)]
+    pub fn is_off(&self) -> bool {
+        self.host == HOST_OFF && self.vtep == 0
+    }
+}
+
 impl DscpEntry {
     pub fn lossless(&self) -> bool {
         self.flags & ENTRY_LOSSLESS != 0
@@ -82,7 +90,13 @@ pub const HOST_ENFORCE: u8 = 2;
 pub const ECN_KERNEL: u8 = 0;
 pub const ECN_RFC6040: u8 = 1;
 
-/// One IFACE_QOS map entry (key: ifindex): what the tc programs do on that interface.
+/// Interfaces with an ifindex below this are configured in the IFACE_QOS_DIRECT array
+/// (indexed by ifindex: an array lookup is several times cheaper than a hash lookup);
+/// the rare larger ifindex goes to the IFACE_QOS hash.
+pub const IFACE_DIRECT: u32 = 4096;
+
+/// One IFACE_QOS / IFACE_QOS_DIRECT entry (key: ifindex): what the tc programs do on
+/// that interface. All zero: nothing.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IfaceQos {

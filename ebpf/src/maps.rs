@@ -6,7 +6,7 @@ use roce_common::config::RuntimeConfig;
 use roce_common::counters::STATS_LEN;
 use roce_common::flow::{FlowKey, FlowStats};
 use roce_common::policy::{
-    DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT,
+    DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
 
 /// Per-flow counters. The agent resizes it from its configuration before loading.
@@ -49,9 +49,30 @@ pub static POLICY: Array<DscpEntry> = Array::with_max_entries(DSCP_COUNT, 0);
 #[map]
 pub static QOS: Array<QosConfig> = Array::with_max_entries(1, 0);
 
-/// ifindex -> what the tc programs do there. An interface without an entry is untouched.
+/// ifindex -> what the tc programs do there, for ifindex < IFACE_DIRECT (all zero:
+/// untouched). An array: the lookup on every packet is the cheap kind.
+#[map]
+pub static IFACE_QOS_DIRECT: Array<IfaceQos> = Array::with_max_entries(IFACE_DIRECT, 0);
+
+/// The same for larger ifindexes. An interface without an entry is untouched.
 #[map]
 pub static IFACE_QOS: HashMap<u32, IfaceQos> = HashMap::with_max_entries(256, 0);
+
+/// What the tc programs do on `ifindex`; None when nothing.
+#[inline(always)]
+pub fn iface_qos(ifindex: u32) -> Option<IfaceQos> {
+    let q = if ifindex < IFACE_DIRECT {
+        *IFACE_QOS_DIRECT.get(ifindex)?
+    } else {
+        // SAFETY: a plain value copy out of the map.
+        *unsafe { IFACE_QOS.get(&ifindex) }?
+    };
+    if q.is_off() {
+        None
+    } else {
+        Some(q)
+    }
+}
 
 /// Decapsulation-side counters per remote VTEP (outer source address).
 #[map]

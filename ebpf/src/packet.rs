@@ -35,6 +35,24 @@ impl KernelPacket {
     }
 }
 
+impl KernelPacket {
+    /// Writes `v` at `off` (tc only: the verifier makes a cloned skb's head private
+    /// before the program runs, so the write never reaches another skb's data).
+    #[inline(always)]
+    pub fn store<T: Copy>(&self, off: usize, v: T) -> Option<()> {
+        if off > MAX_PARSE_OFFSET {
+            return None;
+        }
+        let p = opaque(self.start + off);
+        if p + size_of::<T>() > self.end {
+            return None;
+        }
+        // SAFETY: bounds checked just above, as in `load`.
+        unsafe { *(p as *mut T) = v };
+        Some(())
+    }
+}
+
 impl Packet for KernelPacket {
     #[inline(always)]
     fn len(&self) -> usize {

@@ -8,11 +8,12 @@ use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::macros::classifier;
 use aya_ebpf::programs::TcContext;
 use roce_common::counters::{STAT_TC_PULL_FAILED, STAT_TC_WRITE_FAILED};
+use roce_common::packet::Packet;
 use roce_common::policy::{
-    action_stats, decap_check, decap_stats, decide, tos_word, Action, VtepStats,
+    action_stats, csum_replace16, decap_check, decap_stats, decide, tos_word, Action, VtepStats,
 };
 
-use crate::maps::{bump, qos_config, runtime_config, PolicyMap, IFACE_QOS, VTEPS};
+use crate::maps::{bump, iface_qos, qos_config, runtime_config, PolicyMap, VTEPS};
 use crate::packet::KernelPacket;
 
 /// TCX_NEXT, which is also TC_ACT_UNSPEC for clsact direct-action filters: "carry on
@@ -22,9 +23,6 @@ pub const TC_NEXT: i32 = -1;
 /// Bytes made linear before parsing: the deepest header the policy reads (two VLAN
 /// tags, IPv6 / UDP / VXLAN / Ethernet / IPv6 / UDP / BTH, room for extension headers).
 const PULL_LEN: u32 = 256;
-
-/// `BPF_F_RECOMPUTE_CSUM`: keep skb->csum right (CHECKSUM_COMPLETE) for IPv6 writes.
-const F_RECOMPUTE_CSUM: u64 = 1;
 
 static EMPTY_VTEP: VtepStats = unsafe { core::mem::zeroed() };
 
@@ -69,7 +67,7 @@ fn pull_headers(ctx: &TcContext) -> bool {
 
 #[inline(always)]
 fn egress(ctx: &TcContext) {
-    let Some(iface) = (unsafe { IFACE_QOS.get(&ifindex(ctx)) }).copied() else {
+    let Some(iface) = iface_qos(ifindex(ctx)) else {
         return;
     };
     if !pull_headers(ctx) {
@@ -79,7 +77,7 @@ fn egress(ctx: &TcContext) {
     let qos = qos_config();
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
     let action = decide(&pkt, &cfg, &qos, &PolicyMap, &iface);
-    if action.writes() && write_tos(ctx, &pkt, &action).is_err() {
+    if action.writes() && write_tos(&pkt, &action).is_none() {
         bump(STAT_TC_WRITE_FAILED);
     }
     if let Some(prio) = action.sets_priority() {
@@ -91,29 +89,25 @@ fn egress(ctx: &TcContext) {
     }
 }
 
-/// Writes the new TOS / traffic class; for IPv4 the header checksum follows (RFC 1624,
-/// by the kernel's helper). Nothing else changes: length, UDP checksum and ICRC stay.
+/// Writes the new TOS / traffic class in place; for IPv4 the header checksum follows
+/// (RFC 1624, `csum_replace16`). Nothing else changes: length, UDP checksum and ICRC
+/// stay. Direct writes (no helper calls): the headers are linear after `pull_headers`.
 #[inline(always)]
-fn write_tos(ctx: &TcContext, pkt: &KernelPacket, a: &Action) -> Result<(), ()> {
-    use roce_common::packet::Packet;
-    let b0 = pkt.u8_at(a.l3).ok_or(())?;
-    let b1 = pkt.u8_at(a.l3 + 1).ok_or(())?;
+fn write_tos(pkt: &KernelPacket, a: &Action) -> Option<()> {
+    let b0 = pkt.u8_at(a.l3)?;
+    let b1 = pkt.u8_at(a.l3 + 1)?;
     let old = u16::from_be_bytes([b0, b1]);
     let new = tos_word(b0, b1, a.v6, a.new_tos);
-    let new_be = new.to_be();
-    if a.v6 {
-        ctx.store(a.l3, &new_be, F_RECOMPUTE_CSUM).map_err(|_| ())?;
-    } else {
-        ctx.store(a.l3, &new_be, 0).map_err(|_| ())?;
-        ctx.l3_csum_replace(a.l3 + 10, old.to_be() as u64, new_be as u64, 2)
-            .map_err(|_| ())?;
+    if !a.v6 {
+        let check = pkt.be16_at(a.l3 + 10)?;
+        pkt.store::<u16>(a.l3 + 10, csum_replace16(check, old, new).to_be())?;
     }
-    Ok(())
+    pkt.store::<u16>(a.l3, new.to_be())
 }
 
 #[inline(always)]
 fn ingress(ctx: &TcContext) {
-    let Some(iface) = (unsafe { IFACE_QOS.get(&ifindex(ctx)) }).copied() else {
+    let Some(iface) = iface_qos(ifindex(ctx)) else {
         return;
     };
     if iface.vtep == 0 || !pull_headers(ctx) {

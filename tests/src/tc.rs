@@ -18,6 +18,8 @@ pub const TEST_RUN_IFINDEX: u32 = 1;
 pub const SKB_CTX_LEN: usize = 192;
 /// offsetof(struct __sk_buff, priority).
 pub const SKB_PRIORITY_OFF: usize = 32;
+/// offsetof(struct __sk_buff, ifindex): a test run may name a device of the namespace.
+pub const SKB_IFINDEX_OFF: usize = 40;
 /// TCX_NEXT / TC_ACT_UNSPEC (-1): what the tc programs always return.
 pub const TC_NEXT: u32 = u32::MAX;
 
@@ -63,15 +65,31 @@ impl TcHarness {
     }
 
     pub fn set_iface(&mut self, iface: IfaceQos) {
-        if let Err(e) = self.loaded.set_iface_qos(TEST_RUN_IFINDEX, Some(iface)) {
-            panic!("writing IFACE_QOS: {e}");
+        self.set_iface_at(TEST_RUN_IFINDEX, Some(iface));
+    }
+
+    pub fn set_iface_at(&mut self, ifindex: u32, iface: Option<IfaceQos>) {
+        if let Err(e) = self.loaded.set_iface_qos(ifindex, iface) {
+            panic!("writing IFACE_QOS for {ifindex}: {e}");
         }
     }
 
     /// Runs program `name` once on `frame`, with skb->priority `priority` on the way in.
     pub fn run(&mut self, name: &'static str, frame: &[u8], priority: u32) -> TcOut {
+        self.run_on(name, frame, priority, 0)
+    }
+
+    /// `run` on the device of index `ifindex` of the caller's namespace (0: loopback).
+    pub fn run_on(
+        &mut self,
+        name: &'static str,
+        frame: &[u8],
+        priority: u32,
+        ifindex: u32,
+    ) -> TcOut {
         let mut ctx = [0u8; SKB_CTX_LEN];
         ctx[SKB_PRIORITY_OFF..SKB_PRIORITY_OFF + 4].copy_from_slice(&priority.to_ne_bytes());
+        ctx[SKB_IFINDEX_OFF..SKB_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
         let fd = match self.loaded.tc_fd(name) {
             Ok(fd) => fd,
             Err(e) => panic!("{name}: {e}"),

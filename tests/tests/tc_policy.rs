@@ -360,3 +360,53 @@ fn kinds_cover_every_branch_of_the_decision() {
     .collect();
     assert_eq!(kinds, all);
 }
+
+#[test]
+fn interfaces_beyond_the_direct_array_are_configured_through_the_hash() {
+    // A device of index 5000 (> IFACE_DIRECT) in a namespace of the lab; test runs in
+    // that namespace name it through __sk_buff.ifindex.
+    let l = match xtask::lab::Lab::new(xtask::lab::LabOptions {
+        vxlan: false,
+        ipv6: false,
+        ..Default::default()
+    }) {
+        Ok(l) => l,
+        Err(e) => panic!("lab: {e:#}"),
+    };
+    let add = [
+        "link", "add", "big0", "index", "5000", "type", "veth", "peer", "name", "big1",
+    ];
+    if let Err(e) = l.exec(&l.a.ns, "ip", &add) {
+        panic!("ip {add:?}: {e:#}");
+    }
+    assert!(5000 >= roce_common::policy::IFACE_DIRECT);
+    let r = xtask::lab::in_namespace(&l.a.ns, || {
+        let policy = Policy::default();
+        let mut h = TcHarness::load(&policy, iface(HOST_OFF, 0, ECN_KERNEL));
+        let eth = Eth::default();
+        let udp = udp_frame(&eth, &l3(false, false, 106), 40000, 5001, &[0; 32]);
+        let before = h
+            .run_on(roce_agent::loader::TC_EGRESS, &udp, PRIO_IN, 5000)
+            .data;
+        h.set_iface_at(5000, Some(iface(HOST_ENFORCE, 0, ECN_KERNEL)));
+        let enforced = h.run_on(roce_agent::loader::TC_EGRESS, &udp, PRIO_IN, 5000);
+        let on_lo = h.egress(&udp, PRIO_IN).data;
+        h.set_iface_at(5000, None);
+        let after = h
+            .run_on(roce_agent::loader::TC_EGRESS, &udp, PRIO_IN, 5000)
+            .data;
+        Ok((udp, before, enforced, on_lo, after))
+    });
+    let (udp, before, enforced, on_lo, after) = match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e:#}"),
+    };
+    assert_eq!(before, udp, "configured nowhere yet");
+    assert_eq!(
+        (enforced.data[15], enforced.priority),
+        (2, 0),
+        "remarked on ifindex 5000"
+    );
+    assert_eq!(on_lo, udp, "loopback is not configured");
+    assert_eq!(after, udp, "removed again");
+}
