@@ -221,9 +221,10 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 0)]
     pub outer_ce: u64,
     /// CPU to send from: a number, `current` (the one it starts on) or `any` (no
-    /// pinning). A NIC's RSS keeps a flow on one receive queue and CPU; on a veth the
-    /// receiver runs on the sender's CPU, so pinning keeps each flow on one CPU there
-    /// too (per-CPU flow state such as PSN tracking depends on it).
+    /// pinning). A NIC's RSS keeps a flow on one receive queue and CPU; a veth whose
+    /// peer has XDP receives in one NAPI context, run on the CPU that scheduled it, so
+    /// when several generators feed one veth, give them all the same CPU to keep each
+    /// flow on one CPU (per-CPU flow state such as PSN tracking depends on it).
     #[arg(long, default_value = "current", value_parser = parse_cpu)]
     pub cpu: CpuChoice,
     /// Print the report as JSON (one document on stdout).
@@ -346,6 +347,9 @@ pub struct FlowReport {
     pub psn_gaps: u64,
     /// Outer DSCP of the last packet.
     pub last_dscp: u8,
+    /// DSCP of the last packet's own (inner) IP header when tunnelled: what a VTEP
+    /// that propagates markings copies to the outer header.
+    pub last_inner_dscp: Option<u8>,
     /// Packets by opcode name.
     pub opcodes: BTreeMap<String, u64>,
 }
@@ -909,6 +913,7 @@ pub fn run(args: &GenArgs, stop: &AtomicBool) -> Result<Report, GenError> {
             rnr_naks: 0,
             psn_gaps: 0,
             last_dscp: 0,
+            last_inner_dscp: None,
             opcodes: BTreeMap::new(),
         });
     }
@@ -972,6 +977,9 @@ pub fn run(args: &GenArgs, stop: &AtomicBool) -> Result<Report, GenError> {
                 r.ce += 1;
             }
             r.last_dscp = outer_dscp;
+            if r.inner_ecn.is_some() {
+                r.last_inner_dscp = Some(p.tos >> 2);
+            }
             let op = p.msg.opcode;
             *r.opcodes
                 .entry(bth::opcode_name(op).to_string())

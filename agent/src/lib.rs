@@ -4,17 +4,17 @@
 /// The kernel object built from `ebpf/` by the build script.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce-ebpf"));
 
-pub mod loader;
-pub mod netif;
-pub mod testrun;
-pub mod config;
-pub mod doc;
-pub mod table;
-pub mod packet;
+pub mod analyze;
 pub mod api;
 pub mod cli;
 pub mod collector;
-pub mod gen;
-pub mod analyze;
+pub mod config;
+pub mod doc;
 pub mod findings;
+pub mod gen;
+pub mod loader;
+pub mod netif;
+pub mod packet;
 pub mod qos;
+pub mod table;
+pub mod testrun;

@@ -454,7 +454,14 @@ pub fn decide<P: Packet, T: DscpTable>(
             };
             a.kind = Kind::Vtep;
             a.enforce = true;
-            a.new_tos = ((e.vtep_outer & 0x3F) << 2) | ecn_encapsulate(inner_tos, iface.ecn);
+            // A CE mark already on the outer header (set by a queue between the
+            // encapsulation and here) is congestion news: never erased (RFC 3168).
+            let outer_ecn = if ecn_of(old) == ECN_CE {
+                ECN_CE
+            } else {
+                ecn_encapsulate(inner_tos, iface.ecn)
+            };
+            a.new_tos = ((e.vtep_outer & 0x3F) << 2) | outer_ecn;
             a.priority = table.entry(dscp_of(a.new_tos)).map(|e| e.priority);
             return a;
         }
@@ -900,6 +907,27 @@ mod tests {
                     assert_eq!(tos_at(&f, 14, outer_v6), want);
                     assert_eq!(&f[f.len() - inner.len()..], &inner[..]);
                     assert_eq!(a.priority, Some((inner_tos >> 5) as u32));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vtep_never_erases_an_outer_ce_mark() {
+        for inner_tos in 0..=255u8 {
+            let inner = eth(false, &ip4(inner_tos, IPPROTO_UDP, &udp(7, &[0; 8])));
+            for mode in [ECN_KERNEL, ECN_RFC6040] {
+                for outer_ecn in 0..4u8 {
+                    let mut f = vxlan(false, outer_ecn, &inner);
+                    let iface = IfaceQos { ecn: mode, ..VTEP };
+                    let a = apply(&mut f, &Policy::default(), &iface);
+                    let want_ecn = if outer_ecn == ECN_CE {
+                        ECN_CE
+                    } else {
+                        ecn_encapsulate(inner_tos & 3, mode)
+                    };
+                    assert_eq!(a.new_tos, (inner_tos & 0xFC) | want_ecn);
+                    assert_eq!(tos_at(&f, 14, false), a.new_tos);
                 }
             }
         }

@@ -1,19 +1,28 @@
-//! `cargo xtask demo`: the agent watching RoCEv2 traffic in a namespace lab.
+//! `cargo xtask demo`: the agent watching RoCEv2 traffic in a namespace lab, and
+//! making the sending host's QoS markings right.
 //!
 //! Builds the release binaries, builds a lab (two namespaces, a veth pair, a VXLAN
-//! pair with `tos inherit`), starts `roce-agent run` on the receiver's veth, drives
-//! several `roce-gen`s at once for `--duration` seconds (plain RoCEv2 from crafted
-//! frames and from a UDP socket, RoCE through the kernel's VXLAN device, crafted VXLAN
-//! whose outer header an underlay switch marked CE; CE marks, CNPs, ACK/NAKs), shows
-//! the agent's flow table every second on stderr, and finally compares the agent's
-//! table with what the generators say they sent. Exit status 0 only when every flow
-//! matches. Everything is torn down at the end, on error, and on Ctrl-C / SIGTERM.
+//! pair left at the Linux default `tos 0`, so its outer DSCP is 0), and starts two
+//! agents: on the sender, `roce-agent run --mode enforce --vtep` on its veth (host DSCP
+//! policy and VTEP propagation on egress); on the receiver, `roce-agent run --vtep` on
+//! its veth (flow table, decapsulation checks). Then it drives several `roce-gen`s at
+//! once for `--duration` seconds (plain RoCEv2 from crafted frames and from a UDP
+//! socket whose application set no traffic class, RoCE through the kernel's VXLAN
+//! device, crafted VXLAN whose outer header an underlay switch marked CE; CE marks,
+//! CNPs, ACK/NAKs) and an intruder (non-RoCE UDP on the lossless DSCP). It shows the
+//! receiver's flow table every second on stderr, and finally compares the table with
+//! what the generators sent after the sender's policy (RoCE data on DSCP 26, outer
+//! DSCP = inner DSCP), and checks the QoS counters and the intruder's TOS as the
+//! receiving socket read it. Exit status 0 only when everything matches. Everything
+//! is torn down at the end, on error, and on Ctrl-C / SIGTERM.
 //!
-//! With `--json`, stdout holds only the agent's final flow document (as `roce-agent
-//! flows --json` prints it) plus a `demo` object: what was sent and whether it matched.
+//! With `--json`, stdout holds only the receiver's final flow document (as `roce-agent
+//! flows --json` prints it) plus a `demo` object: what was sent, the QoS checks, and
+//! whether it all matched.
 
 use std::fs::File;
 use std::io::Write;
+use std::net::IpAddr;
 use std::os::fd::{FromRawFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,8 +33,22 @@ use serde_json::{json, Value};
 use xtask::lab::oracle::{self, FlowTable};
 use xtask::lab::{bins, namespace_exists, Lab, LabOptions, Proc};
 
-/// The agent's API inside the receiver's namespace.
+use crate::intruder;
+
+/// The agents' API, each inside its own namespace.
 const API: &str = "127.0.0.1:9473";
+/// The QoS policy's defaults (DESIGN.md): RoCE data and CNP DSCPs.
+const ROCE_DSCP: u8 = 26;
+const CNP_DSCP: u8 = 48;
+/// The intruder's TOS byte: lossless DSCP 26 with ECT(0). The sender's agent must
+/// remark it to DSCP 0 and keep the ECN bits: 0x02 arrives.
+const INTRUDER_TOS: u8 = (ROCE_DSCP << 2) | 0b10;
+const INTRUDER_TOS_REMARKED: u8 = INTRUDER_TOS & 0b11;
+/// Every sender runs on this CPU. With XDP attached, a veth receives in one NAPI
+/// context that runs on whichever CPU scheduled it, so senders on several CPUs would
+/// spread one flow's packets over CPUs, and the per-CPU PSN state would see false
+/// gaps (a NIC's RSS keeps a flow on one queue and CPU; one sending CPU does it here).
+const SEND_CPU: usize = 0;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -135,10 +158,42 @@ fn say(msg: &str) {
     eprintln!("[demo] {msg}");
 }
 
-/// One generator run: a name and its arguments.
+/// What the sender's QoS policy does to a generator's packets, so what the receiver
+/// should count.
+#[derive(Clone, Copy)]
+enum Expect {
+    /// Nothing changes: the markings are already right.
+    AsSent,
+    /// Plain RoCE whose data packets carry this (wrong) DSCP: the host policy
+    /// rewrites them to the RoCE DSCP (CNPs already carry the CNP DSCP).
+    HostRewrites { data_dscp: u8 },
+    /// Through a VXLAN device without `tos inherit`: the VTEP program gives the outer
+    /// header the inner DSCP (identity table).
+    VtepPropagates,
+}
+
+impl Expect {
+    /// The flow of a roce-gen report as the receiver should see it.
+    fn apply(self, flow: &mut Value) {
+        let last = flow.get("last_dscp").and_then(Value::as_u64);
+        let want = match self {
+            Expect::AsSent => None,
+            Expect::HostRewrites { data_dscp } => {
+                (last == Some(u64::from(data_dscp))).then_some(u64::from(ROCE_DSCP))
+            }
+            Expect::VtepPropagates => flow.get("last_inner_dscp").and_then(Value::as_u64),
+        };
+        if let (Some(w), Some(obj)) = (want, flow.as_object_mut()) {
+            obj.insert("last_dscp".into(), json!(w));
+        }
+    }
+}
+
+/// One generator run: a name, its arguments, and what the sender's policy does to it.
 struct GenRun {
     name: &'static str,
     args: Vec<String>,
+    expect: Expect,
 }
 
 fn demo(args: &Args) -> Result<Value> {
@@ -155,7 +210,11 @@ fn demo(args: &Args) -> Result<Value> {
             "removed namespaces of earlier, killed labs: {removed:?}"
         ));
     }
-    let mut lab = Lab::new(LabOptions::default())?;
+    // No `tos inherit`: the Linux default, whose outer DSCP 0 the VTEP program fixes.
+    let mut lab = Lab::new(LabOptions {
+        tos_inherit: false,
+        ..LabOptions::default()
+    })?;
     let (ns_a, ns_b) = (lab.a.ns.clone(), lab.b.ns.clone());
     let result = drive(&lab, args, &agent_bin, &gen_bin);
     let teardown = lab.teardown();
@@ -183,27 +242,28 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
         .ok_or_else(|| anyhow!("lab without VXLAN"))?
         .to_string();
     say(&format!(
-        "lab {}: {} {} ({}) --veth-- {} {} ({}); VXLAN VNI {} {} -> {}",
+        "lab {}: {} {} ({}) --veth-- {} {} ({}); VXLAN VNI {} {} -> {} (tos 0: outer DSCP 0)",
         lab.name, a.ns, a.veth, a.ip4, b.ns, b.veth, b.ip4, lab.vni, vx_a, vx_b_ip
     ));
 
-    let mut agent_cmd = lab.command(&b.ns, agent_bin);
-    agent_cmd
-        .args([
-            "run",
-            "--iface",
-            &b.veth,
-            "--listen",
-            API,
-            "--interval",
-            "0.5",
-        ])
-        .env("NO_COLOR", "1");
-    let mut agent = lab.spawn("roce-agent", agent_cmd)?;
-    agent.wait_for_output("serving GET /flows", Duration::from_secs(30))?;
+    // The receiver: flow table (XDP), decapsulation checks (--vtep: tc ingress).
+    let mut receiver = start_agent(lab, agent_bin, "roce-agent-receiver", &b.ns, &b.veth, &[])?;
     say(&format!(
-        "roce-agent attached to {} in {}; API {API} there",
+        "roce-agent (receiver) on {} in {}: flow table and VXLAN decap checks; API {API} there",
         b.veth, b.ns
+    ));
+    // The sender: host DSCP policy enforced, VTEP propagation on its underlay.
+    let mut sender = start_agent(
+        lab,
+        agent_bin,
+        "roce-agent-sender",
+        &a.ns,
+        &a.veth,
+        &["--mode", "enforce"],
+    )?;
+    say(&format!(
+        "roce-agent (sender) on {} in {}: --mode enforce --vtep {}: RoCE data -> DSCP {ROCE_DSCP}, CNPs -> {CNP_DSCP}, intruders on DSCP {ROCE_DSCP} -> 0, outer DSCP = inner",
+        a.veth, a.ns, a.veth
     ));
 
     let d = args.duration;
@@ -222,16 +282,19 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
                 n(2),
                 n(1)
             )),
+            expect: Expect::AsSent,
         },
         GenRun {
+            // An application that set no traffic class (NCCL without NCCL_IB_TC).
             name: "plain-udp",
             args: argv(&format!(
-                "-i {veth} --via udp --dst {b4} --qp 0x200 --sport 50000 \
+                "-i {veth} --via udp --dst {b4} --qp 0x200 --sport 50000 --dscp 0 \
                  --count {} --ce {} --cnp {}",
                 n(10),
                 n(3),
                 n(1)
             )),
+            expect: Expect::HostRewrites { data_dscp: 0 },
         },
         GenRun {
             name: "vxlan-device",
@@ -242,6 +305,7 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
                 n(5),
                 n(2)
             )),
+            expect: Expect::VtepPropagates,
         },
         GenRun {
             name: "vxlan-crafted",
@@ -254,18 +318,31 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
                 n(2),
                 n(1)
             )),
+            expect: Expect::AsSent,
         },
     ];
-    let mut gens: Vec<(&'static str, Proc)> = Vec::new();
+    let intruder_rx = intruder::Receiver::start(&b.ns, b.ip4)?;
+    let mut gens: Vec<(&GenRun, Proc)> = Vec::new();
     for r in &runs {
         let mut cmd = lab.command(&a.ns, gen_bin);
-        cmd.args(&r.args).args(["--duration", &dur, "--json"]);
-        gens.push((r.name, lab.spawn(&format!("roce-gen-{}", r.name), cmd)?));
+        cmd.args(&r.args)
+            .args(["--duration", &dur, "--json", "--cpu", &SEND_CPU.to_string()]);
+        gens.push((r, lab.spawn(&format!("roce-gen-{}", r.name), cmd)?));
     }
+    let intruder_tx = intruder::Sender::start(
+        &a.ns,
+        a.ip4,
+        b.ip4,
+        INTRUDER_TOS,
+        SEND_CPU,
+        n(10),
+        Duration::from_secs(d),
+    );
     say(&format!(
-        "{} generators sending for {d} s: plain RoCEv2 (crafted frames and a UDP socket), RoCE through VXLAN device {vx_a} (VNI {}), crafted VXLAN VNI 7001 with outer CE",
+        "{} generators sending for {d} s: plain RoCEv2 (crafted frames, and a UDP socket on DSCP 0), RoCE through VXLAN device {vx_a} (VNI {}), crafted VXLAN VNI 7001 with outer CE; and an intruder: UDP to port {} on DSCP {ROCE_DSCP}",
         gens.len(),
-        lab.vni
+        lab.vni,
+        intruder::PORT
     ));
 
     // Live view until every generator is done.
@@ -273,23 +350,29 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
     let mut next_view = start + Duration::from_secs(1);
     loop {
         interrupted()?;
-        let mut running = 0;
-        for (name, g) in gens.iter_mut() {
+        let mut running = usize::from(!intruder_tx.is_finished());
+        for (r, g) in gens.iter_mut() {
             match g.try_status()? {
                 None => running += 1,
                 Some(st) if st.success() => {}
-                Some(st) => bail!("roce-gen {name} failed ({st}): {}", g.stderr_text().trim()),
+                Some(st) => bail!(
+                    "roce-gen {} failed ({st}): {}",
+                    r.name,
+                    g.stderr_text().trim()
+                ),
             }
         }
-        if let Some(st) = agent.try_status()? {
-            bail!("roce-agent exited ({st}): {}", agent.stderr_text());
+        for (name, agent) in [("receiver", &mut receiver), ("sender", &mut sender)] {
+            if let Some(st) = agent.try_status()? {
+                bail!("roce-agent ({name}) exited ({st}): {}", agent.stderr_text());
+            }
         }
         if running == 0 {
             break;
         }
         if Instant::now() >= next_view {
             next_view += Duration::from_secs(1);
-            let table = flows_table(lab, agent_bin)?;
+            let table = flows_table(lab, &b.ns, agent_bin)?;
             eprintln!(
                 "--- t = {:>2} s ---------------------------------------------------------------\n{}",
                 start.elapsed().as_secs(),
@@ -298,29 +381,35 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    let intruder_sent = intruder_tx.finish()?;
 
-    // What the generators sent.
-    let mut reports = Vec::new();
-    for (name, g) in &gens {
-        let r: Value = serde_json::from_str(&g.stdout_text())
-            .with_context(|| format!("roce-gen {name} printed no JSON report"))?;
-        reports.push(r);
-    }
+    // What the generators sent, and what the receiver should see after the policy.
     let mut sent = FlowTable::new();
     let mut sent_flows = Vec::new();
-    for r in &reports {
-        if let Some(fl) = r.get("flows").and_then(Value::as_array) {
-            sent_flows.extend(fl.iter().cloned());
+    let mut by_run: Vec<(&GenRun, Vec<Value>)> = Vec::new();
+    for (run, g) in &gens {
+        let report: Value = serde_json::from_str(&g.stdout_text())
+            .with_context(|| format!("roce-gen {} printed no JSON report", run.name))?;
+        let flows = report
+            .get("flows")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        sent_flows.extend(flows.iter().cloned());
+        let mut expected = report.clone();
+        if let Some(fl) = expected.get_mut("flows").and_then(Value::as_array_mut) {
+            fl.iter_mut().for_each(|f| run.expect.apply(f));
         }
-        for (id, c) in oracle::flows_from_doc(r, |_| true)? {
+        for (id, c) in oracle::flows_from_doc(&expected, |_| true)? {
             if sent.insert(id.clone(), c).is_some() {
                 bail!("two generators sent flow {id}");
             }
         }
+        by_run.push((run, flows));
     }
     let total: u64 = sent.values().map(|c| c.packets).sum();
 
-    // The agent's table once it has read everything (it polls every 0.5 s).
+    // The receiver's table once it has read everything (it polls every 0.5 s).
     let ifname = b.veth.clone();
     let keep = |f: &Value| {
         f.get("ifname").and_then(Value::as_str) == Some(ifname.as_str())
@@ -329,7 +418,7 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
     let deadline = Instant::now() + Duration::from_secs(10);
     let (doc, seen) = loop {
         interrupted()?;
-        let doc = flows_json(lab, agent_bin)?;
+        let doc = flows_json(lab, &b.ns, agent_bin)?;
         let seen = oracle::flows_from_doc(&doc, keep)?;
         let n: u64 = seen.values().map(|c| c.packets).sum();
         if n >= total || Instant::now() > deadline {
@@ -337,19 +426,63 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let final_table = flows_table(lab, agent_bin)?;
+    let final_table = flows_table(lab, &b.ns, agent_bin)?;
     let problems = oracle::differences("roce-gen", &sent, "roce-agent", &seen);
 
-    let st = agent.stop_with(libc::SIGINT, Duration::from_secs(10))?;
-    if !st.success() {
-        bail!("roce-agent exited {st} on SIGINT: {}", agent.stderr_text());
+    // What the sender's agent did, and what arrived.
+    let sum = |name: &str, f: &dyn Fn(&Value) -> u64| -> u64 {
+        by_run
+            .iter()
+            .filter(|(r, _)| r.name == name)
+            .flat_map(|(_, flows)| flows.iter())
+            .map(f)
+            .sum()
+    };
+    let field = |k: &'static str| move |f: &Value| f.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let want = QosWant {
+        roce_rewritten: sum("plain-udp", &|f| field("packets")(f) - field("cnps")(f)),
+        intruders: intruder_sent,
+        vtep_rewritten: sum("vxlan-device", &field("packets")),
+        vxlan_packets: sum("vxlan-device", &field("packets"))
+            + sum("vxlan-crafted", &field("packets")),
+    };
+    let sender_qos = wait_for_qos(lab, &a.ns, agent_bin, &want)?;
+    let received = intruder_rx.finish()?;
+    let remote = IpAddr::V4(a.ip4).to_string();
+    let receiver_vtep = doc
+        .pointer("/counters/qos/vteps")
+        .and_then(Value::as_array)
+        .and_then(|v| {
+            v.iter()
+                .find(|r| r.get("remote").and_then(Value::as_str) == Some(remote.as_str()))
+        })
+        .cloned()
+        .unwrap_or(Value::Null);
+    let checks = qos_checks(
+        &want,
+        &sender_qos,
+        &received,
+        &receiver_vtep,
+        &remote,
+        &vx_a,
+    );
+
+    for (name, agent) in [("receiver", &mut receiver), ("sender", &mut sender)] {
+        let st = agent.stop_with(libc::SIGINT, Duration::from_secs(10))?;
+        if !st.success() {
+            bail!(
+                "roce-agent ({name}) exited {st} on SIGINT: {}",
+                agent.stderr_text()
+            );
+        }
     }
 
+    let qos_ok = checks.iter().all(|c| c.ok);
     if !args.json {
         println!("Final flow table of roce-agent on {} ({}):", b.veth, b.ns);
         println!("{}", final_table.trim_end());
         println!();
-        println!("Compared with what roce-gen sent:");
+        println!("Compared with what roce-gen sent (after the sender's QoS policy):");
         for (id, c) in &sent {
             let ok = seen.get(id).is_some_and(|s| {
                 let one = |x: &oracle::FlowCounts| FlowTable::from([(id.clone(), x.clone())]);
@@ -360,28 +493,42 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
                 None => format!("{} CE", c.ecn.ce),
             };
             println!(
-                "  {:<5} {id}: sent {} packets, {ce}, {} CNPs, {} PSN gaps",
+                "  {:<5} {id}: sent {} packets, {ce}, {} CNPs, {} PSN gaps, last DSCP {}",
                 if ok { "ok" } else { "DIFF" },
                 c.packets,
                 c.cnps,
-                c.psn_gaps.unwrap_or(0)
+                c.psn_gaps.unwrap_or(0),
+                c.last_dscp
             );
         }
-        if problems.is_empty() {
-            println!("MATCH: roce-agent counted exactly what roce-gen sent.");
+        println!();
+        println!(
+            "Host QoS: roce-agent --mode enforce --vtep {} on the sender ({}):",
+            a.veth, a.ns
+        );
+        for c in &checks {
+            println!("  {:<5} {}", if c.ok { "ok" } else { "DIFF" }, c.detail);
+        }
+        if problems.is_empty() && qos_ok {
+            println!("MATCH: roce-agent counted exactly what roce-gen sent, and the sender's markings arrived corrected.");
         } else {
-            println!("MISMATCH: see the differences on stderr.");
+            println!("MISMATCH: see the lines marked DIFF and the differences on stderr.");
         }
     }
     if problems.is_empty() {
         say(&format!(
-            "MATCH: the agent counted exactly what the generators sent on {} flows ({total} packets; packets, bytes, ECN, CE, CNPs, ACK/NAKs, PSN gaps, VNI, QP)",
+            "MATCH: the agent counted exactly what the generators sent on {} flows ({total} packets; packets, bytes, ECN, CE, CNPs, ACK/NAKs, PSN gaps, DSCP, VNI, QP)",
             sent.len()
         ));
     } else {
         say(&format!(
             "MISMATCH between roce-gen and roce-agent:\n{}",
             problems.join("\n")
+        ));
+    }
+    if !qos_ok {
+        say(&format!(
+            "QoS checks failed; the sender's counters: {sender_qos}; the receiver's record of {remote}: {receiver_vtep}"
         ));
     }
     let mut doc = doc;
@@ -394,7 +541,29 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
                 "namespace": b.ns,
                 "sent": sent_flows,
                 "packets_sent": total,
-                "matches": problems.is_empty(),
+                "qos": {
+                    "sender": {
+                        "namespace": a.ns,
+                        "interface": a.veth,
+                        "mode": "enforce",
+                        "vtep": true,
+                        "counters": sender_qos,
+                    },
+                    "intruder": {
+                        "port": intruder::PORT,
+                        "tos_sent": INTRUDER_TOS,
+                        "sent": intruder_sent,
+                        "received_by_tos": received
+                            .iter()
+                            .map(|(tos, n)| (format!("{tos:#04x}"), json!(n)))
+                            .collect::<serde_json::Map<_, _>>(),
+                    },
+                    "receiver_vtep_record": receiver_vtep,
+                    "checks": checks.iter().map(|c| json!({
+                        "name": c.name, "ok": c.ok, "detail": c.detail,
+                    })).collect::<Vec<_>>(),
+                },
+                "matches": problems.is_empty() && qos_ok,
                 "differences": problems,
             }),
         );
@@ -402,25 +571,136 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
     Ok(doc)
 }
 
+/// Starts `roce-agent run --iface IF --vtep IF` in `ns` and waits until it serves.
+fn start_agent(
+    lab: &Lab,
+    agent_bin: &Path,
+    name: &str,
+    ns: &str,
+    iface: &str,
+    extra: &[&str],
+) -> Result<Proc> {
+    let mut cmd = lab.command(ns, agent_bin);
+    cmd.args([
+        "run",
+        "--iface",
+        iface,
+        "--vtep",
+        iface,
+        "--listen",
+        API,
+        "--interval",
+        "0.5",
+    ])
+    .args(extra)
+    .env("NO_COLOR", "1");
+    let mut agent = lab.spawn(name, cmd)?;
+    agent.wait_for_output("serving GET /flows", Duration::from_secs(30))?;
+    Ok(agent)
+}
+
+/// What the sender's agent must have counted.
+struct QosWant {
+    /// RoCE data packets sent on a wrong DSCP.
+    roce_rewritten: u64,
+    /// Intruder datagrams sent.
+    intruders: u64,
+    /// Packets through the VXLAN device (outer DSCP 0, inner DSCP not 0).
+    vtep_rewritten: u64,
+    /// All VXLAN packets the receiver's decap check sees from the sender.
+    vxlan_packets: u64,
+}
+
+struct QosCheck {
+    name: &'static str,
+    ok: bool,
+    detail: String,
+}
+
+/// The sender's `counters.qos` once they reach `want` (or after 10 s).
+fn wait_for_qos(lab: &Lab, ns: &str, agent_bin: &Path, want: &QosWant) -> Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        interrupted()?;
+        let doc = flows_json(lab, ns, agent_bin)?;
+        let qos = doc.pointer("/counters/qos").cloned().unwrap_or(Value::Null);
+        let get = |k: &str| qos.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let reached = get("roce_rewritten") >= want.roce_rewritten
+            && get("intruders_remarked") >= want.intruders
+            && get("vtep_rewritten") >= want.vtep_rewritten;
+        if reached || Instant::now() > deadline {
+            return Ok(qos);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn qos_checks(
+    want: &QosWant,
+    sender: &Value,
+    received: &intruder::TosCounts,
+    receiver_vtep: &Value,
+    remote: &str,
+    vxlan_dev: &str,
+) -> Vec<QosCheck> {
+    let get = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let rewritten = get(sender, "roce_rewritten");
+    let remarked = get(sender, "intruders_remarked");
+    let vtep = get(sender, "vtep_rewritten");
+    let arrived: u64 = received.values().sum();
+    let arrived_right = received.get(&INTRUDER_TOS_REMARKED).copied().unwrap_or(0);
+    let (decap_packets, decap_mismatch) = (
+        get(receiver_vtep, "packets"),
+        get(receiver_vtep, "dscp_mismatch"),
+    );
+    vec![
+        QosCheck {
+            name: "roce_data_rewritten",
+            ok: rewritten == want.roce_rewritten,
+            detail: format!(
+                "RoCE data sent on DSCP 0 (qp 0x200): {rewritten} of {} packets left on DSCP {ROCE_DSCP} (roce_rewritten), ECN kept",
+                want.roce_rewritten
+            ),
+        },
+        QosCheck {
+            name: "intruder_remarked",
+            ok: remarked == want.intruders
+                && arrived == want.intruders
+                && arrived_right == arrived,
+            detail: format!(
+                "intruder, UDP port {} on lossless DSCP {ROCE_DSCP} (TOS {INTRUDER_TOS:#04x}): {remarked} of {} remarked (intruders_remarked); the receiving socket read TOS {INTRUDER_TOS_REMARKED:#04x} (DSCP 0, ECT(0) kept) on {arrived_right} of {arrived} datagrams",
+                intruder::PORT,
+                want.intruders
+            ),
+        },
+        QosCheck {
+            name: "outer_dscp_corrected",
+            ok: vtep == want.vtep_rewritten
+                && decap_packets >= want.vxlan_packets
+                && decap_mismatch == 0,
+            detail: format!(
+                "VXLAN device {vxlan_dev} (tos 0) writes outer DSCP 0: {vtep} of {} packets left with the inner DSCP (vtep_rewritten); the receiver's decap check found {decap_mismatch} lost DSCPs in {decap_packets} VXLAN packets from {remote}",
+                want.vtep_rewritten
+            ),
+        },
+    ]
+}
+
 /// Splits a command line on whitespace (the arguments here hold no spaces).
 fn argv(line: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_string).collect()
 }
 
-fn flows_json(lab: &Lab, agent_bin: &Path) -> Result<Value> {
+fn flows_json(lab: &Lab, ns: &str, agent_bin: &Path) -> Result<Value> {
     let out = lab.exec(
-        &lab.b.ns,
+        ns,
         &agent_bin.to_string_lossy(),
         &["flows", "--json", "--api", API],
     )?;
     serde_json::from_slice(&out.stdout).context("roce-agent flows --json printed no JSON")
 }
 
-fn flows_table(lab: &Lab, agent_bin: &Path) -> Result<String> {
-    let out = lab.exec(
-        &lab.b.ns,
-        &agent_bin.to_string_lossy(),
-        &["flows", "--api", API],
-    )?;
+fn flows_table(lab: &Lab, ns: &str, agent_bin: &Path) -> Result<String> {
+    let out = lab.exec(ns, &agent_bin.to_string_lossy(), &["flows", "--api", API])?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

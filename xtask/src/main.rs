@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod intruder;
 mod test;
 
 #[derive(Parser)]
