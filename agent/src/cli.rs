@@ -37,7 +37,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
     long_about = "eBPF host dataplane agent for RoCEv2 fabrics.\n\n\
         `run` attaches an XDP classifier to interfaces and counts every RoCEv2 queue pair \
         it sees (plain or in VXLAN): packets, bytes, ECN marks, CNPs, ACK/NAK/RNR NAKs and \
-        PSN gaps. `flows` shows what a running agent counted.\n\n\
+        PSN gaps; tc programs apply the host DSCP policy on egress (audit or enforce) and \
+        carry inner DSCP/ECN to the outer header on VTEP underlays. `flows` shows what a \
+        running agent counted and did.\n\n\
         Exit status: 0 success, 1 runtime error, 2 usage or configuration error."
 )]
 pub struct Cli {
@@ -51,7 +53,9 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         roce-agent run --iface eth1\n  \
         roce-agent run --iface eth1 --iface eth2 --listen 127.0.0.1:9473\n  \
-        roce-agent run --config /etc/roce-agent/host.toml\n\n\
+        roce-agent run --config /etc/roce-agent/host.toml\n  \
+        roce-agent run --iface eth1 --mode enforce          # rewrite DSCPs, set skb->priority\n  \
+        roce-agent run --iface eth1 --vtep eth0             # VXLAN outer DSCP/ECN from the inner\n\n\
         Flags override the config file; with no file, defaults apply. Runs until SIGINT or \
         SIGTERM, then detaches every program it attached and exits 0. Needs root (CAP_BPF, \
         CAP_NET_ADMIN). RUST_LOG sets the log level (default info).")]

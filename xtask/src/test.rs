@@ -1,6 +1,6 @@
 //! `cargo xtask test`: set-up, then every test of the workspace (unit tests, kernel
-//! tests through BPF_PROG_TEST_RUN, namespace end-to-end runs), then a check that
-//! nothing was left behind.
+//! tests through BPF_PROG_TEST_RUN, namespace end-to-end runs), the demo (as the
+//! README runs it), then a check that nothing was left behind.
 
 use std::process::Command;
 
@@ -37,7 +37,11 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(f) = args.filter.as_deref() {
         test.push(f);
     }
-    let result = cargo(&test);
+    let mut result = cargo(&test);
+    // The README's main command, as a user runs it: it must keep working.
+    if result.is_ok() && args.filter.is_none() {
+        result = demo();
+    }
     let after = namespaces();
     let new: Vec<_> = after.iter().filter(|x| !before.contains(x)).collect();
     if !new.is_empty() {
@@ -46,6 +50,26 @@ pub fn run(args: Args) -> Result<()> {
         bail!("tests left network namespaces behind: {new:?}");
     }
     result
+}
+
+/// Runs `cargo xtask demo --duration 3 --json` (this binary) and checks its verdict.
+fn demo() -> Result<()> {
+    eprintln!("[test] cargo xtask demo --duration 3 --json");
+    let out = Command::new(std::env::current_exe().context("locating xtask")?)
+        .args(["demo", "--duration", "3", "--json"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running the demo")?;
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .context("the demo printed no JSON document on stdout")?;
+    let matches = doc
+        .pointer("/demo/matches")
+        .and_then(serde_json::Value::as_bool);
+    if !out.status.success() || matches != Some(true) {
+        bail!("the demo failed ({}; matches: {matches:?})", out.status);
+    }
+    eprintln!("[test] demo: MATCH");
+    Ok(())
 }
 
 /// Network namespaces present now (tests must not add any that outlive them).
