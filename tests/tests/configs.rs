@@ -123,7 +123,10 @@ fn vtep_config_enforces_and_propagates_with_the_documented_policy() {
         Ok(s) => s,
         Err(e) => panic!("{e}"),
     };
-    assert_eq!((s.mode, s.ecn_propagation), (HostMode::Enforce, EcnPropagation::Kernel));
+    assert_eq!(
+        (s.mode, s.ecn_propagation),
+        (HostMode::Enforce, EcnPropagation::Kernel)
+    );
     assert_eq!(s.vteps, vec!["eth0"]);
     // Every [qos] value written out is the default.
     assert_eq!(s.policy, Policy::default());

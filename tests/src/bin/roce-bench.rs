@@ -11,11 +11,11 @@ use std::os::fd::BorrowedFd;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use roce_agent::config::{HostMode, Settings};
 use roce_agent::loader::{self, LoadOptions};
 use roce_agent::packet::{self, Eth, RoceMsg, L3};
-use roce_agent::testrun::{test_run, TestRun};
-use roce_agent::config::{HostMode, Settings};
 use roce_agent::qos::{self, TcMechanism};
+use roce_agent::testrun::{test_run, TestRun};
 use roce_common::policy::{IfaceQos, Policy, ECN_KERNEL, HOST_ENFORCE};
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -26,7 +26,10 @@ use xtask::lab::{in_namespace, Lab, LabOptions};
 mod bench_analyze;
 
 #[derive(Parser)]
-#[command(name = "roce-bench", about = "Per-packet cost of roce-agent's XDP classifier vs an empty XDP program")]
+#[command(
+    name = "roce-bench",
+    about = "Per-packet cost of roce-agent's XDP classifier vs an empty XDP program"
+)]
 struct Args {
     /// One JSON object per line instead of a table.
     #[arg(long)]
@@ -68,21 +71,52 @@ fn cases() -> Vec<Case> {
         &write,
     );
     let vxlan = packet::vxlan_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xD000, 5001, &inner);
-    let v6 = L3::v6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1), Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2));
+    let v6 = L3::v6(
+        Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1),
+        Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2),
+    );
     let roce_v6 = packet::roce_frame(&eth, &v6.with_tos(106), 0xC000, &write);
     let udp = packet::udp_frame(&eth, &L3::v4(a4, b4), 40000, 53, &[0u8; 64]);
     let tcp = packet::ip_frame(&eth, &L3::v4(a4, b4), 6, &[0u8; 40]);
     vec![
-        Case { name: "xdp_roce_ipv4", frame: roce_v4, target_added_ns: 15.0 },
-        Case { name: "xdp_roce_in_vxlan", frame: vxlan, target_added_ns: 25.0 },
-        Case { name: "xdp_roce_ipv6", frame: roce_v6, target_added_ns: 15.0 },
-        Case { name: "xdp_other_udp", frame: udp, target_added_ns: 5.0 },
-        Case { name: "xdp_tcp", frame: tcp, target_added_ns: 5.0 },
+        Case {
+            name: "xdp_roce_ipv4",
+            frame: roce_v4,
+            target_added_ns: 15.0,
+        },
+        Case {
+            name: "xdp_roce_in_vxlan",
+            frame: vxlan,
+            target_added_ns: 25.0,
+        },
+        Case {
+            name: "xdp_roce_ipv6",
+            frame: roce_v6,
+            target_added_ns: 15.0,
+        },
+        Case {
+            name: "xdp_other_udp",
+            frame: udp,
+            target_added_ns: 5.0,
+        },
+        Case {
+            name: "xdp_tcp",
+            frame: tcp,
+            target_added_ns: 5.0,
+        },
     ]
 }
 
 fn ns_per_packet(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> Result<u32> {
-    let out = test_run(prog, &TestRun { data: frame, repeat, ..Default::default() }).context("BPF_PROG_TEST_RUN")?;
+    let out = test_run(
+        prog,
+        &TestRun {
+            data: frame,
+            repeat,
+            ..Default::default()
+        },
+    )
+    .context("BPF_PROG_TEST_RUN")?;
     Ok(out.duration_ns)
 }
 
@@ -108,10 +142,23 @@ fn tc_cases() -> Vec<TcCase> {
     let eth = Eth::default();
     let a4 = Ipv4Addr::new(198, 18, 0, 1);
     let b4 = Ipv4Addr::new(198, 18, 0, 2);
-    let v6 = L3::v6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1), Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2));
+    let v6 = L3::v6(
+        Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1),
+        Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2),
+    );
     let write = RoceMsg::write_only(0x1234, 100, 256);
-    let enforce = IfaceQos { host: HOST_ENFORCE, vtep: 0, ecn: ECN_KERNEL, _pad: 0 };
-    let vtep = IfaceQos { host: 0, vtep: 1, ecn: ECN_KERNEL, _pad: 0 };
+    let enforce = IfaceQos {
+        host: HOST_ENFORCE,
+        vtep: 0,
+        ecn: ECN_KERNEL,
+        _pad: 0,
+    };
+    let vtep = IfaceQos {
+        host: 0,
+        vtep: 1,
+        ecn: ECN_KERNEL,
+        _pad: 0,
+    };
     let inner = packet::roce_frame(
         &eth,
         &L3::v4(Ipv4Addr::new(198, 19, 0, 1), Ipv4Addr::new(198, 19, 0, 2)).with_tos(106),
@@ -119,12 +166,60 @@ fn tc_cases() -> Vec<TcCase> {
         &write,
     );
     vec![
-        TcCase { name: "tc_egress_roce_ipv4_kept", frame: packet::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write), iface: enforce, program: loader::TC_EGRESS, rewrites: false },
-        TcCase { name: "tc_egress_intruder_ipv4_remarked", frame: packet::udp_frame(&eth, &L3::v4(a4, b4).with_tos(106), 40000, 5001, &[0u8; 256]), iface: enforce, program: loader::TC_EGRESS, rewrites: true },
-        TcCase { name: "tc_egress_roce_ipv6_rewritten", frame: packet::roce_frame(&eth, &v6.with_tos(2), 0xC000, &write), iface: enforce, program: loader::TC_EGRESS, rewrites: true },
-        TcCase { name: "tc_egress_vtep_ipv4_propagated", frame: packet::vxlan_frame(&eth, &L3::v4(a4, b4), 0xD000, 5001, &inner), iface: vtep, program: loader::TC_EGRESS, rewrites: true },
-        TcCase { name: "tc_ingress_decap_check", frame: packet::vxlan_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xD000, 5001, &inner), iface: vtep, program: loader::TC_INGRESS, rewrites: false },
-        TcCase { name: "tc_egress_unconfigured_iface", frame: packet::udp_frame(&eth, &L3::v4(a4, b4).with_tos(106), 40000, 5001, &[0u8; 256]), iface: IfaceQos::default(), program: loader::TC_EGRESS, rewrites: false },
+        TcCase {
+            name: "tc_egress_roce_ipv4_kept",
+            frame: packet::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write),
+            iface: enforce,
+            program: loader::TC_EGRESS,
+            rewrites: false,
+        },
+        TcCase {
+            name: "tc_egress_intruder_ipv4_remarked",
+            frame: packet::udp_frame(
+                &eth,
+                &L3::v4(a4, b4).with_tos(106),
+                40000,
+                5001,
+                &[0u8; 256],
+            ),
+            iface: enforce,
+            program: loader::TC_EGRESS,
+            rewrites: true,
+        },
+        TcCase {
+            name: "tc_egress_roce_ipv6_rewritten",
+            frame: packet::roce_frame(&eth, &v6.with_tos(2), 0xC000, &write),
+            iface: enforce,
+            program: loader::TC_EGRESS,
+            rewrites: true,
+        },
+        TcCase {
+            name: "tc_egress_vtep_ipv4_propagated",
+            frame: packet::vxlan_frame(&eth, &L3::v4(a4, b4), 0xD000, 5001, &inner),
+            iface: vtep,
+            program: loader::TC_EGRESS,
+            rewrites: true,
+        },
+        TcCase {
+            name: "tc_ingress_decap_check",
+            frame: packet::vxlan_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xD000, 5001, &inner),
+            iface: vtep,
+            program: loader::TC_INGRESS,
+            rewrites: false,
+        },
+        TcCase {
+            name: "tc_egress_unconfigured_iface",
+            frame: packet::udp_frame(
+                &eth,
+                &L3::v4(a4, b4).with_tos(106),
+                40000,
+                5001,
+                &[0u8; 256],
+            ),
+            iface: IfaceQos::default(),
+            program: loader::TC_EGRESS,
+            rewrites: false,
+        },
     ]
 }
 
@@ -133,15 +228,31 @@ fn tc_cases() -> Vec<TcCase> {
 fn tc_ns(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32, fresh: bool) -> Result<f64> {
     let ctx = [0u8; 192];
     if !fresh {
-        let out = test_run(prog, &TestRun { data: frame, repeat, ctx_in: Some(&ctx), ctx_out_len: 0 })
-            .context("BPF_PROG_TEST_RUN")?;
+        let out = test_run(
+            prog,
+            &TestRun {
+                data: frame,
+                repeat,
+                ctx_in: Some(&ctx),
+                ctx_out_len: 0,
+            },
+        )
+        .context("BPF_PROG_TEST_RUN")?;
         return Ok(out.duration_ns as f64);
     }
     let runs = (repeat / 100).clamp(1000, 20_000);
     let mut total = 0u64;
     for _ in 0..runs {
-        let out = test_run(prog, &TestRun { data: frame, repeat: 1, ctx_in: Some(&ctx), ctx_out_len: 0 })
-            .context("BPF_PROG_TEST_RUN")?;
+        let out = test_run(
+            prog,
+            &TestRun {
+                data: frame,
+                repeat: 1,
+                ctx_in: Some(&ctx),
+                ctx_out_len: 0,
+            },
+        )
+        .context("BPF_PROG_TEST_RUN")?;
         total += out.duration_ns as u64;
     }
     Ok(total as f64 / runs as f64)
@@ -153,14 +264,25 @@ fn median_f(mut v: Vec<f64>) -> f64 {
 }
 
 fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
-    let mut loaded = loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
+    let mut loaded =
+        loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
     loaded.set_policy(&Policy::default())?;
     for case in tc_cases() {
         loaded.set_iface_qos(1, Some(case.iface))?;
         let (mut ours, mut base) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
-            base.push(tc_ns(loaded.tc_fd(loader::TC_BASELINE)?, &case.frame, args.repeat, case.rewrites)?);
-            ours.push(tc_ns(loaded.tc_fd(case.program)?, &case.frame, args.repeat, case.rewrites)?);
+            base.push(tc_ns(
+                loaded.tc_fd(loader::TC_BASELINE)?,
+                &case.frame,
+                args.repeat,
+                case.rewrites,
+            )?);
+            ours.push(tc_ns(
+                loaded.tc_fd(case.program)?,
+                &case.frame,
+                args.repeat,
+                case.rewrites,
+            )?);
         }
         let (ns, baseline) = (median_f(ours), median_f(base));
         if args.json {
@@ -177,7 +299,14 @@ fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
                 })
             );
         } else {
-            println!("{:<34} {:>10.0} {:>10.0} {:>9.0} {:>8}", case.name, ns, baseline, ns - baseline, if case.rewrites { "fresh" } else { "repeat" });
+            println!(
+                "{:<34} {:>10.0} {:>10.0} {:>9.0} {:>8}",
+                case.name,
+                ns,
+                baseline,
+                ns - baseline,
+                if case.rewrites { "fresh" } else { "repeat" }
+            );
         }
     }
     Ok(())
@@ -193,7 +322,13 @@ fn flood(dst: Ipv4Addr, tos: u8, secs: f64) -> Result<f64> {
     let v: libc::c_int = tos as libc::c_int;
     // SAFETY: setsockopt on an open socket with a c_int value.
     let rc = unsafe {
-        libc::setsockopt(sock.as_raw_fd(), libc::IPPROTO_IP, libc::IP_TOS, &v as *const libc::c_int as *const libc::c_void, 4)
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_TOS,
+            &v as *const libc::c_int as *const libc::c_void,
+            4,
+        )
     };
     if rc != 0 {
         anyhow::bail!("IP_TOS: {}", std::io::Error::last_os_error());
@@ -239,37 +374,93 @@ fn throughput_line(args: &Args, name: &str, peer: &str, pps: f64, peer_pps: f64)
 }
 
 fn bench_throughput(args: &Args, rounds: usize) -> Result<()> {
-    let lab = |tos_inherit: bool| Lab::new(LabOptions { vxlan: true, tos_inherit, ipv6: false, ..LabOptions::default() });
+    let lab = |tos_inherit: bool| {
+        Lab::new(LabOptions {
+            vxlan: true,
+            tos_inherit,
+            ipv6: false,
+            ..LabOptions::default()
+        })
+    };
     // 1. Remarking intruders on a veth: our tc_egress (enforce) vs the iptables DSCP target.
     {
         let l = lab(false)?;
         let veth = l.a.veth.clone();
-        let rule = ["-t", "mangle", "-A", "POSTROUTING", "-o", veth.as_str(), "-p", "udp", "-m", "dscp", "--dscp", "26", "-j", "DSCP", "--set-dscp", "0"];
-        let del: Vec<&str> = rule.iter().map(|a| if *a == "-A" { "-D" } else { *a }).collect();
-        let settings = Settings { interfaces: vec![veth.clone()], mode: HostMode::Enforce, ..Settings::default() };
+        let rule = [
+            "-t",
+            "mangle",
+            "-A",
+            "POSTROUTING",
+            "-o",
+            veth.as_str(),
+            "-p",
+            "udp",
+            "-m",
+            "dscp",
+            "--dscp",
+            "26",
+            "-j",
+            "DSCP",
+            "--set-dscp",
+            "0",
+        ];
+        let del: Vec<&str> = rule
+            .iter()
+            .map(|a| if *a == "-A" { "-D" } else { *a })
+            .collect();
+        let settings = Settings {
+            interfaces: vec![veth.clone()],
+            mode: HostMode::Enforce,
+            ..Settings::default()
+        };
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
-            ours.push(flood_in(&l.a.ns, Some(settings.clone()), l.b.ip4, args.seconds)?);
+            ours.push(flood_in(
+                &l.a.ns,
+                Some(settings.clone()),
+                l.b.ip4,
+                args.seconds,
+            )?);
             l.exec(&l.a.ns, "iptables", &rule)?;
             let peer = flood_in(&l.a.ns, None, l.b.ip4, args.seconds);
             l.exec(&l.a.ns, "iptables", &del)?;
             theirs.push(peer?);
         }
-        throughput_line(args, "tc_remark_intruders_veth", "iptables_dscp_target", median_f(ours), median_f(theirs));
+        throughput_line(
+            args,
+            "tc_remark_intruders_veth",
+            "iptables_dscp_target",
+            median_f(ours),
+            median_f(theirs),
+        );
     }
     // 2. VTEP propagation: a tos 0 tunnel + tc_egress on its underlay vs tos inherit.
     {
         let inherit = lab(true)?;
         let ours_lab = lab(false)?;
-        let settings = Settings { vteps: vec![ours_lab.a.veth.clone()], ..Settings::default() };
+        let settings = Settings {
+            vteps: vec![ours_lab.a.veth.clone()],
+            ..Settings::default()
+        };
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             let dst = ours_lab.b.vxlan_ip4.context("VXLAN lab")?;
-            ours.push(flood_in(&ours_lab.a.ns, Some(settings.clone()), dst, args.seconds)?);
+            ours.push(flood_in(
+                &ours_lab.a.ns,
+                Some(settings.clone()),
+                dst,
+                args.seconds,
+            )?);
             let dst = inherit.b.vxlan_ip4.context("VXLAN lab")?;
             theirs.push(flood_in(&inherit.a.ns, None, dst, args.seconds)?);
         }
-        throughput_line(args, "tc_vtep_propagation_vxlan", "kernel_tos_inherit", median_f(ours), median_f(theirs));
+        throughput_line(
+            args,
+            "tc_vtep_propagation_vxlan",
+            "kernel_tos_inherit",
+            median_f(ours),
+            median_f(theirs),
+        );
     }
     Ok(())
 }
@@ -277,15 +468,23 @@ fn bench_throughput(args: &Args, rounds: usize) -> Result<()> {
 fn main() -> Result<()> {
     let args = Args::parse();
     let rounds = args.rounds.max(1);
-    let mut loaded = loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
+    let mut loaded =
+        loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
     if !args.json {
-        println!("{:<20} {:>10} {:>10} {:>9} {:>8}", "case", "ns/pkt", "empty", "added", "target");
+        println!(
+            "{:<20} {:>10} {:>10} {:>9} {:>8}",
+            "case", "ns/pkt", "empty", "added", "target"
+        );
     }
     for case in cases() {
         let (mut ours, mut base) = (Vec::new(), Vec::new());
         // Interleave the two programs so that drift in the machine hits both alike.
         for _ in 0..rounds {
-            base.push(ns_per_packet(loaded.baseline_xdp_fd()?, &case.frame, args.repeat)?);
+            base.push(ns_per_packet(
+                loaded.baseline_xdp_fd()?,
+                &case.frame,
+                args.repeat,
+            )?);
             ours.push(ns_per_packet(loaded.xdp_fd()?, &case.frame, args.repeat)?);
         }
         let (ns, baseline) = (median(ours), median(base));
@@ -315,7 +514,10 @@ fn main() -> Result<()> {
         }
     }
     if !args.json {
-        println!("{:<34} {:>10} {:>10} {:>9} {:>8}", "tc case", "ns/pkt", "empty tc", "added", "input");
+        println!(
+            "{:<34} {:>10} {:>10} {:>9} {:>8}",
+            "tc case", "ns/pkt", "empty tc", "added", "input"
+        );
     }
     bench_tc(&args, rounds)?;
     if args.seconds > 0.0 {
