@@ -89,7 +89,8 @@ fn row(f: &Flow) -> [String; 13] {
         format!("{}→{}", f.src, f.dst),
         f.vni.map_or_else(|| "-".to_string(), |v| v.to_string()),
         inner,
-        f.dest_qp.to_string(),
+        // Hex, as the findings, tshark and perftest print QP numbers.
+        format!("{:#x}", f.dest_qp),
         f.packets.to_string(),
         human_bytes(f.bytes),
         f.ecn.ce.to_string(),
@@ -207,7 +208,7 @@ mod tests {
             .iter()
             .map(|l| l.split_whitespace().nth(4).unwrap())
             .collect();
-        assert_eq!(qps, vec!["4", "5", "3", "1"], "{text}");
+        assert_eq!(qps, vec!["0x4", "0x5", "0x3", "0x1"], "{text}");
         assert!(lines[1].contains("50.0"), "{text}");
         assert!(lines[1].contains("2/3/4"), "ACK/NAK/RNR column: {text}");
         assert!(lines[1].contains("eth1/in"));
