@@ -1130,7 +1130,7 @@ pub fn render_table(r: &Report) -> String {
     ));
     for f in &r.flows {
         let (src, dst) = match (&f.inner_src, &f.inner_dst) {
-            (Some(s), Some(d)) => (format!("{s}"), format!("{d}")),
+            (Some(s), Some(d)) => (s.to_string(), d.to_string()),
             _ => (f.src.clone(), f.dst.clone()),
         };
         s.push_str(&format!(

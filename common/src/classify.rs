@@ -114,6 +114,8 @@ pub(crate) const INNER: Reasons = Reasons {
 };
 
 /// Classifies one frame (starting at its Ethernet header).
+// The key is filled field by field on a zeroed value: whole-word stores in the kernel build.
+#[allow(clippy::field_reassign_with_default)]
 #[inline(always)]
 pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
     let mut ethertype = match p.be16_at(12) {

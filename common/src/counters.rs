@@ -160,32 +160,6 @@ pub fn reason_index(r: Reason) -> u32 {
     STAT_REASON_BASE + r as u32
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn indices_do_not_overlap() {
-        assert!(class_index(Class::NonIp) < STAT_REASON_BASE);
-        assert_eq!(
-            reason_index(Reason::TruncatedExtHeader) + 1,
-            STAT_FLOW_CREATED
-        );
-        assert!(STAT_FLOW_INSERT_FAILED < STATS_LEN);
-        // The existing layout is a contract: QoS counters come after it.
-        assert_eq!((STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED), (34, 35));
-        assert_eq!(STAT_QOS_ROCE_REWRITTEN, 36);
-        assert!(STAT_TC_WRITE_FAILED < STATS_LEN);
-        for (i, (idx, _)) in STAT_NAMES_QOS.iter().enumerate() {
-            assert_eq!(*idx, STAT_QOS_ROCE_REWRITTEN + i as u32);
-        }
-        assert_eq!(
-            REASON_NAMES[Reason::TruncatedExtHeader as usize],
-            "truncated_ext_header"
-        );
-    }
-}
-
 /// The STATS entries one classified frame bumps: its class or reason, and for a
 /// RoCE packet with a cut-off extension header also `truncated_ext_header`.
 #[inline(always)]
@@ -202,5 +176,31 @@ pub fn stat_indices(outcome: &crate::classify::Outcome) -> (u32, Option<u32>) {
         }
         Outcome::Other(c) => (class_index(*c), None),
         Outcome::Malformed(r) => (reason_index(*r), None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices_do_not_overlap() {
+        assert!(class_index(Class::NonIp) < STAT_REASON_BASE);
+        assert_eq!(
+            reason_index(Reason::TruncatedExtHeader) + 1,
+            STAT_FLOW_CREATED
+        );
+        const { assert!(STAT_FLOW_INSERT_FAILED < STATS_LEN) };
+        // The existing layout is a contract: QoS counters come after it.
+        assert_eq!((STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED), (34, 35));
+        assert_eq!(STAT_QOS_ROCE_REWRITTEN, 36);
+        const { assert!(STAT_TC_WRITE_FAILED < STATS_LEN) };
+        for (i, (idx, _)) in STAT_NAMES_QOS.iter().enumerate() {
+            assert_eq!(*idx, STAT_QOS_ROCE_REWRITTEN + i as u32);
+        }
+        assert_eq!(
+            REASON_NAMES[Reason::TruncatedExtHeader as usize],
+            "truncated_ext_header"
+        );
     }
 }

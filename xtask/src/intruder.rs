@@ -92,10 +92,17 @@ fn pin_to_cpu(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// A receiver running in a namespace until [`Receiver::finish`].
+/// A receiver running in a namespace until [`Receiver::finish`] (or until dropped,
+/// when the demo stops early: its thread then ends within a read timeout).
 pub struct Receiver {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Result<TosCounts>>,
+    thread: Option<JoinHandle<Result<TosCounts>>>,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Receiver {
@@ -140,16 +147,21 @@ impl Receiver {
             })
         });
         match ready_rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(Ok(())) => Ok(Receiver { stop, thread }),
+            Ok(Ok(())) => Ok(Receiver {
+                stop,
+                thread: Some(thread),
+            }),
             Ok(Err(e)) => Err(e.context("starting the intruder receiver")),
             Err(_) => Err(anyhow!("the intruder receiver did not start")),
         }
     }
 
     /// Stops receiving and returns the TOS bytes seen.
-    pub fn finish(self) -> Result<TosCounts> {
+    pub fn finish(mut self) -> Result<TosCounts> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
+            .take()
+            .ok_or_else(|| anyhow!("the intruder receiver was already finished"))?
             .join()
             .map_err(|_| anyhow!("the intruder receiver panicked"))?
     }
