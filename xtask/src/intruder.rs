@@ -14,30 +14,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use xtask::lab::in_namespace;
+use xtask::sock::{pin_thread_to_cpu, set_int_option};
 
 /// UDP port of the intruder flow (iperf3's: bulk traffic, not RoCE).
 pub const PORT: u16 = 5201;
 
 /// TOS bytes of the datagrams that arrived, by value.
 pub type TosCounts = BTreeMap<u8, u64>;
-
-fn setsockopt_int(sock: &UdpSocket, level: i32, name: i32, value: i32) -> io::Result<()> {
-    // SAFETY: setsockopt with a pointer to an int of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            name,
-            &value as *const i32 as *const libc::c_void,
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
 
 /// Receives one datagram and returns its TOS byte (None: timeout).
 fn recv_tos(sock: &UdpSocket) -> io::Result<Option<u8>> {
@@ -78,20 +61,6 @@ fn recv_tos(sock: &UdpSocket) -> io::Result<Option<u8>> {
     ))
 }
 
-/// Pins the calling thread to one CPU.
-fn pin_to_cpu(cpu: usize) -> Result<()> {
-    // SAFETY: cpu_set_t is plain data; sched_setaffinity(0) affects this thread only.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error()).with_context(|| format!("pinning to CPU {cpu}"));
-    }
-    Ok(())
-}
-
 /// A receiver running in a namespace until [`Receiver::finish`] (or until dropped,
 /// when the demo stops early: its thread then ends within a read timeout).
 pub struct Receiver {
@@ -117,7 +86,7 @@ impl Receiver {
                 let bound = UdpSocket::bind(SocketAddrV4::new(addr, PORT))
                     .with_context(|| format!("binding {addr}:{PORT}"))
                     .and_then(|s| {
-                        setsockopt_int(&s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)
+                        set_int_option(&s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)
                             .context("IP_RECVTOS")?;
                         s.set_read_timeout(Some(Duration::from_millis(100)))
                             .context("read timeout")?;
@@ -187,11 +156,11 @@ impl Sender {
         let ns = ns.to_string();
         let thread = std::thread::spawn(move || {
             in_namespace(&ns, move || {
-                pin_to_cpu(cpu)?;
+                pin_thread_to_cpu(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
                 let sock = UdpSocket::bind(SocketAddrV4::new(src, 0))
                     .with_context(|| format!("binding {src}"))?;
                 // UDP sockets keep the ECN bits of IP_TOS (TCP would clear them).
-                setsockopt_int(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos as i32)
+                set_int_option(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos as i32)
                     .context("IP_TOS")?;
                 let start = Instant::now();
                 let payload = [0x5Au8; 64];

@@ -2,3 +2,4 @@
 
 pub mod lab;
 pub mod setup;
+pub mod sock;

@@ -18,9 +18,9 @@ use roce_agent::qos::{self, TcMechanism};
 use roce_agent::testrun::{test_run, TestRun};
 use roce_common::policy::{IfaceQos, Policy, ECN_KERNEL, HOST_ENFORCE};
 use std::net::{SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::time::Instant;
 use xtask::lab::{in_namespace, Lab, LabOptions};
+use xtask::sock::set_int_option;
 
 #[path = "../bench_analyze.rs"]
 mod bench_analyze;
@@ -319,20 +319,7 @@ fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
 /// thread's namespace; returns packets per second.
 fn flood(dst: Ipv4Addr, tos: u8, secs: f64) -> Result<f64> {
     let sock = UdpSocket::bind("0.0.0.0:0")?;
-    let v: libc::c_int = tos as libc::c_int;
-    // SAFETY: setsockopt on an open socket with a c_int value.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_TOS,
-            &v as *const libc::c_int as *const libc::c_void,
-            4,
-        )
-    };
-    if rc != 0 {
-        anyhow::bail!("IP_TOS: {}", std::io::Error::last_os_error());
-    }
+    set_int_option(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos as i32).context("IP_TOS")?;
     sock.connect(SocketAddrV4::new(dst, 9))?;
     let payload = [0u8; 64];
     let start = Instant::now();
