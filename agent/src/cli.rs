@@ -92,14 +92,14 @@ pub struct AnalyzeArgs {
     /// Classifier engine [default: kernel when BPF programs can be loaded, else reference]
     #[arg(long, value_enum)]
     pub engine: Option<crate::analyze::Engine>,
-    /// DSCPs of the lossless (PFC) class, comma-separated
-    #[arg(long, value_name = "DSCP[,DSCP...]", value_delimiter = ',', default_value = "26",
+    /// DSCPs of the lossless (PFC) class, comma-separated [default: the config's [qos] lossless_dscps, else 26]
+    #[arg(long, value_name = "DSCP[,DSCP...]", value_delimiter = ',',
           value_parser = clap::value_parser!(u8).range(0..64))]
     pub lossless_dscp: Vec<u8>,
-    /// The DSCP CNPs should carry
-    #[arg(long, value_name = "DSCP", default_value_t = 48,
+    /// The DSCP CNPs should carry [default: the config's [qos] cnp_dscp, else 48]
+    #[arg(long, value_name = "DSCP",
           value_parser = clap::value_parser!(u8).range(0..64))]
-    pub cnp_dscp: u8,
+    pub cnp_dscp: Option<u8>,
 }
 
 #[derive(Debug, Args)]
@@ -379,18 +379,22 @@ pub fn flows(args: FlowsArgs) -> anyhow::Result<()> {
 /// `roce-agent analyze`.
 pub fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
     use crate::analyze::{self, AnalyzeOptions};
-    use crate::findings::Policy;
     use std::io::Write as _;
 
     let file = args.config.as_deref().map(ConfigFile::load).transpose()?;
     let settings = Settings::resolve(file.as_ref(), &Overrides::default(), false)?;
+    // The config's [qos] policy (or the defaults), the flags over it.
+    let mut policy = settings.policy;
+    if !args.lossless_dscp.is_empty() {
+        policy.set_lossless(&args.lossless_dscp);
+    }
+    if let Some(d) = args.cnp_dscp {
+        policy.qos.cnp_dscp = d;
+    }
     let opts = AnalyzeOptions {
         engine: args.engine,
         load: settings.load_options(),
-        policy: Policy {
-            lossless: args.lossless_dscp.iter().fold(0u64, |m, d| m | 1 << d),
-            cnp_dscp: args.cnp_dscp,
-        },
+        policy,
         progress: true,
     };
     let analysis = analyze::analyze(&args.capture, &opts)?;

@@ -34,9 +34,7 @@ use std::time::Duration;
 use std::collections::BTreeMap;
 
 use roce_common::config::{pmtu_log2, RuntimeConfig};
-use roce_common::policy::{
-    Policy, ECN_KERNEL, ECN_RFC6040, ENTRY_LOSSLESS, HOST_AUDIT, HOST_ENFORCE,
-};
+use roce_common::policy::{Policy, ECN_KERNEL, ECN_RFC6040, HOST_AUDIT, HOST_ENFORCE};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -543,13 +541,12 @@ impl Settings {
             p.qos.remark_dscp = dscp(v, "qos.remark_dscp")?;
         }
         if let Some(list) = &q.lossless_dscps {
-            for e in p.table.iter_mut() {
-                e.flags &= !ENTRY_LOSSLESS;
-            }
-            for v in list.get_ref() {
-                let d = dscp(v, "qos.lossless_dscps")?;
-                p.table[d as usize].flags |= ENTRY_LOSSLESS;
-            }
+            let dscps = list
+                .get_ref()
+                .iter()
+                .map(|v| dscp(v, "qos.lossless_dscps"))
+                .collect::<Result<Vec<u8>, _>>()?;
+            p.set_lossless(&dscps);
         }
         if p.table[p.qos.remark_dscp as usize].lossless() {
             let span = q.remark_dscp.as_ref().map(|v| v.span()).unwrap_or(0..0);

@@ -333,11 +333,9 @@ impl Flow {
         let (ifname, direction) = match resolve {
             Some(r) => (
                 Some(r(key.ifindex).unwrap_or_else(|| format!("if#{}", key.ifindex))),
-                Some(if key.egress() {
-                    Direction::Egress
-                } else {
-                    Direction::Ingress
-                }),
+                // Only XDP (ingress) counts flows today; "egress" comes with the tc
+                // egress program's flow counting.
+                Some(Direction::Ingress),
             ),
             None => (None, None),
         };
@@ -396,9 +394,7 @@ impl Document {
 mod tests {
     use super::*;
     use roce_common::counters::{Reason, STATS_LEN};
-    use roce_common::flow::{
-        addr_v4_mapped, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
-    };
+    use roce_common::flow::{addr_v4_mapped, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
 
     fn v4(a: [u8; 4]) -> [u32; 4] {
         addr_v4_mapped(u32::from_ne_bytes(a))
@@ -495,14 +491,14 @@ mod tests {
             vni: 5001,
             dest_qp: 17,
             ifindex: 3,
-            flags: KEY_TUNNELLED | KEY_INNER_V6 | KEY_EGRESS,
+            flags: KEY_TUNNELLED | KEY_INNER_V6,
         };
         let mut st = stats(4);
         st.inner_ecn = [1, 0, 3, 0];
         let doc = Document::build(vec![(key, st)], &[], Some(&names));
         let f = &doc.flows[0];
         assert_eq!(f.ifname.as_deref(), Some("eth2"));
-        assert_eq!(f.direction, Some(Direction::Egress));
+        assert_eq!(f.direction, Some(Direction::Ingress));
         assert_eq!(f.vni, Some(5001));
         assert_eq!(f.inner_family, Some(Family::Ipv6));
         assert_eq!(f.inner_src, Some(IpAddr::V6(inner_src)));
@@ -548,8 +544,7 @@ mod tests {
         let a = plain_key([198, 18, 0, 9], [198, 18, 0, 2], 5, 3);
         let b = plain_key([198, 18, 0, 10], [198, 18, 0, 2], 5, 2);
         let c = plain_key([198, 18, 0, 9], [198, 18, 0, 2], 4, 2);
-        let mut d = c;
-        d.flags |= KEY_EGRESS;
+        let d = plain_key([198, 18, 0, 9], [198, 18, 0, 2], 6, 2);
         let entries = vec![(a, stats(1)), (b, stats(2)), (d, stats(4)), (c, stats(3))];
         let mut rev = entries.clone();
         rev.reverse();
@@ -561,13 +556,14 @@ mod tests {
             .iter()
             .map(|f| (f.ifname.clone().unwrap(), f.src.to_string(), f.packets))
             .collect();
-        // eth1 ingress (c, then b: .9 < .10 numerically), eth1 egress (d), then eth2.
+        // eth1 (c, then d: same addresses, larger QP; then b: .9 < .10 numerically),
+        // then eth2.
         assert_eq!(
             order,
             vec![
                 ("eth1".into(), "198.18.0.9".into(), 3),
-                ("eth1".into(), "198.18.0.10".into(), 2),
                 ("eth1".into(), "198.18.0.9".into(), 4),
+                ("eth1".into(), "198.18.0.10".into(), 2),
                 ("eth2".into(), "198.18.0.9".into(), 1),
             ]
         );

@@ -1279,7 +1279,7 @@ mod tests {
                 for p in &plan {
                     let f =
                         packet::roce_frame(&Eth::default(), &l3.clone().with_tos(p.tos), 1, &p.msg);
-                    t.process(&f, 1, false, 0);
+                    t.process(&f, 1, 0);
                 }
                 let gaps: u64 = t.flows.values().map(|s| s.psn_gaps).sum();
                 assert_eq!(gaps, 3, "ops {ops}, read-len {read_len}");

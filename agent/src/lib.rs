@@ -10,7 +10,7 @@ pub mod cli;
 pub mod collector;
 pub mod config;
 pub mod doc;
-pub mod findings;
+pub mod finding;
 pub mod gen;
 pub mod loader;
 pub mod netif;

@@ -428,11 +428,6 @@ impl Loaded {
         }
         Ok(())
     }
-
-    /// The underlying aya object, for maps and programs that later features add.
-    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
-        &mut self.ebpf
-    }
 }
 
 impl Drop for Loaded {

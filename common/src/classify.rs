@@ -1,7 +1,18 @@
-//! The classifier: Ethernet [+VLAN] / IPv4|IPv6 / UDP / (BTH | VXLAN / Ethernet / IP / UDP / BTH).
+//! The classifier, and the only code that walks packet headers:
+//! Ethernet [+VLAN] / IPv4|IPv6 / UDP / (BTH | VXLAN / Ethernet / IP / UDP / BTH).
 //!
-//! A pure function over any [`Packet`]; the XDP program and the reference
-//! classifier both call [`classify`], so they agree by construction.
+//! A pure function over any [`Packet`]. The XDP program and the reference classifier
+//! call [`classify`]; the tc policy, the decapsulation check and `analyze` call
+//! [`walk`], whose [`Layers`] say where each header it parsed lies, so nothing else
+//! reads headers on its own and the limits (VLAN tags, extension headers, parse
+//! depth, the lengths the headers declare) are the same everywhere.
+//!
+//! Lengths: the IPv4 total length, the IPv6 payload length and the UDP length bound
+//! what is parsed, as the receiving stack reads the datagram: bytes beyond them
+//! (Ethernet padding, trailing garbage) are not the datagram's. A header that declares
+//! more than the frame holds is read as far as the frame goes (a capture's snap length
+//! cuts frames the same way). A datagram that ends before its BTH is not RoCE: it is
+//! counted under the truncation reason of the header it ends in.
 
 use crate::bth::{self, Bth, BTH_LEN, XRCETH_LEN};
 use crate::config::RuntimeConfig;
@@ -23,7 +34,7 @@ pub struct Parsed {
     pub inner_tos: u8,
     /// UDP source port of the RoCE datagram (the inner one when tunnelled).
     pub sport: u16,
-    /// UDP length of the RoCE datagram.
+    /// UDP length of the RoCE datagram, as its header declares it.
     pub udp_len: u16,
     pub bth: Bth,
     /// AETH syndrome, when the opcode carries one and it was present.
@@ -63,24 +74,136 @@ pub enum Outcome {
     Malformed(Reason),
 }
 
-/// The IP layer of one header chain (the DSCP policy walks headers with it too).
-pub(crate) struct Ip {
-    pub(crate) proto: u8,
-    pub(crate) l4: usize,
-    pub(crate) tos: u8,
-    pub(crate) v6: bool,
-    pub(crate) src: [u32; 4],
-    pub(crate) dst: [u32; 4],
+/// One IP header that parsed: where it is, where its upper layer starts and where
+/// its datagram ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IpLayer {
+    /// Offset of the IP header.
+    pub l3: usize,
+    /// Offset of the upper-layer header (after IPv4 options / IPv6 extension headers).
+    pub l4: usize,
+    /// Offset just past the datagram, as far as the frame holds it: the smaller of
+    /// the declared end (total / payload length) and the frame's end.
+    pub end: usize,
+    /// Upper-layer protocol (after IPv6 extension headers).
+    pub proto: u8,
+    /// IPv4 TOS / IPv6 traffic class.
+    pub tos: u8,
+    pub v6: bool,
+    /// Addresses as the flow key holds them (IPv4 mapped into IPv6, network order).
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
 }
 
-pub(crate) enum IpStep {
-    Ip(Ip),
+/// Where the headers of one frame lie, as far as the walk got (whatever its outcome).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Layers {
+    /// The outer IP header, when it parsed (None: not IP, or a bad/truncated/fragment
+    /// outer header).
+    pub outer: Option<IpLayer>,
+    /// Offset of the inner Ethernet header of a VXLAN packet (the VXLAN header with
+    /// its I flag was read).
+    pub inner_eth: Option<usize>,
+    /// The inner IP header of a VXLAN packet, when it parsed.
+    pub inner: Option<IpLayer>,
+    /// A whole BTH behind the RoCE port (the outcome is `Flow`), and its opcode (0
+    /// otherwise). Plain fields written on every path: the tc program reads them
+    /// without matching on the outcome, which LLVM may compile into a computation on
+    /// an unset register that the verifier rejects.
+    pub roce: bool,
+    pub bth_opcode: u8,
+}
+
+impl Layers {
+    /// The IP layer that carries the RoCE datagram of a `Flow` outcome: the inner one
+    /// when tunnelled.
+    pub fn roce_ip(&self, tunnelled: bool) -> Option<IpLayer> {
+        if tunnelled {
+            self.inner
+        } else {
+            self.outer
+        }
+    }
+}
+
+/// The classifier's outcome for one frame and where its layers lie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Walk {
+    pub outcome: Outcome,
+    pub layers: Layers,
+}
+
+/// A view of a packet that ends where the innermost header read so far says its
+/// datagram ends: reads past `end` fail as reads past the frame's end do.
+struct Within<'a, P: Packet> {
+    p: &'a P,
+    end: usize,
+}
+
+impl<'a, P: Packet> Within<'a, P> {
+    #[inline(always)]
+    fn new(p: &'a P) -> Self {
+        Within { p, end: p.len() }
+    }
+
+    /// The same packet, ending at `end` if that is earlier.
+    #[inline(always)]
+    fn ending_at(&self, end: usize) -> Self {
+        Within {
+            p: self.p,
+            end: if end < self.end { end } else { self.end },
+        }
+    }
+
+    #[inline(always)]
+    fn fits(&self, off: usize, n: usize) -> bool {
+        off + n <= self.end
+    }
+}
+
+impl<P: Packet> Packet for Within<'_, P> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.end
+    }
+    #[inline(always)]
+    fn u8_at(&self, off: usize) -> Option<u8> {
+        if !self.fits(off, 1) {
+            return None;
+        }
+        self.p.u8_at(off)
+    }
+    #[inline(always)]
+    fn be16_at(&self, off: usize) -> Option<u16> {
+        if !self.fits(off, 2) {
+            return None;
+        }
+        self.p.be16_at(off)
+    }
+    #[inline(always)]
+    fn be32_at(&self, off: usize) -> Option<u32> {
+        if !self.fits(off, 4) {
+            return None;
+        }
+        self.p.be32_at(off)
+    }
+    #[inline(always)]
+    fn raw32_at(&self, off: usize) -> Option<u32> {
+        if !self.fits(off, 4) {
+            return None;
+        }
+        self.p.raw32_at(off)
+    }
+}
+
+enum IpStep {
+    Ip(IpLayer),
     NotIp,
     Bad(Reason),
 }
 
 /// Reasons of the outer or the inner header chain.
-pub(crate) struct Reasons {
+struct Reasons {
     ipv4: Reason,
     ihl: Reason,
     frag4: Reason,
@@ -88,10 +211,11 @@ pub(crate) struct Reasons {
     ext: Reason,
     too_many_ext: Reason,
     frag6: Reason,
+    udp: Reason,
     bth: Reason,
 }
 
-pub(crate) const OUTER: Reasons = Reasons {
+const OUTER: Reasons = Reasons {
     ipv4: Reason::TruncatedIpv4,
     ihl: Reason::BadIpv4Ihl,
     frag4: Reason::Ipv4Fragment,
@@ -99,10 +223,11 @@ pub(crate) const OUTER: Reasons = Reasons {
     ext: Reason::TruncatedIpv6Ext,
     too_many_ext: Reason::TooManyIpv6Ext,
     frag6: Reason::Ipv6Fragment,
+    udp: Reason::TruncatedUdp,
     bth: Reason::TruncatedBth,
 };
 
-pub(crate) const INNER: Reasons = Reasons {
+const INNER: Reasons = Reasons {
     ipv4: Reason::TruncatedInnerIpv4,
     ihl: Reason::BadInnerIpv4Ihl,
     frag4: Reason::InnerIpv4Fragment,
@@ -110,15 +235,71 @@ pub(crate) const INNER: Reasons = Reasons {
     ext: Reason::TruncatedInnerIpv6Ext,
     too_many_ext: Reason::TooManyInnerIpv6Ext,
     frag6: Reason::InnerIpv6Fragment,
+    udp: Reason::TruncatedInnerUdp,
     bth: Reason::TruncatedInnerBth,
 };
 
 /// Classifies one frame (starting at its Ethernet header).
+#[inline(always)]
+pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
+    walk(p, cfg).outcome
+}
+
+/// A UDP header that parsed: ports, declared length, and the view bounded by it.
+struct Udp<'a, P: Packet> {
+    sport: u16,
+    dport: u16,
+    len: u16,
+    rest: Within<'a, P>,
+}
+
+/// The UDP header at `l4` of `q` (which already ends where its IP datagram ends).
+#[inline(always)]
+fn parse_udp<'a, P: Packet>(
+    q: &Within<'a, P>,
+    l4: usize,
+    r: &Reasons,
+) -> Result<Udp<'a, P>, Reason> {
+    // The whole header first (its last field), then the others.
+    if q.be16_at(l4 + 6).is_none() {
+        return Err(r.udp);
+    }
+    let Some(len) = q.be16_at(l4 + 4) else {
+        return Err(r.udp);
+    };
+    let Some(dport) = q.be16_at(l4 + 2) else {
+        return Err(r.udp);
+    };
+    let Some(sport) = q.be16_at(l4) else {
+        return Err(r.udp);
+    };
+    // A length shorter than the header itself: the datagram ends inside its header.
+    if (len as usize) < UDP_HLEN {
+        return Err(r.udp);
+    }
+    Ok(Udp {
+        sport,
+        dport,
+        len,
+        rest: q.ending_at(l4 + len as usize),
+    })
+}
+
+/// Classifies one frame and says where its layers lie.
 // The key is filled field by field on a zeroed value: whole-word stores in the kernel build.
 #[allow(clippy::field_reassign_with_default)]
 #[inline(always)]
-pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
-    let mut ethertype = match p.be16_at(12) {
+pub fn walk<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Walk {
+    let mut layers = Layers::default();
+    let outcome = walk_into(p, cfg, &mut layers);
+    Walk { outcome, layers }
+}
+
+#[allow(clippy::field_reassign_with_default)]
+#[inline(always)]
+fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outcome {
+    let frame = Within::new(p);
+    let mut ethertype = match frame.be16_at(12) {
         Some(t) => t,
         None => return Outcome::Malformed(Reason::TruncatedEth),
     };
@@ -127,7 +308,7 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
         if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
             break;
         }
-        ethertype = match p.be16_at(off + 2) {
+        ethertype = match frame.be16_at(off + 2) {
             Some(t) => t,
             None => return Outcome::Malformed(Reason::TruncatedVlan),
         };
@@ -136,25 +317,19 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
     if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
         return Outcome::Malformed(Reason::TooManyVlanTags);
     }
-    let outer = match parse_ip(p, off, ethertype, &OUTER) {
+    let outer = match parse_ip(&frame, off, ethertype, &OUTER) {
         IpStep::Ip(ip) => ip,
         IpStep::NotIp => return Outcome::Other(Class::NonIp),
         IpStep::Bad(r) => return Outcome::Malformed(r),
     };
+    layers.outer = Some(outer);
     if outer.proto != IPPROTO_UDP {
         return Outcome::Other(Class::OtherIp);
     }
-    let Some(dport) = p.be16_at(outer.l4 + 2) else {
-        return Outcome::Malformed(Reason::TruncatedUdp);
+    let udp = match parse_udp(&frame.ending_at(outer.end), outer.l4, &OUTER) {
+        Ok(u) => u,
+        Err(r) => return Outcome::Malformed(r),
     };
-    // Read the rest of the UDP header (source port and length) in one checked step.
-    let Some(udp_len) = p.be16_at(outer.l4 + 4) else {
-        return Outcome::Malformed(Reason::TruncatedUdp);
-    };
-    if p.be16_at(outer.l4 + 6).is_none() {
-        return Outcome::Malformed(Reason::TruncatedUdp);
-    }
-    let sport = p.be16_at(outer.l4).unwrap_or(0);
 
     let mut key = FlowKey::default();
     key.src = outer.src;
@@ -163,29 +338,32 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
         key.flags |= KEY_OUTER_V6;
     }
 
-    if dport == cfg.roce_port {
-        return match parse_roce(p, outer.l4 + UDP_HLEN, &OUTER) {
+    if udp.dport == cfg.roce_port {
+        return match parse_roce(&udp.rest, outer.l4 + UDP_HLEN, &OUTER) {
             Ok(mut parsed) => {
+                layers.roce = true;
+                layers.bth_opcode = parsed.bth.opcode;
                 key.dest_qp = parsed.bth.dest_qp;
                 parsed.key = key;
                 parsed.outer_tos = outer.tos;
-                parsed.sport = sport;
-                parsed.udp_len = udp_len;
+                parsed.sport = udp.sport;
+                parsed.udp_len = udp.len;
                 Outcome::Flow(parsed)
             }
             Err(r) => Outcome::Malformed(r),
         };
     }
-    if dport != cfg.vxlan_port {
+    if udp.dport != cfg.vxlan_port {
         return Outcome::Other(Class::OtherUdp);
     }
 
     // VXLAN (RFC 7348): flags, 3 reserved, VNI, 1 reserved.
+    let q = udp.rest;
     let vx = outer.l4 + UDP_HLEN;
-    let Some(vni_word) = p.be32_at(vx + 4) else {
+    let Some(vni_word) = q.be32_at(vx + 4) else {
         return Outcome::Malformed(Reason::TruncatedVxlan);
     };
-    let Some(vx_flags) = p.u8_at(vx) else {
+    let Some(vx_flags) = q.u8_at(vx) else {
         return Outcome::Malformed(Reason::TruncatedVxlan);
     };
     if vx_flags & VXLAN_FLAG_I == 0 {
@@ -193,34 +371,30 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
         return Outcome::Malformed(Reason::BadVxlanFlags);
     }
     let inner_eth = vx + VXLAN_HLEN;
-    let Some(inner_type) = p.be16_at(inner_eth + 12) else {
+    layers.inner_eth = Some(inner_eth);
+    let Some(inner_type) = q.be16_at(inner_eth + 12) else {
         return Outcome::Malformed(Reason::TruncatedInnerEth);
     };
-    let inner = match parse_ip(p, inner_eth + ETH_HLEN, inner_type, &INNER) {
+    let inner = match parse_ip(&q, inner_eth + ETH_HLEN, inner_type, &INNER) {
         IpStep::Ip(ip) => ip,
         IpStep::NotIp => return Outcome::Other(Class::VxlanOther),
         IpStep::Bad(r) => return Outcome::Malformed(r),
     };
+    layers.inner = Some(inner);
     if inner.proto != IPPROTO_UDP {
         return Outcome::Other(Class::VxlanOther);
     }
-    if p.be16_at(inner.l4 + 6).is_none() {
-        return Outcome::Malformed(Reason::TruncatedInnerUdp);
-    }
-    let Some(inner_udp_len) = p.be16_at(inner.l4 + 4) else {
-        return Outcome::Malformed(Reason::TruncatedInnerUdp);
+    let inner_udp = match parse_udp(&q.ending_at(inner.end), inner.l4, &INNER) {
+        Ok(u) => u,
+        Err(r) => return Outcome::Malformed(r),
     };
-    let Some(inner_dport) = p.be16_at(inner.l4 + 2) else {
-        return Outcome::Malformed(Reason::TruncatedInnerUdp);
-    };
-    let Some(inner_sport) = p.be16_at(inner.l4) else {
-        return Outcome::Malformed(Reason::TruncatedInnerUdp);
-    };
-    if inner_dport != cfg.roce_port {
+    if inner_udp.dport != cfg.roce_port {
         return Outcome::Other(Class::VxlanOther);
     }
-    match parse_roce(p, inner.l4 + UDP_HLEN, &INNER) {
+    match parse_roce(&inner_udp.rest, inner.l4 + UDP_HLEN, &INNER) {
         Ok(mut parsed) => {
+            layers.roce = true;
+            layers.bth_opcode = parsed.bth.opcode;
             key.vni = vni_word >> 8;
             key.inner_src = inner.src;
             key.inner_dst = inner.dst;
@@ -233,8 +407,8 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
             parsed.key = key;
             parsed.outer_tos = outer.tos;
             parsed.inner_tos = inner.tos;
-            parsed.sport = inner_sport;
-            parsed.udp_len = inner_udp_len;
+            parsed.sport = inner_udp.sport;
+            parsed.udp_len = inner_udp.len;
             Outcome::Flow(parsed)
         }
         Err(r) => Outcome::Malformed(r),
@@ -242,19 +416,19 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
 }
 
 #[inline(always)]
-pub(crate) fn parse_ip<P: Packet>(p: &P, off: usize, ethertype: u16, r: &Reasons) -> IpStep {
+fn parse_ip<P: Packet>(q: &Within<'_, P>, off: usize, ethertype: u16, r: &Reasons) -> IpStep {
     if ethertype == ETH_P_IPV4 {
-        parse_ipv4(p, off, r)
+        parse_ipv4(q, off, r)
     } else if ethertype == ETH_P_IPV6 {
-        parse_ipv6(p, off, r)
+        parse_ipv6(q, off, r)
     } else {
         IpStep::NotIp
     }
 }
 
 #[inline(always)]
-fn parse_ipv4<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
-    let Some(ver_ihl) = p.u8_at(off) else {
+fn parse_ipv4<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
+    let Some(ver_ihl) = q.u8_at(off) else {
         return IpStep::Bad(r.ipv4);
     };
     if ver_ihl >> 4 != 4 {
@@ -268,30 +442,40 @@ fn parse_ipv4<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
     // lets the compiler drop the fixed checks, which the verifier cannot follow. Reads
     // are one after another, each with its own early return: evaluated together, the
     // compiler merges their checks into flags that the verifier cannot follow either.
-    let Some(dst) = p.raw32_at(off + 16) else {
+    let Some(dst) = q.raw32_at(off + 16) else {
         return IpStep::Bad(r.ipv4);
     };
-    let Some(src) = p.raw32_at(off + 12) else {
+    let Some(src) = q.raw32_at(off + 12) else {
         return IpStep::Bad(r.ipv4);
     };
-    let Some(proto) = p.u8_at(off + 9) else {
+    let Some(proto) = q.u8_at(off + 9) else {
         return IpStep::Bad(r.ipv4);
     };
-    let Some(frag) = p.be16_at(off + 6) else {
+    let Some(frag) = q.be16_at(off + 6) else {
         return IpStep::Bad(r.ipv4);
     };
-    let Some(tos) = p.u8_at(off + 1) else {
+    let Some(total) = q.be16_at(off + 2) else {
         return IpStep::Bad(r.ipv4);
     };
-    if p.u8_at(off + hlen - 1).is_none() {
+    let Some(tos) = q.u8_at(off + 1) else {
+        return IpStep::Bad(r.ipv4);
+    };
+    // A total length shorter than the header: the datagram ends inside its header.
+    if (total as usize) < hlen {
+        return IpStep::Bad(r.ipv4);
+    }
+    let datagram = q.ending_at(off + total as usize);
+    if datagram.u8_at(off + hlen - 1).is_none() {
         return IpStep::Bad(r.ipv4);
     }
     if frag & 0x1FFF != 0 {
         return IpStep::Bad(r.frag4);
     }
-    IpStep::Ip(Ip {
-        proto,
+    IpStep::Ip(IpLayer {
+        l3: off,
         l4: off + hlen,
+        end: datagram.end,
+        proto,
         tos,
         v6: false,
         src: addr_v4_mapped(src),
@@ -300,51 +484,61 @@ fn parse_ipv4<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
 }
 
 #[inline(always)]
-fn parse_ipv6<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
-    let Some(dst) = p.addr6_at(off + 24) else {
+fn parse_ipv6<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
+    let Some(dst) = q.addr6_at(off + 24) else {
         return IpStep::Bad(r.ipv6);
     };
-    let Some(src) = p.addr6_at(off + 8) else {
+    let Some(src) = q.addr6_at(off + 8) else {
         return IpStep::Bad(r.ipv6);
     };
-    let Some(next) = p.u8_at(off + 6) else {
+    let Some(next) = q.u8_at(off + 6) else {
         return IpStep::Bad(r.ipv6);
     };
-    let Some(w0) = p.be32_at(off) else {
+    let Some(payload) = q.be16_at(off + 4) else {
+        return IpStep::Bad(r.ipv6);
+    };
+    let Some(w0) = q.be32_at(off) else {
         return IpStep::Bad(r.ipv6);
     };
     if w0 >> 28 != 6 {
         return IpStep::Bad(Reason::BadIpVersion);
     }
     let tos = (w0 >> 20) as u8;
+    // Payload length 0 with a hop-by-hop header is a jumbogram (RFC 2675): its length
+    // is in an option; the frame bounds it.
+    let datagram = if payload == 0 && next == IPPROTO_HOPOPTS {
+        q.ending_at(q.end)
+    } else {
+        q.ending_at(off + IPV6_HLEN + payload as usize)
+    };
     let mut proto = next;
     let mut l4 = off + IPV6_HLEN;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         match proto {
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
-                let Some(len) = p.u8_at(l4 + 1) else {
+                let Some(len) = datagram.u8_at(l4 + 1) else {
                     return IpStep::Bad(r.ext);
                 };
-                let Some(n) = p.u8_at(l4) else {
+                let Some(n) = datagram.u8_at(l4) else {
                     return IpStep::Bad(r.ext);
                 };
                 proto = n;
                 l4 += (len as usize + 1) * 8;
                 // The whole header must be there (as IPv4 options must): a frame cut
                 // inside it is a truncated extension header, not a truncated UDP header.
-                if p.u8_at(l4 - 1).is_none() {
+                if datagram.u8_at(l4 - 1).is_none() {
                     return IpStep::Bad(r.ext);
                 }
             }
             IPPROTO_FRAGMENT => {
                 // Its last word first: the whole 8-byte header must be there.
-                if p.be32_at(l4 + 4).is_none() {
+                if datagram.be32_at(l4 + 4).is_none() {
                     return IpStep::Bad(r.ext);
                 }
-                let Some(frag) = p.be16_at(l4 + 2) else {
+                let Some(frag) = datagram.be16_at(l4 + 2) else {
                     return IpStep::Bad(r.ext);
                 };
-                let Some(n) = p.u8_at(l4) else {
+                let Some(n) = datagram.u8_at(l4) else {
                     return IpStep::Bad(r.ext);
                 };
                 if frag & 0xFFF8 != 0 {
@@ -362,9 +556,11 @@ fn parse_ipv6<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
     ) {
         return IpStep::Bad(r.too_many_ext);
     }
-    IpStep::Ip(Ip {
-        proto,
+    IpStep::Ip(IpLayer {
+        l3: off,
         l4,
+        end: datagram.end,
+        proto,
         tos,
         v6: true,
         src,
@@ -373,14 +569,14 @@ fn parse_ipv6<P: Packet>(p: &P, off: usize, r: &Reasons) -> IpStep {
 }
 
 #[inline(always)]
-fn parse_roce<P: Packet>(p: &P, off: usize, r: &Reasons) -> Result<Parsed, Reason> {
-    let Some(w2) = p.be32_at(off + 8) else {
+fn parse_roce<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> Result<Parsed, Reason> {
+    let Some(w2) = q.be32_at(off + 8) else {
         return Err(r.bth);
     };
-    let Some(w1) = p.be32_at(off + 4) else {
+    let Some(w1) = q.be32_at(off + 4) else {
         return Err(r.bth);
     };
-    let Some(w0) = p.be32_at(off) else {
+    let Some(w0) = q.be32_at(off) else {
         return Err(r.bth);
     };
     let bth = Bth::from_words(w0, w1, w2);
@@ -390,7 +586,7 @@ fn parse_roce<P: Packet>(p: &P, off: usize, r: &Reasons) -> Result<Parsed, Reaso
     };
     let ext = off + BTH_LEN;
     if bth::has_aeth(bth.opcode) {
-        match p.u8_at(ext) {
+        match q.u8_at(ext) {
             Some(s) => parsed.syndrome = Some(s),
             None => parsed.ext_truncated = true,
         }
@@ -400,14 +596,13 @@ fn parse_roce<P: Packet>(p: &P, off: usize, r: &Reasons) -> Result<Parsed, Reaso
         } else {
             ext
         };
-        match p.be32_at(reth + 12) {
+        match q.be32_at(reth + 12) {
             Some(len) => parsed.read_len = len,
             None => parsed.ext_truncated = true,
         }
     }
     Ok(parsed)
 }
-
 #[cfg(test)]
 mod tests {
     //! Host-side checks of the parser on hand-made frames (the XDP program runs the
@@ -585,5 +780,166 @@ mod tests {
         hbh.resize(1024, 0);
         let f = ipv6_udp(IPPROTO_HOPOPTS, &hbh, DEFAULT_ROCE_PORT, &ack());
         assert_eq!(run(&f), Outcome::Malformed(Reason::TruncatedIpv6Ext));
+    }
+
+    /// Sets a big-endian 16-bit field of a frame.
+    fn set16(f: &mut [u8], at: usize, v: u16) {
+        f[at..at + 2].copy_from_slice(&v.to_be_bytes());
+    }
+
+    #[test]
+    fn ethernet_padding_after_a_short_datagram_is_not_its_bth() {
+        // Four bytes of BTH, padded with zeros to the 60-byte Ethernet minimum: the
+        // padding would complete a BTH, but the datagram ended before it.
+        let mut f = ipv4_udp(DEFAULT_ROCE_PORT, &[0x04, 0, 0xFF, 0xFF]);
+        f.resize(60, 0);
+        assert_eq!(run(&f), Outcome::Malformed(Reason::TruncatedBth));
+        // The same BTH whole and padded: a flow, the padding counted in no header.
+        let mut g = ipv4_udp(DEFAULT_ROCE_PORT, &ack()[..12]);
+        g.resize(60, 0);
+        let Outcome::Flow(p) = run(&g) else {
+            panic!("{:?}", run(&g))
+        };
+        assert_eq!((p.udp_len, p.syndrome, p.ext_truncated), (20, None, true));
+    }
+
+    #[test]
+    fn udp_length_bounds_the_datagram() {
+        let f = ipv4_udp(DEFAULT_ROCE_PORT, &ack());
+        // Shorter than the frame, ending after the BTH: the AETH is not the datagram's.
+        let mut g = f.clone();
+        set16(&mut g, 38, 8 + 12);
+        let Outcome::Flow(p) = run(&g) else {
+            panic!("{:?}", run(&g))
+        };
+        assert_eq!((p.syndrome, p.ext_truncated), (None, true));
+        // Ending inside the BTH: not RoCE.
+        for len in 8..20 {
+            set16(&mut g, 38, len);
+            assert_eq!(run(&g), Outcome::Malformed(Reason::TruncatedBth), "{len}");
+        }
+        // Shorter than the UDP header itself.
+        for len in 0..8 {
+            set16(&mut g, 38, len);
+            assert_eq!(run(&g), Outcome::Malformed(Reason::TruncatedUdp), "{len}");
+        }
+        // Longer than the frame: read as far as the frame goes.
+        set16(&mut g, 38, 1000);
+        let Outcome::Flow(p) = run(&g) else {
+            panic!("{:?}", run(&g))
+        };
+        assert_eq!((p.syndrome, p.udp_len), (Some(0x61), 1000));
+    }
+
+    #[test]
+    fn ipv4_total_length_bounds_the_datagram() {
+        let f = ipv4_udp(DEFAULT_ROCE_PORT, &ack());
+        let mut g = f.clone();
+        let cases = [
+            (0u16, Reason::TruncatedIpv4),
+            (19, Reason::TruncatedIpv4),
+            (20, Reason::TruncatedUdp),
+            (27, Reason::TruncatedUdp),
+            (28, Reason::TruncatedBth),
+            (39, Reason::TruncatedBth),
+        ];
+        for (total, reason) in cases {
+            set16(&mut g, 16, total);
+            assert_eq!(run(&g), Outcome::Malformed(reason), "total length {total}");
+        }
+        set16(&mut g, 16, 40);
+        let Outcome::Flow(p) = run(&g) else {
+            panic!("{:?}", run(&g))
+        };
+        assert!(p.ext_truncated, "the AETH lies beyond the total length");
+        set16(&mut g, 16, 1500);
+        assert_eq!(
+            run(&g),
+            run(&f),
+            "longer than the frame: the frame bounds it"
+        );
+    }
+
+    #[test]
+    fn ipv6_payload_length_bounds_extension_headers_and_datagram() {
+        let mut hbh = vec![IPPROTO_UDP, 1, 1, 12];
+        hbh.extend([0u8; 12]);
+        let f = ipv6_udp(IPPROTO_HOPOPTS, &hbh, DEFAULT_ROCE_PORT, &ack());
+        let mut g = f.clone();
+        let cases = [
+            (15u16, Reason::TruncatedIpv6Ext),
+            (16, Reason::TruncatedUdp),
+            (24, Reason::TruncatedBth),
+            (35, Reason::TruncatedBth),
+        ];
+        for (payload, reason) in cases {
+            set16(&mut g, 18, payload);
+            assert_eq!(
+                run(&g),
+                Outcome::Malformed(reason),
+                "payload length {payload}"
+            );
+        }
+        set16(&mut g, 18, 36);
+        assert!(matches!(run(&g), Outcome::Flow(p) if p.ext_truncated));
+        set16(&mut g, 18, 9000);
+        assert_eq!(run(&g), run(&f));
+        // Payload length 0 without hop-by-hop: an empty datagram. With it: a jumbogram,
+        // bounded by the frame.
+        let mut plain = ipv6_udp(IPPROTO_UDP, &[], DEFAULT_ROCE_PORT, &ack());
+        set16(&mut plain, 18, 0);
+        assert_eq!(run(&plain), Outcome::Malformed(Reason::TruncatedUdp));
+        set16(&mut g, 18, 0);
+        assert_eq!(run(&g), run(&f));
+    }
+
+    #[test]
+    fn inner_lengths_bound_the_inner_datagram() {
+        let inner = ipv4_udp(DEFAULT_ROCE_PORT, &ack());
+        let mut vx = vec![VXLAN_FLAG_I, 0, 0, 0, 0, 0, 7, 0];
+        vx.extend(&inner);
+        let f = ipv4_udp(DEFAULT_VXLAN_PORT, &vx);
+        assert!(matches!(run(&f), Outcome::Flow(p) if p.tunnelled));
+        // Inner UDP length ending inside the inner BTH (inner UDP header at 84).
+        let mut g = f.clone();
+        set16(&mut g, 84 + 4, 8 + 4);
+        assert_eq!(run(&g), Outcome::Malformed(Reason::TruncatedInnerBth));
+        // Inner IPv4 total length ending inside the inner UDP header (inner IP at 64).
+        let mut h = f.clone();
+        set16(&mut h, 64 + 2, 24);
+        assert_eq!(run(&h), Outcome::Malformed(Reason::TruncatedInnerUdp));
+        // The outer UDP length ending inside the inner IP header (outer UDP at 34).
+        let mut o = f.clone();
+        set16(&mut o, 34 + 4, 8 + 8 + 14 + 10);
+        assert_eq!(run(&o), Outcome::Malformed(Reason::TruncatedInnerIpv4));
+    }
+
+    #[test]
+    fn walk_says_where_each_layer_lies() {
+        let inner = ipv6_udp(IPPROTO_UDP, &[], 5000, &[0u8; 4]);
+        let mut vx = vec![VXLAN_FLAG_I, 0, 0, 0, 0, 0, 7, 0];
+        vx.extend(&inner);
+        let mut f = ipv4_udp(DEFAULT_VXLAN_PORT, &vx);
+        let datagram_end = f.len();
+        f.resize(f.len() + 6, 0xEE); // trailing garbage
+        let w = walk(&SlicePacket(&f), &RuntimeConfig::default());
+        assert_eq!(w.outcome, Outcome::Other(Class::VxlanOther));
+        let outer = w.layers.outer.expect("outer IP");
+        assert_eq!((outer.l3, outer.l4, outer.end), (14, 34, datagram_end));
+        assert_eq!(
+            (outer.proto, outer.tos, outer.v6),
+            (IPPROTO_UDP, 106, false)
+        );
+        assert_eq!(w.layers.inner_eth, Some(50));
+        let inner = w.layers.inner.expect("inner IP");
+        assert_eq!((inner.l3, inner.l4, inner.end), (64, 104, datagram_end));
+        assert_eq!((inner.tos, inner.v6), (0x6A, true));
+        // A TCP frame: the outer layer only.
+        let mut tcp = ipv4_udp(80, &[0u8; 20]);
+        tcp[23] = IPPROTO_TCP;
+        let w = walk(&SlicePacket(&tcp), &RuntimeConfig::default());
+        assert_eq!(w.outcome, Outcome::Other(Class::OtherIp));
+        assert_eq!(w.layers.outer.map(|o| o.proto), Some(IPPROTO_TCP));
+        assert_eq!((w.layers.inner_eth, w.layers.inner), (None, None));
     }
 }

@@ -8,7 +8,6 @@ use crate::psn;
 pub const KEY_OUTER_V6: u32 = 1 << 0;
 pub const KEY_INNER_V6: u32 = 1 << 1;
 pub const KEY_TUNNELLED: u32 = 1 << 2;
-pub const KEY_EGRESS: u32 = 1 << 3;
 
 /// One direction of one queue pair, as seen on one interface.
 /// Addresses are four raw (network-order) words; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d).
@@ -26,7 +25,7 @@ pub struct FlowKey {
     /// BTH destination QP.
     pub dest_qp: u32,
     pub ifindex: u32,
-    /// `KEY_*` bits: address families, tunnelled, direction.
+    /// `KEY_*` bits: address families, tunnelled.
     pub flags: u32,
 }
 
@@ -39,9 +38,6 @@ impl FlowKey {
     }
     pub fn inner_v6(&self) -> bool {
         self.flags & KEY_INNER_V6 != 0
-    }
-    pub fn egress(&self) -> bool {
-        self.flags & KEY_EGRESS != 0
     }
 }
 

@@ -9,7 +9,7 @@
 //! maps the agent fills ([`QosConfig`], [`DscpEntry`], [`IfaceQos`]).
 
 use crate::bth;
-use crate::classify::{parse_ip, IpStep, INNER, OUTER};
+use crate::classify::walk;
 use crate::config::RuntimeConfig;
 use crate::counters::*;
 use crate::flow::addr_v4_mapped;
@@ -138,6 +138,27 @@ impl Default for Policy {
             qos: QosConfig::default(),
             table,
         }
+    }
+}
+
+impl Policy {
+    /// Makes `dscps` the lossless set (values of 64 or more are ignored).
+    pub fn set_lossless(&mut self, dscps: &[u8]) {
+        for e in self.table.iter_mut() {
+            e.flags &= !ENTRY_LOSSLESS;
+        }
+        for d in dscps {
+            if let Some(e) = self.table.get_mut(*d as usize) {
+                e.flags |= ENTRY_LOSSLESS;
+            }
+        }
+    }
+
+    /// Whether `dscp` is in the lossless (PFC-protected) set.
+    pub fn is_lossless(&self, dscp: u8) -> bool {
+        self.table
+            .get(dscp as usize)
+            .is_some_and(DscpEntry::lossless)
     }
 }
 
@@ -323,100 +344,6 @@ pub fn action_stats(a: &Action) -> [Option<u32>; 3] {
     out
 }
 
-/// Ethernet [+ up to two VLAN tags]: (EtherType, offset of the L3 header).
-#[inline(always)]
-fn l3_of<P: Packet>(p: &P) -> Option<(u16, usize)> {
-    let mut ethertype = p.be16_at(12)?;
-    let mut off = ETH_HLEN;
-    for _ in 0..MAX_VLAN_TAGS {
-        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
-            break;
-        }
-        ethertype = p.be16_at(off + 2)?;
-        off += VLAN_HLEN;
-    }
-    Some((ethertype, off))
-}
-
-/// What lies above the outer IP header, as far as the policy cares.
-struct Above {
-    /// RoCE (plain or in VXLAN) and whether it is a CNP.
-    roce: bool,
-    cnp: bool,
-    /// VXLAN with an inner IP header: its TOS.
-    inner_tos: Option<u8>,
-}
-
-/// Walks UDP / (BTH | VXLAN / Ethernet / IP / UDP / BTH) above an outer IP header.
-/// RoCE means what the classifier means: a whole BTH behind the RoCE port.
-#[inline(always)]
-fn above<P: Packet>(p: &P, proto: u8, l4: usize, cfg: &RuntimeConfig) -> Above {
-    let mut a = Above {
-        roce: false,
-        cnp: false,
-        inner_tos: None,
-    };
-    if proto != IPPROTO_UDP {
-        return a;
-    }
-    // The whole UDP header first, then the destination port.
-    if p.be16_at(l4 + 6).is_none() {
-        return a;
-    }
-    let Some(dport) = p.be16_at(l4 + 2) else {
-        return a;
-    };
-    if dport == cfg.roce_port {
-        if let Some(op) = bth_opcode(p, l4 + UDP_HLEN) {
-            a.roce = true;
-            a.cnp = bth::is_cnp(op);
-        }
-        return a;
-    }
-    if dport != cfg.vxlan_port {
-        return a;
-    }
-    let vx = l4 + UDP_HLEN;
-    if p.be32_at(vx + 4).is_none() {
-        return a;
-    }
-    let Some(flags) = p.u8_at(vx) else {
-        return a;
-    };
-    if flags & VXLAN_FLAG_I == 0 {
-        return a;
-    }
-    let inner_eth = vx + VXLAN_HLEN;
-    let Some(inner_type) = p.be16_at(inner_eth + 12) else {
-        return a;
-    };
-    let inner = match parse_ip(p, inner_eth + ETH_HLEN, inner_type, &INNER) {
-        IpStep::Ip(ip) => ip,
-        _ => return a,
-    };
-    a.inner_tos = Some(inner.tos);
-    if inner.proto != IPPROTO_UDP || p.be16_at(inner.l4 + 6).is_none() {
-        return a;
-    }
-    let Some(inner_dport) = p.be16_at(inner.l4 + 2) else {
-        return a;
-    };
-    if inner_dport == cfg.roce_port {
-        if let Some(op) = bth_opcode(p, inner.l4 + UDP_HLEN) {
-            a.roce = true;
-            a.cnp = bth::is_cnp(op);
-        }
-    }
-    a
-}
-
-/// The opcode of a whole (12-byte) BTH at `off`.
-#[inline(always)]
-fn bth_opcode<P: Packet>(p: &P, off: usize) -> Option<u8> {
-    p.be32_at(off + 8)?;
-    p.u8_at(off)
-}
-
 /// The egress decision for one frame on an interface configured as `iface`.
 #[inline(always)]
 pub fn decide<P: Packet, T: DscpTable>(
@@ -429,18 +356,17 @@ pub fn decide<P: Packet, T: DscpTable>(
     if iface.host == HOST_OFF && iface.vtep == 0 {
         return Action::UNTOUCHED;
     }
-    let Some((ethertype, l3)) = l3_of(p) else {
+    let layers = walk(p, cfg).layers;
+    let Some(ip) = layers.outer else {
         return Action::UNTOUCHED;
     };
-    let ip = match parse_ip(p, l3, ethertype, &OUTER) {
-        IpStep::Ip(ip) => ip,
-        _ => return Action::UNTOUCHED,
-    };
-    let up = above(p, ip.proto, ip.l4, cfg);
+    // RoCE means what the classifier means: a whole BTH behind the RoCE port.
+    let (roce, cnp) = (layers.roce, layers.roce && bth::is_cnp(layers.bth_opcode));
+    let inner_tos = layers.inner.map(|i| i.tos);
     let old = ip.tos;
     let mut a = Action {
         kind: Kind::Other,
-        l3,
+        l3: ip.l3,
         v6: ip.v6,
         old_tos: old,
         new_tos: old,
@@ -448,7 +374,7 @@ pub fn decide<P: Packet, T: DscpTable>(
         enforce: iface.host == HOST_ENFORCE,
     };
     if iface.vtep != 0 {
-        if let Some(inner_tos) = up.inner_tos {
+        if let Some(inner_tos) = inner_tos {
             let Some(e) = table.entry(dscp_of(inner_tos)) else {
                 return Action::UNTOUCHED;
             };
@@ -469,10 +395,10 @@ pub fn decide<P: Packet, T: DscpTable>(
     if iface.host == HOST_OFF {
         return Action::UNTOUCHED;
     }
-    let new_dscp = if up.cnp {
+    let new_dscp = if cnp {
         a.kind = Kind::Cnp;
         qos.cnp_dscp
-    } else if up.roce {
+    } else if roce {
         a.kind = Kind::RoceData;
         qos.roce_dscp
     } else {
@@ -596,12 +522,9 @@ pub fn decap_check<P: Packet, T: DscpTable>(
     cfg: &RuntimeConfig,
     table: &T,
 ) -> Option<DecapCheck> {
-    let (ethertype, l3) = l3_of(p)?;
-    let ip = match parse_ip(p, l3, ethertype, &OUTER) {
-        IpStep::Ip(ip) => ip,
-        _ => return None,
-    };
-    let inner_tos = above(p, ip.proto, ip.l4, cfg).inner_tos?;
+    let layers = walk(p, cfg).layers;
+    let ip = layers.outer?;
+    let inner_tos = layers.inner?.tos;
     let expected = table.entry(dscp_of(inner_tos))?.vtep_outer & 0x3F;
     let (o, i) = (ecn_of(ip.tos), ecn_of(inner_tos));
     Some(DecapCheck {

@@ -4,10 +4,10 @@
 
 use std::collections::HashMap;
 
-use crate::classify::{classify, Outcome};
+use crate::classify::{walk, Outcome, Walk};
 use crate::config::RuntimeConfig;
 use crate::counters::{stat_indices, STATS_LEN};
-use crate::flow::{FlowKey, FlowStats, KEY_EGRESS};
+use crate::flow::{FlowKey, FlowStats};
 use crate::packet::SlicePacket;
 
 /// Flows and counters of everything fed to it, as the kernel would hold them (one CPU).
@@ -27,9 +27,11 @@ impl ReferenceTable {
         }
     }
 
-    /// Classifies and counts one frame, as the XDP program does.
-    pub fn process(&mut self, frame: &[u8], ifindex: u32, egress: bool, now_ns: u64) -> Outcome {
-        let outcome = classify(&SlicePacket(frame), &self.config);
+    /// Classifies and counts one frame, as the XDP program does; returns the walk
+    /// (outcome and layers) for callers that look further.
+    pub fn process(&mut self, frame: &[u8], ifindex: u32, now_ns: u64) -> Walk {
+        let walk = walk(&SlicePacket(frame), &self.config);
+        let outcome = walk.outcome;
         let (main, extra) = stat_indices(&outcome);
         self.stats[main as usize] += 1;
         if let Some(i) = extra {
@@ -38,15 +40,12 @@ impl ReferenceTable {
         if let Outcome::Flow(p) = &outcome {
             let mut key = p.key;
             key.ifindex = ifindex;
-            if egress {
-                key.flags |= KEY_EGRESS;
-            }
             let entry = self.flows.entry(key).or_insert_with(|| {
                 self.stats[crate::counters::STAT_FLOW_CREATED as usize] += 1;
                 FlowStats::default()
             });
             entry.record(p, frame.len() as u32, now_ns, self.config.default_pmtu_log2);
         }
-        outcome
+        walk
     }
 }

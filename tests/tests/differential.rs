@@ -566,7 +566,7 @@ fn differential(name: &str, opts: &LoadOptions, seed: u64, n: usize) -> (Vec<u64
         let mut reference = ReferenceTable::new(opts.config);
         for s in &batch {
             h.pass(&s.frame);
-            reference.process(&s.frame, ifindex, false, 0);
+            reference.process(&s.frame, ifindex, 0);
         }
         if let Err(diff) = compare_with_reference(&h.flows(), &h.stats(), &reference) {
             let culprit = narrow_down(&mut h, opts.config, ifindex, &batch);
@@ -597,13 +597,13 @@ fn narrow_down(h: &mut Harness, config: RuntimeConfig, ifindex: u32, batch: &[Sa
     let mut reference = ReferenceTable::new(config);
     for (i, s) in batch.iter().enumerate() {
         h.pass(&s.frame);
-        let outcome = reference.process(&s.frame, ifindex, false, 0);
+        let outcome = reference.process(&s.frame, ifindex, 0);
         if let Err(diff) = compare_with_reference(&h.flows(), &h.stats(), &reference) {
             // Does it fail on its own, too?
             h.reset();
             let mut alone = ReferenceTable::new(config);
             h.pass(&s.frame);
-            alone.process(&s.frame, ifindex, false, 0);
+            alone.process(&s.frame, ifindex, 0);
             let alone_diff = compare_with_reference(&h.flows(), &h.stats(), &alone);
             return format!(
                 "first differing packet: #{i} of the batch, {} bytes, reference outcome {outcome:?}\n{}\n{diff}\non its own: {}",
@@ -694,7 +694,7 @@ fn a_difference_is_caught_and_narrowed_to_the_first_packet_that_shows_it() {
     }
     let mut wrong = ReferenceTable::new(config);
     for s in &batch {
-        wrong.process(&s.frame, ifindex + 1, false, 0);
+        wrong.process(&s.frame, ifindex + 1, 0);
     }
     assert!(compare_with_reference(&h.flows(), &h.stats(), &wrong).is_err());
     let report = narrow_down(&mut h, config, ifindex + 1, &batch);

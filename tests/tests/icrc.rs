@@ -234,7 +234,7 @@ fn captures_through_xdp_match_the_reference_and_tshark() {
         let mut reference = ReferenceTable::new(RuntimeConfig::default());
         for r in &cap.records {
             h.pass(&r.data);
-            reference.process(&r.data, TEST_RUN_IFINDEX, false, r.ts_ns);
+            reference.process(&r.data, TEST_RUN_IFINDEX, r.ts_ns);
         }
         let flows = h.flows();
         let stats = h.stats();

@@ -4,41 +4,19 @@
 
 use std::fmt::Write as _;
 
-use serde::{Deserialize, Serialize};
+use roce_common::policy::Policy;
 
-use crate::analyze::{AnalyzeOptions, AnalyzedFlow, CaptureInfo, FlowExtra, Tally};
+use super::report::{AnalyzedFlow, CaptureInfo};
+use super::tally::{FlowExtra, Tally};
 use crate::doc::{Counters, Flow};
+use crate::finding::{Finding, Severity};
 
-/// The DSCP policy a capture is judged against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Policy {
-    /// Bit i set: DSCP i is lossless (PFC-protected).
-    pub lossless: u64,
-    /// The DSCP CNPs should carry.
-    pub cnp_dscp: u8,
-}
-
-/// RoCE data on DSCP 26, CNPs on 48 (NVIDIA's defaults, DESIGN.md's policy).
-pub const DEFAULT_LOSSLESS_DSCP: u8 = 26;
-pub const DEFAULT_CNP_DSCP: u8 = 48;
-
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            lossless: 1 << DEFAULT_LOSSLESS_DSCP,
-            cnp_dscp: DEFAULT_CNP_DSCP,
-        }
-    }
-}
-
-impl Policy {
-    pub fn is_lossless(&self, dscp: u8) -> bool {
-        dscp < 64 && self.lossless & (1 << dscp) != 0
-    }
-    /// `{26}` or `{24, 26}`.
-    pub fn lossless_text(&self) -> String {
-        format!("{{{}}}", dscp_list(self.lossless))
-    }
+/// `{26}` or `{24, 26}`: the policy's lossless DSCP set.
+fn lossless_text(policy: &Policy) -> String {
+    let mask = (0..64u8)
+        .filter(|d| policy.is_lossless(*d))
+        .fold(0u64, |m, d| m | 1 << d);
+    format!("{{{}}}", dscp_list(mask))
 }
 
 /// `0, 26` from a DSCP bit mask.
@@ -48,29 +26,6 @@ pub fn dscp_list(mask: u64) -> String {
         .map(|d: u32| d.to_string())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    Info,
-    Warning,
-    Error,
-}
-
-/// One finding.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Finding {
-    /// A stable name, e.g. `roce_outside_lossless_dscp`.
-    pub check: String,
-    /// null in analyze (no interface).
-    pub interface: Option<String>,
-    pub severity: Severity,
-    pub found: String,
-    pub expected: String,
-    pub fix: String,
-    /// Flows the finding concerns (0 when it is about other traffic).
-    pub flows: u64,
 }
 
 /// How many example flows a finding names.
@@ -108,9 +63,9 @@ pub fn findings(
     counters: &Counters,
     tally: &Tally,
     capture: &CaptureInfo,
-    opts: &AnalyzeOptions,
+    policy: &Policy,
+    flows_max_entries: u32,
 ) -> Vec<Finding> {
-    let policy = &opts.policy;
     let mut out = Vec::new();
     let finding =
         |check: &str, severity, flows: usize, found: String, expected: String, fix: &str| Finding {
@@ -201,7 +156,7 @@ pub fn findings(
                 dscp_list(mask),
                 examples(off.iter().map(|o| o.0), |f| format!("DSCP {}", f.last_dscp))
             ),
-            format!("RoCE traffic on a lossless DSCP {}", policy.lossless_text()),
+            format!("RoCE traffic on a lossless DSCP {}", lossless_text(policy)),
             "set the RoCE traffic class on the hosts (e.g. `cma_roce_tos -d DEV -t 106` for DSCP 26 + ECT(0), or the application's/NCCL's traffic class: NCCL_IB_TC=106) and trust DSCP on NICs and switches",
         ));
     }
@@ -249,7 +204,7 @@ pub fn findings(
                 dscp_list(mask),
                 examples(cnp.iter().map(|o| o.0), |f| format!("{} CNPs", f.cnps))
             ),
-            format!("CNPs on DSCP {} (a strict-priority class, so congestion notification is never queued behind data)", policy.cnp_dscp),
+            format!("CNPs on DSCP {} (a strict-priority class, so congestion notification is never queued behind data)", policy.qos.cnp_dscp),
             "set the NIC's CNP DSCP (NVIDIA: /sys/class/net/DEV/ecn/roce_np/cnp_dscp) and its priority to match the switch's CNP queue",
         ));
     }
@@ -278,7 +233,7 @@ pub fn findings(
             format!(
                 "{} non-RoCE frames on lossless DSCP {} ({}); top: {}",
                 n.frames,
-                policy.lossless_text(),
+                lossless_text(policy),
                 protos.join(", "),
                 top.join("; ")
             ),
@@ -335,14 +290,14 @@ pub fn findings(
     }
 
     // Flow table overflow (kernel engine: LRU evictions).
-    if counters.flows_created > opts.load.flows_max_entries as u64 || counters.flows_evicted > 0 {
+    if counters.flows_created > flows_max_entries as u64 || counters.flows_evicted > 0 {
         out.push(finding(
             "flow_table_full",
             Severity::Warning,
             counters.flows_created as usize,
             format!(
                 "{} flows in the capture, the flow table holds {}: {} flows were evicted",
-                counters.flows_created, opts.load.flows_max_entries, counters.flows_evicted
+                counters.flows_created, flows_max_entries, counters.flows_evicted
             ),
             "every flow in the table".into(),
             "raise flows_map_size in the config file, or use --engine reference (no limit)",
@@ -372,23 +327,4 @@ fn proto_name(p: u8) -> String {
         58 => "ICMPv6".into(),
         p => format!("IP proto {p}"),
     }
-}
-
-/// The findings as text, one paragraph each.
-pub fn render(findings: &[Finding]) -> String {
-    if findings.is_empty() {
-        return "findings: none\n".to_string();
-    }
-    let mut out = String::from("findings:\n");
-    for f in findings {
-        let sev = match f.severity {
-            Severity::Error => "ERROR",
-            Severity::Warning => "WARN",
-            Severity::Info => "INFO",
-        };
-        let _ = writeln!(out, "  {sev:<5} {}: {}", f.check, f.found);
-        let _ = writeln!(out, "        expected: {}", f.expected);
-        let _ = writeln!(out, "        fix: {}", f.fix);
-    }
-    out
 }

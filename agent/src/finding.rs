@@ -1,0 +1,51 @@
+//! A finding: one thing an operator should look at, with what was found, what was
+//! expected and the fix. `analyze` reports findings about a capture; the host audit
+//! (`check`) will report its own in the same shape (`check`, `interface`, `severity`,
+//! `found`, `expected`, `fix`).
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+/// How much a finding matters (ordered: errors sort last, most severe first with `Reverse`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Error,
+}
+
+/// One finding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// A stable name, e.g. `roce_outside_lossless_dscp`.
+    pub check: String,
+    /// null in analyze (no interface).
+    pub interface: Option<String>,
+    pub severity: Severity,
+    pub found: String,
+    pub expected: String,
+    pub fix: String,
+    /// Flows the finding concerns (0 when it is about other traffic).
+    pub flows: u64,
+}
+
+/// The findings as text, one paragraph each.
+pub fn render(findings: &[Finding]) -> String {
+    if findings.is_empty() {
+        return "findings: none\n".to_string();
+    }
+    let mut out = String::from("findings:\n");
+    for f in findings {
+        let sev = match f.severity {
+            Severity::Error => "ERROR",
+            Severity::Warning => "WARN",
+            Severity::Info => "INFO",
+        };
+        let _ = writeln!(out, "  {sev:<5} {}: {}", f.check, f.found);
+        let _ = writeln!(out, "        expected: {}", f.expected);
+        let _ = writeln!(out, "        fix: {}", f.fix);
+    }
+    out
+}
