@@ -367,6 +367,36 @@ impl Gen {
         s
     }
 
+    /// Sets a declared length (IPv4 total length, IPv6 payload length, UDP length) to
+    /// a value around the real one, around the headers' boundaries, beyond the frame,
+    /// or at random: bytes beyond it are not the datagram's.
+    fn mutate_length(&mut self, s: &mut Sample) {
+        let mut fields: Vec<usize> = s
+            .marks
+            .ips
+            .iter()
+            .map(|&(at, v6)| if v6 { at + 4 } else { at + 2 })
+            .collect();
+        fields.extend(s.marks.udps.iter().map(|at| at + 4));
+        let Some(&at) = fields.choose(&mut self.rng) else {
+            return;
+        };
+        let f = &mut s.frame;
+        if at + 2 > f.len() {
+            return;
+        }
+        let old = u16::from_be_bytes([f[at], f[at + 1]]);
+        let new = match self.rng.random_range(0..6) {
+            0 => old.wrapping_sub(self.rng.random_range(1..=24)),
+            1 => old.wrapping_add(self.rng.random_range(1..=24)),
+            2 => self.rng.random_range(0..=40),
+            3 => (f.len() + self.rng.random_range(1..=2000)) as u16,
+            4 => 0,
+            _ => self.rng.random(),
+        };
+        f[at..at + 2].copy_from_slice(&new.to_be_bytes());
+    }
+
     fn mutate(&mut self, s: &mut Sample) {
         let f = &mut s.frame;
         let len = f.len();
@@ -375,7 +405,8 @@ impl Gen {
                 f[at..at + 2].copy_from_slice(&v.to_be_bytes());
             }
         };
-        match self.rng.random_range(0..12) {
+        match self.rng.random_range(0..13) {
+            12 => self.mutate_length(s),
             0 => {
                 let i = self.rng.random_range(0..len);
                 f[i] ^= self.rng.random_range(1..=255u8);

@@ -11,10 +11,12 @@ use roce_agent::packet::{
     udp_frame, vxlan_frame, Eth, ExtHeader, Ipv6Ext, RoceMsg, VlanTag, L3,
 };
 use roce_common::bth;
+use roce_common::config::RuntimeConfig;
 use roce_common::counters::{Class, Reason};
 use roce_common::flow::{FlowKey, FlowStats};
+use roce_common::reference::ReferenceTable;
 use roce_common::wire::{ETH_HLEN, UDP_HLEN, VLAN_HLEN, VXLAN_HLEN};
-use roce_tests::expect::{assert_stats, key, tunnel_key, Counts, Stats};
+use roce_tests::expect::{assert_stats, compare_with_reference, key, tunnel_key, Counts, Stats};
 use roce_tests::harness::Harness;
 use roce_tests::hex;
 
@@ -1310,4 +1312,99 @@ fn frames_shorter_than_an_ethernet_header_are_refused_by_the_kernel() {
         assert!(r.is_err(), "{len} bytes accepted");
     }
     assert_stats(&h.stats(), &Stats::new(), "nothing ran");
+}
+
+// ---------------------------------------------------------------------------------
+// Declared lengths bound the datagram
+
+/// Sets the big-endian 16-bit field at `at`.
+fn set16(f: &mut [u8], at: usize, v: u16) {
+    f[at..at + 2].copy_from_slice(&v.to_be_bytes());
+}
+
+/// The reference's verdict on one frame, as the kernel must count it.
+fn reference_of(frame: &[u8]) -> ReferenceTable {
+    let mut r = ReferenceTable::new(RuntimeConfig::default());
+    r.process(frame, roce_tests::expect::TEST_RUN_IFINDEX, 0);
+    r
+}
+
+#[test]
+fn ethernet_padding_after_a_datagram_that_ends_in_its_bth_is_not_roce() {
+    let mut h = Harness::load();
+    // A minimum-size frame whose UDP datagram holds only 4 bytes of BTH: the zero
+    // padding after it would complete the BTH, but it is not the datagram's.
+    let mut f = roce_frame(
+        &eth(),
+        &host4(),
+        SPORT,
+        &RoceMsg::new(opcode::RC_ACKNOWLEDGE, QP, 7),
+    );
+    set16(&mut f, ETH_HLEN + 2, 20 + 8 + 4);
+    set16(&mut f, ETH_HLEN + 20 + 4, 8 + 4);
+    f.truncate(ETH_HLEN + 20 + 8 + 4);
+    f.resize(60, 0);
+    h.pass(&f);
+    let ctx = format!("padded short datagram:\n{}", hex(&f));
+    assert_flows(&h, &[], &ctx);
+    assert_stats(
+        &h.stats(),
+        &Stats::new().reason(Reason::TruncatedBth, 1),
+        &ctx,
+    );
+}
+
+#[test]
+fn every_length_field_bounds_the_datagram_in_the_kernel_as_in_the_reference() {
+    let mut h = Harness::load();
+    let ack = RoceMsg::new(opcode::RC_ACKNOWLEDGE, QP, 7);
+    let inner = roce_frame(&eth(), &host4(), SPORT, &ack);
+    // (name, frame, [(offset of a length field, its value)])
+    let plain4 = roce_frame(&eth(), &host4(), SPORT, &ack);
+    let plain6 = roce_frame(&eth(), &host6(), SPORT, &ack);
+    let tunnel = vxlan_frame(&eth(), &under4(), VXLAN_SPORT, VNI, &inner);
+    let l4_4 = ETH_HLEN + 20;
+    let l4_6 = ETH_HLEN + 40;
+    let inner_l3 = l4_4 + UDP_HLEN + VXLAN_HLEN + ETH_HLEN;
+    let fields: Vec<(&str, &[u8], usize)> = vec![
+        ("ipv4 total length", &plain4, ETH_HLEN + 2),
+        ("udp length (ipv4)", &plain4, l4_4 + 4),
+        ("ipv6 payload length", &plain6, ETH_HLEN + 4),
+        ("udp length (ipv6)", &plain6, l4_6 + 4),
+        ("outer udp length", &tunnel, l4_4 + 4),
+        ("inner ipv4 total length", &tunnel, inner_l3 + 2),
+        ("inner udp length", &tunnel, inner_l3 + 20 + 4),
+    ];
+    let mut flows_seen = 0;
+    let mut rejected = 0;
+    for (name, frame, at) in fields {
+        let real = u16::from_be_bytes([frame[at], frame[at + 1]]);
+        let mut values: Vec<u16> = (0..=48).collect();
+        values.extend((real.saturating_sub(20)..=real.saturating_add(4)).collect::<Vec<_>>());
+        values.extend([real + 100, 1500, 9000, u16::MAX]);
+        for v in values {
+            let mut f = frame.to_vec();
+            set16(&mut f, at, v);
+            h.reset();
+            h.pass(&f);
+            let r = reference_of(&f);
+            let ctx = format!("{name} = {v} (real {real}):\n{}", hex(&f));
+            if let Err(diff) = compare_with_reference(&h.flows(), &h.stats(), &r) {
+                panic!("{ctx}\n{diff}");
+            }
+            if r.flows.is_empty() {
+                rejected += 1;
+            } else {
+                flows_seen += 1;
+            }
+            // Longer than the frame: read as far as the frame goes, same as the original.
+            if v > real {
+                assert_eq!(r.flows.len(), 1, "{ctx}");
+            }
+        }
+    }
+    assert!(
+        flows_seen > 0 && rejected > 0,
+        "{flows_seen} flows, {rejected} rejected"
+    );
 }
