@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_common::counters::{
     CLASS_NAMES, REASON_NAMES, STAT_CLASS_BASE, STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED,
-    STAT_NAMES_QOS, STAT_REASON_BASE,
+    STAT_REASON_BASE,
 };
 use roce_common::flow::{FlowKey, FlowStats};
 use roce_common::policy::{VtepKey, VtepStats};
@@ -164,74 +164,38 @@ pub struct Counters {
     pub qos: QosCounters,
 }
 
-/// The host QoS counters (STATS entries named in `roce_common::counters::STAT_NAMES_QOS`)
-/// and the decapsulation-side counters per remote VTEP.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct QosCounters {
-    /// Enforce mode: RoCE data / CNPs whose DSCP was rewritten.
-    pub roce_rewritten: u64,
-    /// Enforce mode: non-RoCE packets on a lossless DSCP remarked.
-    pub intruders_remarked: u64,
-    /// Enforce mode and VTEPs: packets whose skb->priority was set.
-    pub priority_set: u64,
-    /// Audit mode: what enforce mode would have counted above (no byte changed).
-    pub audit_roce_would_rewrite: u64,
-    pub audit_intruders_would_remark: u64,
-    pub audit_priority_would_set: u64,
-    /// VTEP egress: VXLAN packets seen, and those whose outer TOS was rewritten.
-    pub vtep_packets: u64,
-    pub vtep_rewritten: u64,
-    /// VTEP ingress: VXLAN packets checked; outer DSCP not what the table makes of
-    /// the inner one; outer CE over inner ECT (propagated); outer CE over inner
-    /// Not-ECT (decapsulation drops it).
-    pub decap_packets: u64,
-    pub decap_dscp_mismatch: u64,
-    pub decap_ce_over_ect: u64,
-    pub decap_ce_over_not_ect: u64,
-    /// tc could not read the headers / a rewrite helper failed (packet passed).
-    pub tc_pull_failed: u64,
-    pub tc_write_failed: u64,
-    /// Per remote VTEP (outer source address), what arrived on VTEP underlays.
-    pub vteps: Vec<VtepRecord>,
-}
+/// Declares [`QosCounters`] from the one list of QoS counters in `roce_common`:
+/// a field per counter (its JSON name), filled from its STATS index.
+macro_rules! qos_counters_struct {
+    ($( $(#[$m:meta])* $konst:ident => $name:ident ),* $(,)?) => {
+        /// The host QoS counters (the STATS entries of `for_each_qos_counter!`) and the
+        /// decapsulation-side counters per remote VTEP.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(default)]
+        pub struct QosCounters {
+            $( $(#[$m])* pub $name: u64, )*
+            /// Per remote VTEP (outer source address), what arrived on VTEP underlays.
+            pub vteps: Vec<VtepRecord>,
+        }
 
-impl QosCounters {
-    pub fn from_stats(stats: &[u64]) -> QosCounters {
-        let at = |i: u32| stats.get(i as usize).copied().unwrap_or(0);
-        let mut q = QosCounters::default();
-        for (i, name) in STAT_NAMES_QOS {
-            let v = at(i);
-            match name {
-                "roce_rewritten" => q.roce_rewritten = v,
-                "intruders_remarked" => q.intruders_remarked = v,
-                "priority_set" => q.priority_set = v,
-                "audit_roce_would_rewrite" => q.audit_roce_would_rewrite = v,
-                "audit_intruders_would_remark" => q.audit_intruders_would_remark = v,
-                "audit_priority_would_set" => q.audit_priority_would_set = v,
-                "vtep_packets" => q.vtep_packets = v,
-                "vtep_rewritten" => q.vtep_rewritten = v,
-                "decap_packets" => q.decap_packets = v,
-                "decap_dscp_mismatch" => q.decap_dscp_mismatch = v,
-                "decap_ce_over_ect" => q.decap_ce_over_ect = v,
-                "decap_ce_over_not_ect" => q.decap_ce_over_not_ect = v,
-                "tc_pull_failed" => q.tc_pull_failed = v,
-                "tc_write_failed" => q.tc_write_failed = v,
-                _ => {}
+        impl QosCounters {
+            pub fn from_stats(stats: &[u64]) -> QosCounters {
+                use roce_common::counters::*;
+                let at = |i: u32| stats.get(i as usize).copied().unwrap_or(0);
+                QosCounters {
+                    $( $name: at($konst), )*
+                    vteps: Vec::new(),
+                }
+            }
+
+            /// The scalar counters by name (logs, change detection).
+            pub fn named(&self) -> BTreeMap<&'static str, u64> {
+                BTreeMap::from([$( (stringify!($name), self.$name) ),*])
             }
         }
-        q
-    }
-
-    /// The scalar counters by name (logs, change detection).
-    pub fn named(&self) -> BTreeMap<&'static str, u64> {
-        let v = serde_json::to_value(self).unwrap_or_default();
-        STAT_NAMES_QOS
-            .iter()
-            .map(|(_, n)| (*n, v.get(*n).and_then(|x| x.as_u64()).unwrap_or(0)))
-            .collect()
-    }
+    };
 }
+roce_common::for_each_qos_counter!(qos_counters_struct);
 
 /// What arrived from one remote VTEP.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,15 +12,10 @@ use roce_common::counters::STATS_LEN;
 use roce_common::flow::{FlowKey, FlowStats};
 use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats, IFACE_DIRECT};
 
-pub const XDP_PROGRAM: &str = "xdp_classify";
-/// An empty XDP program in the same object, the baseline of benchmarks.
-pub const XDP_BASELINE: &str = "xdp_baseline";
-/// Host DSCP policy, VTEP propagation and skb priority (tc egress).
-pub const TC_EGRESS: &str = "tc_egress";
-/// Decapsulation-side checks (tc ingress of VTEP underlay interfaces).
-pub const TC_INGRESS: &str = "tc_ingress";
-/// An empty tc program, the baseline of benchmarks.
-pub const TC_BASELINE: &str = "tc_baseline";
+use roce_common::names::map;
+pub use roce_common::names::program::{
+    TC_BASELINE, TC_EGRESS, TC_INGRESS, XDP_BASELINE, XDP_CLASSIFY as XDP_PROGRAM,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -84,19 +79,21 @@ pub struct Loaded {
 /// (not attached yet).
 pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
     let mut ebpf = aya::EbpfLoader::new()
-        .map_max_entries("FLOWS", opts.flows_max_entries)
+        .map_max_entries(map::FLOWS, opts.flows_max_entries)
         .load(crate::EBPF_OBJECT)?;
     {
-        let map = ebpf.map_mut("CONFIG").ok_or(LoadError::Missing("CONFIG"))?;
+        let map = ebpf
+            .map_mut(map::CONFIG)
+            .ok_or(LoadError::Missing(map::CONFIG))?;
         let mut config: Array<_, RuntimeConfig> =
             Array::try_from(map).map_err(|source| LoadError::Map {
-                name: "CONFIG",
+                name: map::CONFIG,
                 source,
             })?;
         config
             .set(0, opts.config, 0)
             .map_err(|source| LoadError::Map {
-                name: "CONFIG",
+                name: map::CONFIG,
                 source,
             })?;
     }
@@ -213,9 +210,12 @@ impl Loaded {
     }
 
     fn flows_map(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, FlowStats>, LoadError> {
-        let map = self.ebpf.map("FLOWS").ok_or(LoadError::Missing("FLOWS"))?;
+        let map = self
+            .ebpf
+            .map(map::FLOWS)
+            .ok_or(LoadError::Missing(map::FLOWS))?;
         PerCpuHashMap::try_from(map).map_err(|source| LoadError::Map {
-            name: "FLOWS",
+            name: map::FLOWS,
             source,
         })
     }
@@ -226,7 +226,7 @@ impl Loaded {
         let mut out = Vec::new();
         for entry in map.iter() {
             let (key, per_cpu) = entry.map_err(|source| LoadError::Map {
-                name: "FLOWS",
+                name: map::FLOWS,
                 source,
             })?;
             out.push((key, merge_cpus(&per_cpu)));
@@ -236,16 +236,19 @@ impl Loaded {
 
     /// STATS summed over CPUs.
     pub fn stats(&self) -> Result<Vec<u64>, LoadError> {
-        let map = self.ebpf.map("STATS").ok_or(LoadError::Missing("STATS"))?;
+        let map = self
+            .ebpf
+            .map(map::STATS)
+            .ok_or(LoadError::Missing(map::STATS))?;
         let stats: PerCpuArray<&MapData, u64> =
             PerCpuArray::try_from(map).map_err(|source| LoadError::Map {
-                name: "STATS",
+                name: map::STATS,
                 source,
             })?;
         let mut out = vec![0u64; STATS_LEN as usize];
         for (i, slot) in out.iter_mut().enumerate() {
             let v = stats.get(&(i as u32), 0).map_err(|source| LoadError::Map {
-                name: "STATS",
+                name: map::STATS,
                 source,
             })?;
             *slot = v.iter().sum();
@@ -262,11 +265,11 @@ impl Loaded {
         {
             let map = self
                 .ebpf
-                .map_mut("FLOWS")
-                .ok_or(LoadError::Missing("FLOWS"))?;
+                .map_mut(map::FLOWS)
+                .ok_or(LoadError::Missing(map::FLOWS))?;
             let mut flows: PerCpuHashMap<&mut MapData, FlowKey, FlowStats> =
                 PerCpuHashMap::try_from(map).map_err(|source| LoadError::Map {
-                    name: "FLOWS",
+                    name: map::FLOWS,
                     source,
                 })?;
             for k in keys {
@@ -275,25 +278,25 @@ impl Loaded {
             }
         }
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| LoadError::Map {
-            name: "STATS",
+            name: map::STATS,
             source: aya::maps::MapError::IoError(e),
         })?;
         let map = self
             .ebpf
-            .map_mut("STATS")
-            .ok_or(LoadError::Missing("STATS"))?;
+            .map_mut(map::STATS)
+            .ok_or(LoadError::Missing(map::STATS))?;
         let mut stats: PerCpuArray<&mut MapData, u64> =
             PerCpuArray::try_from(map).map_err(|source| LoadError::Map {
-                name: "STATS",
+                name: map::STATS,
                 source,
             })?;
         for i in 0..STATS_LEN {
             let zeros = PerCpuValues::try_from(vec![0u64; cpus]).map_err(|e| LoadError::Map {
-                name: "STATS",
+                name: map::STATS,
                 source: aya::maps::MapError::IoError(e),
             })?;
             stats.set(i, zeros, 0).map_err(|source| LoadError::Map {
-                name: "STATS",
+                name: map::STATS,
                 source,
             })?;
         }
@@ -330,30 +333,33 @@ impl Loaded {
 
     /// Writes the host QoS policy: QOS (DSCPs written) and POLICY (per-DSCP entries).
     pub fn set_policy(&mut self, policy: &Policy) -> Result<(), LoadError> {
-        let map = self.ebpf.map_mut("QOS").ok_or(LoadError::Missing("QOS"))?;
+        let map = self
+            .ebpf
+            .map_mut(map::QOS)
+            .ok_or(LoadError::Missing(map::QOS))?;
         let mut qos: Array<_, roce_common::policy::QosConfig> =
             Array::try_from(map).map_err(|source| LoadError::Map {
-                name: "QOS",
+                name: map::QOS,
                 source,
             })?;
         qos.set(0, policy.qos, 0).map_err(|source| LoadError::Map {
-            name: "QOS",
+            name: map::QOS,
             source,
         })?;
         let map = self
             .ebpf
-            .map_mut("POLICY")
-            .ok_or(LoadError::Missing("POLICY"))?;
+            .map_mut(map::POLICY)
+            .ok_or(LoadError::Missing(map::POLICY))?;
         let mut table: Array<_, roce_common::policy::DscpEntry> =
             Array::try_from(map).map_err(|source| LoadError::Map {
-                name: "POLICY",
+                name: map::POLICY,
                 source,
             })?;
         for (dscp, entry) in policy.table.iter().enumerate() {
             table
                 .set(dscp as u32, *entry, 0)
                 .map_err(|source| LoadError::Map {
-                    name: "POLICY",
+                    name: map::POLICY,
                     source,
                 })?;
         }
@@ -364,7 +370,7 @@ impl Loaded {
     /// IFACE_QOS_DIRECT below `IFACE_DIRECT`, in the IFACE_QOS hash above.
     pub fn set_iface_qos(&mut self, ifindex: u32, qos: Option<IfaceQos>) -> Result<(), LoadError> {
         if ifindex < IFACE_DIRECT {
-            let name = "IFACE_QOS_DIRECT";
+            let name = map::IFACE_QOS_DIRECT;
             let map = self.ebpf.map_mut(name).ok_or(LoadError::Missing(name))?;
             let mut direct: Array<_, IfaceQos> =
                 Array::try_from(map).map_err(|source| LoadError::Map { name, source })?;
@@ -372,7 +378,7 @@ impl Loaded {
                 .set(ifindex, qos.unwrap_or_default(), 0)
                 .map_err(|source| LoadError::Map { name, source });
         }
-        let name = "IFACE_QOS";
+        let name = map::IFACE_QOS;
         let map = self.ebpf.map_mut(name).ok_or(LoadError::Missing(name))?;
         let mut ifaces: HashMap<_, u32, IfaceQos> =
             HashMap::try_from(map).map_err(|source| LoadError::Map { name, source })?;
@@ -389,16 +395,19 @@ impl Loaded {
 
     /// Decapsulation-side counters per remote VTEP, CPUs merged.
     pub fn vteps(&self) -> Result<Vec<(VtepKey, VtepStats)>, LoadError> {
-        let map = self.ebpf.map("VTEPS").ok_or(LoadError::Missing("VTEPS"))?;
+        let map = self
+            .ebpf
+            .map(map::VTEPS)
+            .ok_or(LoadError::Missing(map::VTEPS))?;
         let vteps: PerCpuHashMap<&MapData, VtepKey, VtepStats> = PerCpuHashMap::try_from(map)
             .map_err(|source| LoadError::Map {
-                name: "VTEPS",
+                name: map::VTEPS,
                 source,
             })?;
         let mut out = Vec::new();
         for entry in vteps.iter() {
             let (key, per_cpu) = entry.map_err(|source| LoadError::Map {
-                name: "VTEPS",
+                name: map::VTEPS,
                 source,
             })?;
             let mut total = VtepStats::default();
@@ -416,17 +425,27 @@ impl Loaded {
         let keys: Vec<VtepKey> = self.vteps()?.into_iter().map(|(k, _)| k).collect();
         let map = self
             .ebpf
-            .map_mut("VTEPS")
-            .ok_or(LoadError::Missing("VTEPS"))?;
+            .map_mut(map::VTEPS)
+            .ok_or(LoadError::Missing(map::VTEPS))?;
         let mut vteps: PerCpuHashMap<&mut MapData, VtepKey, VtepStats> =
             PerCpuHashMap::try_from(map).map_err(|source| LoadError::Map {
-                name: "VTEPS",
+                name: map::VTEPS,
                 source,
             })?;
         for k in keys {
             let _ = vteps.remove(&k);
         }
         Ok(())
+    }
+
+    /// The names of the object's maps and programs (sorted), to check them against
+    /// `roce_common::names`.
+    pub fn object_names(&self) -> (Vec<String>, Vec<String>) {
+        let mut maps: Vec<String> = self.ebpf.maps().map(|(n, _)| n.to_string()).collect();
+        let mut programs: Vec<String> = self.ebpf.programs().map(|(n, _)| n.to_string()).collect();
+        maps.sort();
+        programs.sort();
+        (maps, programs)
     }
 }
 

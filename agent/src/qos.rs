@@ -234,19 +234,13 @@ impl QosAttachments {
         if self.last_logged.as_ref() == Some(&now) {
             return;
         }
-        let total: u64 = now.values().sum();
-        if total > 0 {
-            tracing::info!(
-                roce_rewritten = counters.roce_rewritten,
-                intruders_remarked = counters.intruders_remarked,
-                priority_set = counters.priority_set,
-                audit_roce_would_rewrite = counters.audit_roce_would_rewrite,
-                audit_intruders_would_remark = counters.audit_intruders_would_remark,
-                vtep_rewritten = counters.vtep_rewritten,
-                decap_dscp_mismatch = counters.decap_dscp_mismatch,
-                decap_ce_over_not_ect = counters.decap_ce_over_not_ect,
-                "QoS counters"
-            );
+        let nonzero: Vec<String> = now
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if !nonzero.is_empty() {
+            tracing::info!(counters = %nonzero.join(" "), "QoS counters");
         }
         self.last_logged = Some(now);
     }

@@ -12,6 +12,7 @@ pub mod config;
 pub mod counters;
 pub mod flow;
 pub mod icrc;
+pub mod names;
 pub mod packet;
 pub mod policy;
 pub mod psn;

@@ -144,7 +144,7 @@ pub fn stat_name(i: usize) -> String {
         return REASON_NAMES[(i32 - STAT_REASON_BASE) as usize].to_string();
     }
     for (idx, name) in STAT_NAMES_OTHER {
-        if idx == i32 {
+        if *idx == i32 {
             return name.to_string();
         }
     }

@@ -1331,7 +1331,7 @@ fn reference_of(frame: &[u8]) -> ReferenceTable {
 
 #[test]
 fn ethernet_padding_after_a_datagram_that_ends_in_its_bth_is_not_roce() {
-    let mut h = Harness::load();
+    let h = Harness::load();
     // A minimum-size frame whose UDP datagram holds only 4 bytes of BTH: the zero
     // padding after it would complete the BTH, but it is not the datagram's.
     let mut f = roce_frame(

@@ -1,0 +1,59 @@
+//! The names of the kernel object's maps and programs, declared once: the kernel side
+//! names its statics the same (aya names a map or program after its static or
+//! function), the agent finds them by these constants, and a test checks that every
+//! name here is in the object and every map of the object is here.
+
+/// Map names (`ebpf/src/maps.rs`).
+pub mod map {
+    /// Flow key -> per-CPU FlowStats (XDP).
+    pub const FLOWS: &str = "FLOWS";
+    /// Per-CPU counters by index (`counters`).
+    pub const STATS: &str = "STATS";
+    /// The single RuntimeConfig entry.
+    pub const CONFIG: &str = "CONFIG";
+    /// DSCP -> DscpEntry (priority, VTEP outer DSCP, lossless flag).
+    pub const POLICY: &str = "POLICY";
+    /// The single QosConfig entry (RoCE, CNP and remark DSCPs).
+    pub const QOS: &str = "QOS";
+    /// ifindex -> IfaceQos for ifindex below `policy::IFACE_DIRECT`.
+    pub const IFACE_QOS_DIRECT: &str = "IFACE_QOS_DIRECT";
+    /// ifindex -> IfaceQos for larger ifindexes.
+    pub const IFACE_QOS: &str = "IFACE_QOS";
+    /// Remote VTEP -> per-CPU decapsulation counters.
+    pub const VTEPS: &str = "VTEPS";
+
+    /// Every map of the object.
+    pub const ALL: [&str; 8] = [
+        FLOWS,
+        STATS,
+        CONFIG,
+        POLICY,
+        QOS,
+        IFACE_QOS_DIRECT,
+        IFACE_QOS,
+        VTEPS,
+    ];
+}
+
+/// Program names (`ebpf/src/xdp.rs`, `ebpf/src/tc.rs`).
+pub mod program {
+    /// The XDP classifier (ingress flows).
+    pub const XDP_CLASSIFY: &str = "xdp_classify";
+    /// An empty XDP program: the benchmarks' baseline.
+    pub const XDP_BASELINE: &str = "xdp_baseline";
+    /// Host DSCP policy and VTEP propagation on egress.
+    pub const TC_EGRESS: &str = "tc_egress";
+    /// Decapsulation-side checks on VTEP underlays.
+    pub const TC_INGRESS: &str = "tc_ingress";
+    /// An empty tc program: the benchmarks' baseline.
+    pub const TC_BASELINE: &str = "tc_baseline";
+
+    /// Every program of the object.
+    pub const ALL: [&str; 5] = [
+        XDP_CLASSIFY,
+        XDP_BASELINE,
+        TC_EGRESS,
+        TC_INGRESS,
+        TC_BASELINE,
+    ];
+}
