@@ -1,9 +1,9 @@
 //! The JSON document that `GET /flows`, `roce-agent flows --json` and `analyze --json`
 //! print: one record per flow and the classifier's counters.
 //!
-//! The field names are a public contract (DESIGN.md, "Public interface"): fields may
-//! be added, never renamed. Readers ignore fields they do not know, so a newer agent
-//! stays readable by an older `flows`.
+//! The field names are a public contract (README, "The flow document"): fields may be
+//! added, never renamed. Readers ignore fields they do not know, so a newer agent stays
+//! readable by an older `flows`.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;

@@ -19,7 +19,7 @@ use crate::wire::*;
 /// Number of DSCP values (the POLICY map's size).
 pub const DSCP_COUNT: u32 = 64;
 
-/// Defaults (DESIGN.md "Public interface").
+/// The default policy (README, "Host QoS"): the one place these values are written.
 pub const DEFAULT_ROCE_DSCP: u8 = 26;
 pub const DEFAULT_CNP_DSCP: u8 = 48;
 pub const DEFAULT_REMARK_DSCP: u8 = 0;

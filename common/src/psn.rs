@@ -1,4 +1,4 @@
-//! PSN gap tracking for RC/XRC requests (the counting rule of DESIGN.md):
+//! PSN gap tracking for RC/XRC requests (the counting rule in the README, "The flow document"):
 //! a request whose PSN is ahead of the flow's expected next PSN is a gap (24-bit
 //! arithmetic, so wrap-around is no gap); behind it is a retransmission. A READ
 //! request of N bytes uses ceil(N / PMTU) PSNs; the PMTU is learnt per flow from the

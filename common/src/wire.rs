@@ -1,4 +1,4 @@
-//! Wire constants: EtherTypes, IP protocol numbers, header sizes (see shared WIRE.md).
+//! Wire constants: EtherTypes, IP protocol numbers, header sizes (docs/architecture.md, "Wire facts the code relies on").
 
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IPV4: u16 = 0x0800;

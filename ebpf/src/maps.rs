@@ -1,4 +1,4 @@
-//! The maps shared with the agent. Their names are a contract (DESIGN.md).
+//! The maps shared with the agent. Their names are declared once in `roce_common::names` (a test checks them against this object).
 
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray};

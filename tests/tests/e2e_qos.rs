@@ -184,7 +184,7 @@ fn vtep_outer_tos_equals_kernel_tos_inherit_for_all_64_dscp_x_4_ecn_tcx_and_clsa
     let (kernel, _, _) =
         probe_vxlan(&inherit, "inherit", None).expect("probing the tos inherit tunnel");
     assert_eq!(kernel.len(), 256, "{kernel:?}");
-    // The kernel itself, as WIRE.md says: DSCP copied, inner CE -> outer ECT(0).
+    // The kernel itself, as the kernel documents `tos inherit`: DSCP copied, inner CE -> outer ECT(0).
     for (inner, outer) in &kernel {
         assert_eq!(
             *outer,

@@ -16,7 +16,7 @@ use crate::finding::{self, Finding};
 pub struct AnalyzedFlow {
     #[serde(flatten)]
     pub flow: Flow,
-    /// Packets whose ICRC (recomputed as WIRE.md says) did not match.
+    /// Packets whose ICRC (recomputed over the masked headers, `roce_common::icrc`) did not match.
     pub icrc_errors: u64,
 }
 
