@@ -21,7 +21,8 @@ use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
 use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
 use pcap_file::pcapng::PcapNgWriter;
 use pcap_file::{DataLink, TsResolution};
-use roce_agent::packet::*;
+use roce_testkit::frame::*;
+use roce_testkit::tshark;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
@@ -579,10 +580,7 @@ fn counts(f: &Value) -> Vec<i64> {
 // tshark as the oracle
 
 fn have_tshark() -> bool {
-    let ok = Command::new("tshark")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let ok = tshark::available();
     if !ok {
         eprintln!("tshark comparison skipped: tshark is not installed");
     }
@@ -609,38 +607,15 @@ fn tshark_flows(path: &Path) -> BTreeMap<String, Vec<i64>> {
         "infiniband.aeth.syndrome",
         "vxlan.flag_i",
     ];
-    let mut cmd = Command::new("tshark");
-    cmd.arg("-r").arg(path).args([
-        "-d",
-        "udp.port==4791,infiniband",
-        "--disable-protocol",
-        "tftp",
-        "-T",
-        "fields",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "separator=\t",
-    ]);
-    for f in fields {
-        cmd.args(["-e", f]);
-    }
-    let out = cmd.output().expect("run tshark");
-    assert!(out.status.success(), "tshark: {}", text(&out.stderr));
+    let rows = tshark::Fields::new(&fields)
+        .decode_as("udp.port==4791,infiniband")
+        .disable_protocol("tftp")
+        .run(path)
+        .unwrap_or_else(|e| panic!("tshark: {e:#}"));
     let mut flows: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for line in text(&out.stdout).lines() {
-        let cols: Vec<Vec<&str>> = line
-            .split('\t')
-            .map(|c| {
-                if c.is_empty() {
-                    vec![]
-                } else {
-                    c.split(',').collect()
-                }
-            })
-            .collect();
-        let col = |i: usize| cols.get(i).cloned().unwrap_or_default();
-        let protos = col(0).first().copied().unwrap_or("");
+    for row in &rows {
+        let col = |i: usize| row.all(i);
+        let protos = row.first(0).unwrap_or("");
         if !protos.contains("infiniband") {
             continue;
         }
@@ -674,7 +649,7 @@ fn tshark_flows(path: &Path) -> BTreeMap<String, Vec<i64>> {
         }
         // tshark decodes a VXLAN header without the I flag; the Linux VXLAN driver
         // drops it, and the classifier counts it as bad_vxlan_flags (no flow).
-        if tunnelled && col(13).first() == Some(&"0") {
+        if tunnelled && row.first(13) == Some("0") {
             continue;
         }
         // The classifier reads at most two VLAN tags (too_many_vlan_tags); tshark more.

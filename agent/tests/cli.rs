@@ -4,17 +4,19 @@
 //! they are skipped with a note on stderr.
 //!
 //! Nothing here touches the root namespace's interfaces: every interface an agent
-//! attaches to lives in a namespace named `roce-t-<pid>-<n>`.
+//! attaches to lives in a namespace named `roce-t-<pid>x<n>` (the test kit's
+//! `netns::Netns`).
 
 use std::fs::File;
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use roce_agent::doc::Document;
+use roce_testkit::netns::{unique_name, Netns};
+use roce_testkit::sock::set_int_option;
 
 const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
 
@@ -44,80 +46,41 @@ macro_rules! require_root {
     };
 }
 
-/// A network namespace, deleted (with every link in it) on drop.
-struct Netns {
-    name: String,
+static FILE_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A new namespace `roce-t-<pid>x<n>` (loopback up), deleted with its links on drop.
+fn new_ns() -> Netns {
+    let (name, _) = unique_name("roce-t-");
+    Netns::create(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
 }
 
-static NS_COUNTER: AtomicU32 = AtomicU32::new(0);
+/// What these tests do in a namespace, on top of the test kit's guard.
+trait NsSteps {
+    /// `ip -n NS ARGS`, which must succeed; its stdout.
+    fn ip_ok(&self, args: &[&str]) -> String;
+    /// A command run inside the namespace, without the caller's RUST_LOG.
+    fn cmd(&self, program: &str, args: &[&str]) -> Command;
+    /// Whether an XDP program is attached to `dev` (as `ip link` shows it).
+    fn has_xdp(&self, dev: &str) -> bool;
+}
 
-impl Netns {
-    fn new() -> Netns {
-        let n = NS_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("roce-t-{}-{n}", std::process::id());
-        run_ok("ip", &["netns", "add", &name]);
-        let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
+impl NsSteps for Netns {
+    fn ip_ok(&self, args: &[&str]) -> String {
+        match self.ip(args) {
+            Ok(out) => text(&out.stdout),
+            Err(e) => panic!("{e:#}"),
+        }
     }
 
-    /// `ip -n NS ARGS`, which must succeed.
-    fn ip(&self, args: &[&str]) -> String {
-        let mut all = vec!["-n", self.name.as_str()];
-        all.extend_from_slice(args);
-        run_ok("ip", &all)
-    }
-
-    /// A command run inside the namespace.
-    fn exec(&self, program: &str, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, program])
-            .args(args)
-            .env_remove("RUST_LOG");
+    fn cmd(&self, program: &str, args: &[&str]) -> Command {
+        let mut c = self.command(program);
+        c.args(args).env_remove("RUST_LOG");
         c
     }
 
-    /// Whether an XDP program is attached to `dev` (as `ip link` shows it).
     fn has_xdp(&self, dev: &str) -> bool {
-        self.ip(&["link", "show", "dev", dev]).contains("xdp")
+        self.ip_ok(&["link", "show", "dev", dev]).contains("xdp")
     }
-
-    /// Runs `f` on a thread that has entered this namespace.
-    fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let ns = File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-                // SAFETY: a valid namespace fd; only this thread changes namespace.
-                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
-                f()
-            })
-            .join()
-            .expect("thread in namespace")
-        })
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-fn run_ok(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        text(&out.stderr)
-    );
-    text(&out.stdout)
 }
 
 /// Two namespaces joined by a veth pair: `va` 198.18.0.1/30 in `a`, `vb`
@@ -129,15 +92,24 @@ struct Pair {
 
 impl Pair {
     fn new() -> Pair {
-        let a = Netns::new();
-        let b = Netns::new();
-        a.ip(&[
-            "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.name,
+        let a = new_ns();
+        let b = new_ns();
+        a.ip_ok(&[
+            "link",
+            "add",
+            "va",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vb",
+            "netns",
+            b.name(),
         ]);
-        a.ip(&["addr", "add", "198.18.0.1/30", "dev", "va"]);
-        b.ip(&["addr", "add", "198.18.0.2/30", "dev", "vb"]);
-        a.ip(&["link", "set", "va", "up"]);
-        b.ip(&["link", "set", "vb", "up"]);
+        a.ip_ok(&["addr", "add", "198.18.0.1/30", "dev", "va"]);
+        b.ip_ok(&["addr", "add", "198.18.0.2/30", "dev", "vb"]);
+        a.ip_ok(&["link", "set", "va", "up"]);
+        b.ip_ok(&["link", "set", "vb", "up"]);
         Pair { a, b }
     }
 }
@@ -153,11 +125,11 @@ impl Agent {
         let log = std::env::temp_dir().join(format!(
             "roce-agent-cli-{}-{}.log",
             std::process::id(),
-            NS_COUNTER.fetch_add(1, Ordering::Relaxed)
+            FILE_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         let err = File::create(&log).expect("log file");
         let child = ns
-            .exec(BIN, args)
+            .cmd(BIN, args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err)
@@ -178,7 +150,7 @@ impl Agent {
                 panic!("the agent exited early ({st}):\n{}", self.log());
             }
             let out = ns
-                .exec(BIN, &["flows", "--json", "--api", api])
+                .cmd(BIN, &["flows", "--json", "--api", api])
                 .output()
                 .expect("run flows");
             if out.status.success() {
@@ -229,18 +201,9 @@ impl Drop for Agent {
 fn send_roce(b: &Netns, count: u32, dest_qp: u32) -> u16 {
     b.enter(|| {
         let sock = UdpSocket::bind("198.18.0.2:0").expect("bind in namespace b");
-        let tos: libc::c_int = (26 << 2) | 0b10;
-        // SAFETY: a valid socket and an int option of the right size.
-        let rc = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_TOS,
-                &tos as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "IP_TOS: {}", std::io::Error::last_os_error());
+        let tos = (26 << 2) | 0b10;
+        set_int_option(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos)
+            .unwrap_or_else(|e| panic!("IP_TOS: {e}"));
         for psn in 0..count {
             let mut bth = [0u8; 16];
             bth[0] = 0x04; // RC SEND_ONLY
@@ -252,6 +215,7 @@ fn send_roce(b: &Netns, count: u32, dest_qp: u32) -> u16 {
         }
         sock.local_addr().expect("local address").port()
     })
+    .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A file in the temporary directory, removed on drop.
@@ -262,7 +226,7 @@ impl TempFile {
         let path = std::env::temp_dir().join(format!(
             "roce-agent-cli-{}-{}-{name}",
             std::process::id(),
-            NS_COUNTER.fetch_add(1, Ordering::Relaxed)
+            FILE_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::write(&path, contents).expect("write temp file");
         TempFile(path)
@@ -336,13 +300,13 @@ fn flows_without_an_agent_is_a_clear_error() {
 #[test]
 fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
     require_root!();
-    let ns = Netns::new();
+    let ns = new_ns();
     let file = TempFile::new(
         "bad.toml",
         "# comment\nlisten = \"127.0.0.1:9473\"\ndefault_pmtu = 1500\n",
     );
     let out = ns
-        .exec(BIN, &["run", "--config", file.path(), "--iface", "lo"])
+        .cmd(BIN, &["run", "--config", file.path(), "--iface", "lo"])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
@@ -355,7 +319,7 @@ fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
 
     let file = TempFile::new("syntax.toml", "interfaces = [\"lo\"\nroce_port = 4791\n");
     let out = ns
-        .exec(BIN, &["run", "--config", file.path()])
+        .cmd(BIN, &["run", "--config", file.path()])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
@@ -367,9 +331,9 @@ fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
 #[test]
 fn missing_interface_exits_1_and_attaches_nothing() {
     require_root!();
-    let ns = Netns::new();
+    let ns = new_ns();
     let out = ns
-        .exec(
+        .cmd(
             BIN,
             &[
                 "run",
@@ -395,9 +359,9 @@ fn missing_interface_exits_1_and_attaches_nothing() {
 #[test]
 fn no_bpf_permission_exits_1_with_a_hint() {
     require_root!();
-    let ns = Netns::new();
+    let ns = new_ns();
     let out = ns
-        .exec(
+        .cmd(
             "setpriv",
             &[
                 "--reuid=65534",
@@ -439,7 +403,7 @@ fn agent_in_a_namespace_serves_flows_and_detaches_on_sigterm() {
     let json = loop {
         let out = pair
             .a
-            .exec(BIN, &["flows", "--json", "--api", api])
+            .cmd(BIN, &["flows", "--json", "--api", api])
             .output()
             .expect("flows --json");
         assert!(out.status.success(), "{}", text(&out.stderr));
@@ -484,7 +448,7 @@ fn agent_in_a_namespace_serves_flows_and_detaches_on_sigterm() {
 
     let out = pair
         .a
-        .exec(BIN, &["flows", "--api", api])
+        .cmd(BIN, &["flows", "--api", api])
         .output()
         .expect("flows");
     assert!(out.status.success());
@@ -498,7 +462,7 @@ fn agent_in_a_namespace_serves_flows_and_detaches_on_sigterm() {
     assert!(
         !pair.a.has_xdp("va"),
         "XDP left attached:\n{}",
-        pair.a.ip(&["link", "show", "dev", "va"])
+        pair.a.ip_ok(&["link", "show", "dev", "va"])
     );
     assert!(agent.log().contains("detached"), "{}", agent.log());
 }
@@ -514,7 +478,7 @@ fn agent_with_the_lab_config_listens_on_the_default_port() {
     );
     agent.wait_ready(&pair.a, "127.0.0.1:9473");
     // `flows` with no --api finds it too.
-    let out = pair.a.exec(BIN, &["flows"]).output().expect("flows");
+    let out = pair.a.cmd(BIN, &["flows"]).output().expect("flows");
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("flows 0;"),
@@ -534,9 +498,9 @@ fn attach_failure_on_a_later_interface_detaches_the_earlier_ones() {
     // agent holds `va2`, so a second agent asked for `va` then `va2` attaches `va`,
     // fails on `va2`, and must leave `va` detached again.
     pair.a
-        .ip(&["link", "add", "va2", "type", "veth", "peer", "name", "vb2"]);
-    pair.a.ip(&["link", "set", "va2", "up"]);
-    pair.a.ip(&["link", "set", "vb2", "up"]);
+        .ip_ok(&["link", "add", "va2", "type", "veth", "peer", "name", "vb2"]);
+    pair.a.ip_ok(&["link", "set", "va2", "up"]);
+    pair.a.ip_ok(&["link", "set", "vb2", "up"]);
     let mut first = Agent::start(
         &pair.a,
         &["run", "--iface", "va2", "--listen", "127.0.0.1:9475"],
@@ -544,7 +508,7 @@ fn attach_failure_on_a_later_interface_detaches_the_earlier_ones() {
     first.wait_ready(&pair.a, "127.0.0.1:9475");
     let out = pair
         .a
-        .exec(
+        .cmd(
             BIN,
             &[
                 "run",

@@ -4,7 +4,7 @@
 //! (`ifname` and `direction` aside, which only the live agent knows, and first/last
 //! seen and `icrc_errors`, which analyze takes from the capture).
 //!
-//! Each capture gets its own pair of network namespaces `roce-rp-<pid>-<n>a|b` joined
+//! Each capture gets its own pair of network namespaces `roce-rp-<pid>x<n>a|b` joined
 //! by a veth pair: tcpreplay sends from `ra` in A, the agent attaches XDP to `rb` in B
 //! (XDP sees every frame, whatever its MACs). No addresses, IPv6 off: nothing but the
 //! replayed frames crosses the link. The namespaces (with their links) are deleted and
@@ -16,11 +16,11 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use roce_agent::analyze::CaptureReader;
+use roce_testkit::netns::{unique_name, Netns};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
@@ -53,80 +53,34 @@ fn can_run() -> bool {
     true
 }
 
-fn run_ok(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {}: {}",
-        args.join(" "),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
+/// What these tests do in a namespace, on top of the test kit's guard: every step
+/// must succeed.
+trait NsSteps {
+    /// `ip -n NS ARGS`; its stdout.
+    fn ip_ok(&self, args: &[&str]) -> String;
+    /// A command run inside the namespace, without the caller's RUST_LOG.
+    fn cmd(&self, program: &str, args: &[&str]) -> Command;
 }
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A network namespace, deleted (with every link in it) on drop.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(name: String) -> Netns {
-        run_ok("ip", &["netns", "add", &name]);
-        let ns = Netns { name };
-        // Before any link exists: no IPv6 (no router or neighbour solicitations).
-        ns.exec_ok(
-            "sysctl",
-            &[
-                "-qw",
-                "net.ipv6.conf.all.disable_ipv6=1",
-                "net.ipv6.conf.default.disable_ipv6=1",
-            ],
-        );
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
+impl NsSteps for Netns {
+    fn ip_ok(&self, args: &[&str]) -> String {
+        match self.ip(args) {
+            Ok(out) => text(&out.stdout),
+            Err(e) => panic!("{e:#}"),
+        }
     }
 
-    fn ip(&self, args: &[&str]) -> String {
-        let mut all = vec!["-n", self.name.as_str()];
-        all.extend_from_slice(args);
-        run_ok("ip", &all)
-    }
-
-    fn command(&self, program: &str, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, program])
-            .args(args)
-            .env_remove("RUST_LOG");
+    fn cmd(&self, program: &str, args: &[&str]) -> Command {
+        let mut c = self.command(program);
+        c.args(args).env_remove("RUST_LOG");
         c
     }
-
-    fn exec_ok(&self, program: &str, args: &[&str]) -> String {
-        let out: Output = self
-            .command(program, args)
-            .output()
-            .unwrap_or_else(|e| panic!("{program}: {e}"));
-        assert!(
-            out.status.success(),
-            "in {}: {program} {}: {}",
-            self.name,
-            args.join(" "),
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
+/// Namespace `name` without IPv6 (no router or neighbour solicitations), deleted
+/// with its links on drop.
+fn quiet_ns(name: String) -> Netns {
+    Netns::create_without_ipv6(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
 }
 
 /// The running agent: SIGTERM on drop (it detaches), SIGKILL if it lingers.
@@ -169,20 +123,28 @@ struct Rig {
 
 impl Rig {
     fn new(mtu: u32) -> Rig {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let base = format!("roce-rp-{}-{n}", std::process::id());
-        let a = Netns::new(format!("{base}a"));
-        let b = Netns::new(format!("{base}b"));
-        a.ip(&[
-            "link", "add", "ra", "type", "veth", "peer", "name", "rb", "netns", &b.name,
+        let (base, _) = unique_name("roce-rp-");
+        let a = quiet_ns(format!("{base}a"));
+        let b = quiet_ns(format!("{base}b"));
+        a.ip_ok(&[
+            "link",
+            "add",
+            "ra",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "rb",
+            "netns",
+            b.name(),
         ]);
         let mtu = mtu.to_string();
-        a.ip(&["link", "set", "ra", "mtu", &mtu, "up"]);
-        b.ip(&["link", "set", "rb", "mtu", &mtu, "up"]);
+        a.ip_ok(&["link", "set", "ra", "mtu", &mtu, "up"]);
+        b.ip_ok(&["link", "set", "rb", "mtu", &mtu, "up"]);
         let log = std::env::temp_dir().join(format!("{base}-agent.log"));
         let err = File::create(&log).expect("agent log file");
         let child = b
-            .command(
+            .cmd(
                 BIN,
                 &["run", "--iface", "rb", "--listen", API, "--interval", "0.2"],
             )
@@ -206,7 +168,7 @@ impl Rig {
     fn flows(&self) -> Result<Value, String> {
         let out = self
             .b
-            .command(BIN, &["flows", "--json", "--api", API])
+            .cmd(BIN, &["flows", "--json", "--api", API])
             .output()
             .map_err(|e| format!("roce-agent flows: {e}"))?;
         if !out.status.success() {
@@ -240,7 +202,7 @@ impl Rig {
         let p = path.to_str().expect("utf-8 path");
         let out = self
             .a
-            .command(
+            .cmd(
                 "taskset",
                 &["-c", "0", "tcpreplay", "-i", "ra", "--topspeed", p],
             )

@@ -23,7 +23,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use roce_agent::packet::{self, Eth, RoceMsg, L3};
+use roce_testkit::frame::{self, Eth, RoceMsg, L3};
+use roce_testkit::tshark;
 
 /// What to measure.
 pub struct Options {
@@ -118,15 +119,15 @@ fn write_capture(full: &Path, frames: u64, prefix: Option<(&Path, u64)>) -> Resu
         .with_tos(tos);
         let msg = match i % 10 {
             0 => RoceMsg::ack(qp as u32, psn[qp], 0x1F),
-            1 => packet::cnp(qp as u32),
+            1 => frame::cnp(qp as u32),
             _ => {
                 psn[qp] = (psn[qp] + 1) & 0xFF_FFFF;
                 RoceMsg::send_only(qp as u32, psn[qp], 64 + (i % 8) * 128)
             }
         };
-        let frame = packet::roce_frame(&eth, &l3, 0xC000, &msg);
+        let frame = frame::roce_frame(&eth, &l3, 0xC000, &msg);
         let frame = if qp.is_multiple_of(4) {
-            packet::vxlan_frame(&eth, &outer, 0xD000, 5000 + (qp as u32 % 8), &frame)
+            frame::vxlan_frame(&eth, &outer, 0xD000, 5000 + (qp as u32 % 8), &frame)
         } else {
             frame
         };
@@ -294,11 +295,7 @@ pub fn run(opts: &Options) -> Result<()> {
     if tshark_file != full {
         warm(&tshark_file)?;
     }
-    let mut cmd = Command::new("tshark");
-    cmd.arg("-r")
-        .arg(&tshark_file)
-        .args(["-d", "udp.port==4791,infiniband", "-T", "fields"]);
-    for f in [
+    let cmd = tshark::Fields::new(&[
         "frame.len",
         "ip.src",
         "ip.dst",
@@ -308,9 +305,9 @@ pub fn run(opts: &Options) -> Result<()> {
         "infiniband.bth.opcode",
         "infiniband.bth.destqp",
         "infiniband.aeth.syndrome",
-    ] {
-        cmd.args(["-e", f]);
-    }
+    ])
+    .decode_as("udp.port==4791,infiniband")
+    .command(&tshark_file);
     let tshark_out = tmp.0.join("tshark.tsv");
     let tshark = measure(
         "tshark -T fields",

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use roce_agent::packet::L3;
 use roce_common::counters::Reason;
 use roce_common::counters::{
     class_index, reason_index, Class, CLASS_NAMES, REASON_NAMES, STATS_LEN, STAT_CLASS_BASE,
@@ -15,6 +14,7 @@ use roce_common::flow::{
     addr_v4_mapped, FlowKey, FlowStats, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
 };
 use roce_common::reference::ReferenceTable;
+use roce_testkit::frame::L3;
 
 /// The ifindex BPF_PROG_TEST_RUN gives XDP programs: the loopback device of the
 /// caller's network namespace.

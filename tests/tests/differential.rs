@@ -15,10 +15,6 @@ use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use roce_agent::loader::LoadOptions;
-use roce_agent::packet::{
-    cnp, defined_opcodes, eth_frame, ip_frame, roce_frame_to, udp_frame, vxlan_frame, Eth, Ipv6Ext,
-    RoceMsg, VlanTag, L3,
-};
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{
     class_index, reason_index, Reason, CLASS_NAMES, REASON_COUNT, STATS_LEN,
@@ -26,6 +22,10 @@ use roce_common::counters::{
 };
 use roce_common::reference::ReferenceTable;
 use roce_common::wire::{ETH_HLEN, UDP_HLEN, VLAN_HLEN, VXLAN_HLEN};
+use roce_testkit::frame::{
+    cnp, defined_opcodes, eth_frame, ip_frame, roce_frame_to, udp_frame, vxlan_frame, Eth, Ipv6Ext,
+    RoceMsg, VlanTag, L3,
+};
 use roce_tests::expect::{compare_with_reference, stat_name};
 use roce_tests::harness::Harness;
 use roce_tests::hex;

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use roce_testkit::lab::oracle::{self, FlowTable};
+use roce_testkit::lab::{bins, Lab, LabOptions, Proc};
 use serde_json::Value;
-use xtask::lab::oracle::{self, FlowTable};
-use xtask::lab::{bins, Lab, LabOptions, Proc};
 
 const API: &str = "127.0.0.1:9473";
 

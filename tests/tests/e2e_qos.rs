@@ -1,4 +1,4 @@
-//! End-to-end host QoS in network namespaces (xtask::lab: two namespaces, a veth pair,
+//! End-to-end host QoS in network namespaces (roce_testkit::lab: two namespaces, a veth pair,
 //! VXLAN devices over it), with tshark and the kernel as oracles:
 //!
 //! - VTEP propagation: a `tos 0` VXLAN tunnel plus our tc program gives, for all 64
@@ -22,12 +22,13 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use roce_agent::config::{EcnPropagation, HostMode, Settings};
 use roce_agent::loader::{self, LoadOptions};
-use roce_agent::packet::{cnp, roce_frame, udp_frame, Eth, RoceMsg, L3};
 use roce_agent::qos::{self, TcMechanism};
 use roce_common::counters::*;
 use roce_common::policy::ecn_encapsulate;
 use roce_common::policy::{ECN_KERNEL, ECN_RFC6040};
-use xtask::lab::{in_namespace, Lab, LabOptions};
+use roce_testkit::frame::{cnp, roce_frame, udp_frame, Eth, RoceMsg, L3};
+use roce_testkit::lab::{in_namespace, Lab, LabOptions};
+use roce_testkit::tshark;
 
 fn lab(vxlan: bool, tos_inherit: bool) -> Lab {
     match Lab::new(LabOptions {
@@ -109,27 +110,19 @@ fn send_every_tos(dst: Ipv4Addr, port: u16) -> Result<()> {
 
 /// tshark's view of a VXLAN capture: inner TOS -> outer TOS (one entry per probe).
 fn outer_by_inner(pcap: &Path) -> Result<BTreeMap<u8, u8>> {
-    let text = output(Command::new("tshark").args(["-r"]).arg(pcap).args([
-        "-Y",
-        "vxlan && udp.dstport == 7777",
-        "-T",
-        "fields",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "aggregator=,",
-        "-e",
-        "ip.dsfield",
-    ]))?;
+    let rows = tshark::Fields::new(&["ip.dsfield"])
+        .filter("vxlan && udp.dstport == 7777")
+        .run(pcap)?;
     let mut map = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.is_empty()) {
-        let v: Vec<u8> = line
-            .split(',')
-            .map(|h| u8::from_str_radix(h.trim_start_matches("0x"), 16))
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("tshark line {line:?}"))?;
+    for row in rows.iter().filter(|r| !r.is_empty()) {
+        let v: Vec<u8> = row
+            .all(0)
+            .iter()
+            .map(|h| Ok(tshark::number(h)? as u8))
+            .collect::<Result<_>>()
+            .with_context(|| format!("tshark line {:?}", row.line))?;
         let [outer, inner] = v[..] else {
-            bail!("expected outer and inner dsfield, got {line:?}");
+            bail!("expected outer and inner dsfield, got {:?}", row.line);
         };
         if map.insert(inner, outer).is_some() {
             bail!("inner TOS {inner} seen twice");
@@ -330,26 +323,13 @@ fn frames(pcap: &Path) -> Vec<Vec<u8>> {
 
 /// (dscp, ecn) per frame, by tshark.
 fn tshark_dscp_ecn(pcap: &Path) -> Vec<(u8, u8)> {
-    let text = match output(Command::new("tshark").args(["-r"]).arg(pcap).args([
-        "-T",
-        "fields",
-        "-E",
-        "separator=,",
-        "-e",
-        "ip.dsfield.dscp",
-        "-e",
-        "ip.dsfield.ecn",
-    ])) {
-        Ok(t) => t,
+    let rows = match tshark::Fields::new(&["ip.dsfield.dscp", "ip.dsfield.ecn"]).run(pcap) {
+        Ok(r) => r,
         Err(e) => panic!("tshark: {e:#}"),
     };
-    text.lines()
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let (d, e) = l.split_once(',').unwrap_or((l, "0"));
-            (d.parse().unwrap_or(255), e.parse().unwrap_or(255))
-        })
-        .collect()
+    // The outermost IP header's marking; 255 where a frame has none.
+    let field = |r: &tshark::Row, i: usize| r.first(i).and_then(|v| v.parse().ok()).unwrap_or(255);
+    rows.iter().map(|r| (field(r, 0), field(r, 1))).collect()
 }
 
 /// Frames captured, STATS, and tshark's (DSCP, ECN) per frame.
@@ -503,7 +483,7 @@ fn audit_mode_changes_no_byte_and_counts_what_enforce_changed() {
 
 const API: &str = "127.0.0.1:9477";
 
-fn start_agent(l: &Lab, bin: &Path, ns: &str, args: &[&str]) -> xtask::lab::Proc {
+fn start_agent(l: &Lab, bin: &Path, ns: &str, args: &[&str]) -> roce_testkit::lab::Proc {
     let mut cmd = l.command(ns, bin.join("roce-agent"));
     cmd.arg("run")
         .args(args)
@@ -554,7 +534,7 @@ fn agent_qos(
 
 #[test]
 fn agent_run_vtep_and_enforce_flags_rewrite_and_report_decap_mismatches_per_remote_vtep() {
-    let bin = match xtask::lab::bins::agent_bins_for_test() {
+    let bin = match roce_testkit::lab::bins::agent_bins_for_test() {
         Ok(b) => b,
         Err(e) => panic!("building roce-agent: {e:#}"),
     };
@@ -709,25 +689,15 @@ fn vxlan6(l: &Lab, vni: u32, subnet: u8, tos: &str) -> (String, Ipv4Addr) {
 
 /// Outer traffic class by inner TOS, from a capture with an IPv6 underlay.
 fn outer6_by_inner(pcap: &Path) -> Result<BTreeMap<u8, u8>> {
-    let text = output(Command::new("tshark").args(["-r"]).arg(pcap).args([
-        "-Y",
-        "vxlan && udp.dstport == 7777",
-        "-T",
-        "fields",
-        "-E",
-        "separator=,",
-        "-e",
-        "ipv6.tclass",
-        "-e",
-        "ip.dsfield",
-    ]))?;
+    let rows = tshark::Fields::new(&["ipv6.tclass", "ip.dsfield"])
+        .filter("vxlan && udp.dstport == 7777")
+        .run(pcap)?;
     let mut map = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.is_empty()) {
-        let hex = |h: &str| u32::from_str_radix(h.trim().trim_start_matches("0x"), 16);
-        let (o, i) = line
-            .split_once(',')
-            .with_context(|| format!("tshark line {line:?}"))?;
-        let (outer, inner) = (hex(o)? as u8, hex(i)? as u8);
+    for row in rows.iter().filter(|r| !r.is_empty()) {
+        let (Some(o), Some(i)) = (row.first(0), row.first(1)) else {
+            bail!("tshark line {:?}: expected outer and inner TOS", row.line);
+        };
+        let (outer, inner) = (tshark::number(o)? as u8, tshark::number(i)? as u8);
         if map.insert(inner, outer).is_some() {
             bail!("inner TOS {inner} seen twice");
         }

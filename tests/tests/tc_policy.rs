@@ -6,7 +6,6 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use roce_agent::packet::{cnp, roce_frame, udp_frame, vxlan_frame, Eth, RoceMsg, L3};
 use roce_common::counters::*;
 use roce_common::packet::SlicePacket;
 use roce_common::policy::{
@@ -14,6 +13,7 @@ use roce_common::policy::{
     Policy, VtepStats, ECN_KERNEL, ECN_RFC6040, ENTRY_LOSSLESS, HOST_AUDIT, HOST_ENFORCE, HOST_OFF,
 };
 use roce_common::wire::{ETH_HLEN, ETH_P_IPV4};
+use roce_testkit::frame::{cnp, roce_frame, udp_frame, vxlan_frame, Eth, RoceMsg, L3};
 use roce_tests::hex;
 use roce_tests::tc::{TcHarness, TC_NEXT};
 
@@ -365,7 +365,7 @@ fn kinds_cover_every_branch_of_the_decision() {
 fn interfaces_beyond_the_direct_array_are_configured_through_the_hash() {
     // A device of index 5000 (> IFACE_DIRECT) in a namespace of the lab; test runs in
     // that namespace name it through __sk_buff.ifindex.
-    let l = match xtask::lab::Lab::new(xtask::lab::LabOptions {
+    let l = match roce_testkit::lab::Lab::new(roce_testkit::lab::LabOptions {
         vxlan: false,
         ipv6: false,
         ..Default::default()
@@ -380,7 +380,7 @@ fn interfaces_beyond_the_direct_array_are_configured_through_the_hash() {
         panic!("ip {add:?}: {e:#}");
     }
     const { assert!(5000 >= roce_common::policy::IFACE_DIRECT) };
-    let r = xtask::lab::in_namespace(&l.a.ns, || {
+    let r = roce_testkit::lab::in_namespace(&l.a.ns, || {
         let policy = Policy::default();
         let mut h = TcHarness::load(&policy, iface(HOST_OFF, 0, ECN_KERNEL));
         let eth = Eth::default();

@@ -1,21 +1,21 @@
 //! Scenarios of the real `xdp_classify` program through BPF_PROG_TEST_RUN: a frame
-//! built with `roce_agent::packet`, the program's verdict and output bytes, and the
+//! built with `roce_testkit::frame`, the program's verdict and output bytes, and the
 //! exact FLOWS and STATS it leaves behind. Needs root. Each test loads its own copy of
 //! the program (its own maps), so tests run in parallel safely.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use roce_agent::packet::{
-    cnp, defined_opcodes, eth_frame, ext_headers, ip_frame, opcode, roce_frame, roce_frame_to,
-    udp_frame, vxlan_frame, Eth, ExtHeader, Ipv6Ext, RoceMsg, VlanTag, L3,
-};
 use roce_common::bth;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{Class, Reason};
 use roce_common::flow::{FlowKey, FlowStats};
 use roce_common::reference::ReferenceTable;
 use roce_common::wire::{ETH_HLEN, UDP_HLEN, VLAN_HLEN, VXLAN_HLEN};
+use roce_testkit::frame::{
+    cnp, defined_opcodes, eth_frame, ext_headers, ip_frame, opcode, roce_frame, roce_frame_to,
+    udp_frame, vxlan_frame, Eth, ExtHeader, Ipv6Ext, RoceMsg, VlanTag, L3,
+};
 use roce_tests::expect::{assert_stats, compare_with_reference, key, tunnel_key, Counts, Stats};
 use roce_tests::harness::Harness;
 use roce_tests::hex;

@@ -29,9 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use roce_testkit::lab::oracle::{self, FlowTable};
+use roce_testkit::lab::{bins, namespace_exists, Lab, LabOptions, Proc};
 use serde_json::{json, Value};
-use xtask::lab::oracle::{self, FlowTable};
-use xtask::lab::{bins, namespace_exists, Lab, LabOptions, Proc};
 
 use crate::intruder;
 
@@ -199,7 +199,7 @@ struct GenRun {
 fn demo(args: &Args) -> Result<Value> {
     xtask::setup::ensure_all()?;
     interrupted()?;
-    say("building release binaries (cargo build --release -p roce-agent)");
+    say("building release binaries (cargo build --release -p roce-agent -p roce-testkit)");
     let bin_dir = bins::build_agent(true)?;
     interrupted()?;
     let agent_bin = bin_dir.join("roce-agent");

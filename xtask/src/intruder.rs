@@ -13,8 +13,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use xtask::lab::in_namespace;
-use xtask::sock::{pin_thread_to_cpu, set_int_option};
+use roce_testkit::lab::in_namespace;
+use roce_testkit::sock::{pin_thread_to_cpu, set_int_option};
 
 /// UDP port of the intruder flow (iperf3's: bulk traffic, not RoCE).
 pub const PORT: u16 = 5201;

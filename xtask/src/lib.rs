@@ -1,5 +1,4 @@
-//! Project tasks shared by `cargo xtask ...`, the integration tests and the benches.
+//! Project tasks shared by `cargo xtask ...`. The namespace lab and the other test
+//! tooling live in `roce-testkit` (`testkit/`).
 
-pub mod lab;
 pub mod setup;
-pub mod sock;

@@ -30,8 +30,17 @@ pub fn run(args: Args) -> Result<()> {
         bail!("the kernel and namespace tests need root (BPF_PROG_TEST_RUN, XDP attach, ip netns): run as root");
     }
     let before = namespaces();
-    // The end-to-end tests run the real binaries: build them first.
-    cargo(&["build", "--release", "-p", "roce-agent", "--bins"])?;
+    // The end-to-end tests run the real binaries (roce-agent, and roce-gen from the
+    // test kit): build them first.
+    cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "roce-agent",
+        "-p",
+        "roce-testkit",
+        "--bins",
+    ])?;
     // roce-ebpf targets bpfel-unknown-none only; the agent's build script builds it.
     let mut test = vec!["test", "--workspace", "--exclude", "roce-ebpf", "--release"];
     if let Some(f) = args.filter.as_deref() {

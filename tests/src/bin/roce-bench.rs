@@ -13,14 +13,14 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use roce_agent::config::{HostMode, Settings};
 use roce_agent::loader::{self, LoadOptions};
-use roce_agent::packet::{self, Eth, RoceMsg, L3};
 use roce_agent::qos::{self, TcMechanism};
 use roce_agent::testrun::{test_run, TestRun};
 use roce_common::policy::{IfaceQos, Policy, ECN_KERNEL, HOST_ENFORCE};
+use roce_testkit::frame::{self, Eth, RoceMsg, L3};
+use roce_testkit::lab::{in_namespace, Lab, LabOptions};
+use roce_testkit::sock::set_int_option;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::time::Instant;
-use xtask::lab::{in_namespace, Lab, LabOptions};
-use xtask::sock::set_int_option;
 
 #[path = "../bench_analyze.rs"]
 mod bench_analyze;
@@ -63,21 +63,21 @@ fn cases() -> Vec<Case> {
     let a4 = Ipv4Addr::new(198, 18, 0, 1);
     let b4 = Ipv4Addr::new(198, 18, 0, 2);
     let write = RoceMsg::write_only(0x1234, 100, 256);
-    let roce_v4 = packet::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write);
-    let inner = packet::roce_frame(
+    let roce_v4 = frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write);
+    let inner = frame::roce_frame(
         &eth,
         &L3::v4(Ipv4Addr::new(198, 19, 0, 1), Ipv4Addr::new(198, 19, 0, 2)).with_tos(106),
         0xC001,
         &write,
     );
-    let vxlan = packet::vxlan_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xD000, 5001, &inner);
+    let vxlan = frame::vxlan_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xD000, 5001, &inner);
     let v6 = L3::v6(
         Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1),
         Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2),
     );
-    let roce_v6 = packet::roce_frame(&eth, &v6.with_tos(106), 0xC000, &write);
-    let udp = packet::udp_frame(&eth, &L3::v4(a4, b4), 40000, 53, &[0u8; 64]);
-    let tcp = packet::ip_frame(&eth, &L3::v4(a4, b4), 6, &[0u8; 40]);
+    let roce_v6 = frame::roce_frame(&eth, &v6.with_tos(106), 0xC000, &write);
+    let udp = frame::udp_frame(&eth, &L3::v4(a4, b4), 40000, 53, &[0u8; 64]);
+    let tcp = frame::ip_frame(&eth, &L3::v4(a4, b4), 6, &[0u8; 40]);
     vec![
         Case {
             name: "xdp_roce_ipv4",
@@ -159,7 +159,7 @@ fn tc_cases() -> Vec<TcCase> {
         ecn: ECN_KERNEL,
         _pad: 0,
     };
-    let inner = packet::roce_frame(
+    let inner = frame::roce_frame(
         &eth,
         &L3::v4(Ipv4Addr::new(198, 19, 0, 1), Ipv4Addr::new(198, 19, 0, 2)).with_tos(106),
         0xC001,
@@ -168,14 +168,14 @@ fn tc_cases() -> Vec<TcCase> {
     vec![
         TcCase {
             name: "tc_egress_roce_ipv4_kept",
-            frame: packet::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write),
+            frame: frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write),
             iface: enforce,
             program: loader::TC_EGRESS,
             rewrites: false,
         },
         TcCase {
             name: "tc_egress_intruder_ipv4_remarked",
-            frame: packet::udp_frame(
+            frame: frame::udp_frame(
                 &eth,
                 &L3::v4(a4, b4).with_tos(106),
                 40000,
@@ -188,28 +188,28 @@ fn tc_cases() -> Vec<TcCase> {
         },
         TcCase {
             name: "tc_egress_roce_ipv6_rewritten",
-            frame: packet::roce_frame(&eth, &v6.with_tos(2), 0xC000, &write),
+            frame: frame::roce_frame(&eth, &v6.with_tos(2), 0xC000, &write),
             iface: enforce,
             program: loader::TC_EGRESS,
             rewrites: true,
         },
         TcCase {
             name: "tc_egress_vtep_ipv4_propagated",
-            frame: packet::vxlan_frame(&eth, &L3::v4(a4, b4), 0xD000, 5001, &inner),
+            frame: frame::vxlan_frame(&eth, &L3::v4(a4, b4), 0xD000, 5001, &inner),
             iface: vtep,
             program: loader::TC_EGRESS,
             rewrites: true,
         },
         TcCase {
             name: "tc_ingress_decap_check",
-            frame: packet::vxlan_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xD000, 5001, &inner),
+            frame: frame::vxlan_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xD000, 5001, &inner),
             iface: vtep,
             program: loader::TC_INGRESS,
             rewrites: false,
         },
         TcCase {
             name: "tc_egress_unconfigured_iface",
-            frame: packet::udp_frame(
+            frame: frame::udp_frame(
                 &eth,
                 &L3::v4(a4, b4).with_tos(106),
                 40000,

@@ -7,7 +7,7 @@
 //! `Vec<u8>` holding one frame from the Ethernet header on (no FCS).
 //!
 //! ```
-//! use roce_agent::packet::*;
+//! use roce_testkit::frame::*;
 //! use std::net::Ipv4Addr;
 //!
 //! let eth = Eth::default();

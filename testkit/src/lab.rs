@@ -28,16 +28,17 @@ use std::fs;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-/// The prefix of every namespace a lab creates (`rlab<pid>x<counter>a` / `...b`).
-pub const NS_PREFIX: &str = "rlab";
+use crate::netns::{self, Netns};
+pub use crate::netns::{in_namespace, run};
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
+/// The prefix of every namespace a lab creates (`rlab<pid>x<serial>a` / `...b`, see
+/// [`netns::unique_name`]).
+pub const NS_PREFIX: &str = "rlab";
 
 /// How to build a lab.
 #[derive(Clone, Debug)]
@@ -307,7 +308,7 @@ impl Capture {
 
 /// Two namespaces, a veth pair and a VXLAN device pair. See the module docs.
 pub struct Lab {
-    /// `rlab<pid>x<counter>`: the namespaces are this plus `a` / `b`.
+    /// `rlab<pid>x<serial>`: the namespaces are this plus `a` / `b`.
     pub name: String,
     pub a: Side,
     pub b: Side,
@@ -317,7 +318,7 @@ pub struct Lab {
     /// Temporary directory for captures and logs.
     pub dir: PathBuf,
     registry: Arc<Mutex<HashSet<u32>>>,
-    namespaces: Vec<String>,
+    namespaces: Vec<Netns>,
     keep_dir: bool,
     torn_down: bool,
 }
@@ -327,8 +328,7 @@ impl Lab {
     pub fn new(options: LabOptions) -> Result<Lab> {
         check_root()?;
         let pid = std::process::id();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{NS_PREFIX}{pid}x{n}");
+        let (name, n) = netns::unique_name(NS_PREFIX);
         // Interface names must fit in 15 bytes; they are private to the namespaces,
         // so a short form is enough (the namespace names carry the full identity).
         let short = format!("rl{}x{}", pid % 1_000_000, n % 1000);
@@ -366,10 +366,8 @@ impl Lab {
     }
 
     fn build(&mut self) -> Result<()> {
-        for side in [self.a.clone(), self.b.clone()] {
-            run(Command::new("ip").args(["netns", "add", &side.ns]))?;
-            self.namespaces.push(side.ns.clone());
-            ip(&side.ns, &["link", "set", "lo", "up"])?;
+        for side in [&self.a, &self.b] {
+            self.namespaces.push(Netns::create(side.ns.clone())?);
         }
         let (a, b) = (self.a.clone(), self.b.clone());
         // Created inside A, the peer placed straight into B: never in the root namespace.
@@ -615,7 +613,7 @@ impl Lab {
         }
         let mut first_err = None;
         for ns in self.namespaces.drain(..).rev() {
-            if let Err(e) = run(Command::new("ip").args(["netns", "del", &ns])) {
+            if let Err(e) = ns.delete() {
                 first_err.get_or_insert(e);
             }
         }
@@ -667,37 +665,9 @@ impl Drop for Lab {
     }
 }
 
-/// Runs `f` on a new thread that has entered network namespace `ns` (setns), and
-/// returns its result: sockets `f` opens live in that namespace. The calling thread
-/// stays where it is.
-pub fn in_namespace<T, F>(ns: &str, f: F) -> Result<T>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T> + Send + 'static,
-{
-    use std::os::fd::AsRawFd;
-    let path = Path::new("/run/netns").join(ns);
-    let file = fs::File::open(&path)
-        .with_context(|| format!("opening namespace {} ({})", ns, path.display()))?;
-    let handle = std::thread::spawn(move || -> Result<T> {
-        // SAFETY: setns on an open namespace file; it affects this thread only.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        if rc != 0 {
-            bail!(
-                "entering network namespace: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        f()
-    });
-    handle
-        .join()
-        .map_err(|_| anyhow!("the thread running in namespace {ns} panicked"))?
-}
-
 /// True when a namespace of this name exists.
 pub fn namespace_exists(ns: &str) -> bool {
-    Path::new("/run/netns").join(ns).exists()
+    netns::exists(ns)
 }
 
 fn check_root() -> Result<()> {
@@ -711,21 +681,6 @@ fn check_root() -> Result<()> {
 /// Runs `ip -n NS args...`.
 fn ip(ns: &str, args: &[&str]) -> Result<Output> {
     run(Command::new("ip").args(["-n", ns]).args(args))
-}
-
-/// Runs a command to completion; non-zero exit is an error carrying its stderr.
-pub fn run(cmd: &mut Command) -> Result<Output> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("could not run {cmd:?} (is it installed?)"))?;
-    if !out.status.success() {
-        return Err(anyhow!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(out)
 }
 
 /// The MAC address of `link` in `ns`.
@@ -862,13 +817,23 @@ pub mod bins {
         }
     }
 
-    /// Builds roce-agent's binaries (`roce-agent`, `roce-gen`) with cargo and returns
-    /// the directory holding them.
+    /// The packages whose binaries the lab runs: `roce-agent` (the agent) and
+    /// `roce-testkit` (`roce-gen`).
+    pub const PACKAGES: [&str; 2] = ["roce-agent", "roce-testkit"];
+
+    /// The binaries the lab runs.
+    pub const BINARIES: [&str; 2] = ["roce-agent", "roce-gen"];
+
+    /// Builds the lab's binaries (`roce-agent`, `roce-gen`; see [`PACKAGES`]) with
+    /// cargo and returns the directory holding them.
     pub fn build_agent(release: bool) -> Result<PathBuf> {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.current_dir(workspace_root())
-            .args(["build", "-p", "roce-agent", "--bins"]);
+        cmd.current_dir(workspace_root()).arg("build");
+        for p in PACKAGES {
+            cmd.args(["-p", p]);
+        }
+        cmd.arg("--bins");
         if release {
             cmd.arg("--release");
         }
@@ -881,7 +846,7 @@ pub mod bins {
 
     fn newest_source(root: &Path) -> Option<SystemTime> {
         let mut newest = None;
-        let mut stack: Vec<PathBuf> = ["agent", "common", "ebpf"]
+        let mut stack: Vec<PathBuf> = ["agent", "common", "ebpf", "testkit"]
             .iter()
             .map(|d| root.join(d))
             .collect();
@@ -904,9 +869,9 @@ pub mod bins {
 
     /// The directory of up-to-date `roce-agent` and `roce-gen` binaries for a test:
     /// the profile directory of the running test executable (`target/<profile>`) when
-    /// both binaries there are newer than every source file of agent/, common/ and
-    /// ebpf/; otherwise they are built first (`cargo build -p roce-agent --bins`, in
-    /// the same profile).
+    /// both binaries there are newer than every source file of agent/, common/, ebpf/
+    /// and testkit/; otherwise they are built first (`cargo build -p roce-agent -p
+    /// roce-testkit --bins`, in the same profile).
     pub fn agent_bins_for_test() -> Result<PathBuf> {
         let exe = std::env::current_exe().context("locating the test executable")?;
         // target/<profile>/deps/<test>-<hash>
@@ -917,7 +882,7 @@ pub mod bins {
             .unwrap_or_else(|| target_dir().join("release"));
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let newest = newest_source(&workspace_root());
-        let fresh = ["roce-agent", "roce-gen"].iter().all(|b| {
+        let fresh = BINARIES.iter().all(|b| {
             let m = std::fs::metadata(profile_dir.join(b)).and_then(|m| m.modified());
             match (m, newest) {
                 (Ok(m), Some(n)) => m >= n,
@@ -942,10 +907,11 @@ pub mod oracle {
     use std::fmt;
     use std::net::IpAddr;
     use std::path::Path;
-    use std::process::Command;
 
     use anyhow::{anyhow, bail, Context, Result};
     use serde_json::Value;
+
+    use crate::tshark;
 
     /// One direction of one queue pair: what the agent keys a flow by (without the
     /// interface and direction).
@@ -1116,53 +1082,18 @@ pub mod oracle {
             "infiniband.aeth.syndrome",
             "frame.number",
         ];
-        let mut cmd = Command::new("tshark");
-        cmd.arg("-r")
-            .arg(pcap)
-            .args([
-                "-n",
-                "-Y",
-                "infiniband",
-                "-T",
-                "fields",
-                "-E",
-                "occurrence=a",
-            ])
-            .args(["-E", "separator=/t", "-E", "aggregator=,"]);
-        for f in FIELDS {
-            cmd.args(["-e", f]);
-        }
-        let out = cmd
-            .output()
-            .context("running tshark (is it installed? `cargo xtask setup`)")?;
-        if !out.status.success() {
-            bail!(
-                "tshark failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        let rows = tshark::Fields::new(&FIELDS)
+            .filter("infiniband")
+            .run(pcap)?;
         let mut table = FlowTable::new();
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let cols: Vec<&str> = line.split('\t').collect();
-            if cols.len() != FIELDS.len() {
-                bail!(
-                    "tshark printed {} columns, not {}: {line:?}",
-                    cols.len(),
-                    FIELDS.len()
-                );
-            }
-            let list =
-                |i: usize| -> Vec<&str> { cols[i].split(',').filter(|s| !s.is_empty()).collect() };
-            let num = |s: &str| -> Result<u64> {
-                match s.strip_prefix("0x") {
-                    Some(h) => u64::from_str_radix(h, 16),
-                    None => s.parse(),
-                }
-                .with_context(|| format!("tshark value {s:?} in {line:?}"))
-            };
+        for row in &rows {
+            let line = &row.line;
+            let list = |i: usize| row.all(i);
+            let num = |s: &str| tshark::number(s).with_context(|| format!("in {line:?}"));
             // Families of the IP layers, outermost first.
-            let fams: Vec<bool> = cols[0]
+            let fams: Vec<bool> = row
+                .first(0)
+                .unwrap_or_default()
                 .split(':')
                 .filter_map(|p| match p {
                     "ip" => Some(false),
@@ -1175,7 +1106,7 @@ pub mod oracle {
             let mut layers = Vec::new();
             for v6 in &fams {
                 let (base, idx) = if *v6 { (6, &mut i6) } else { (2, &mut i4) };
-                let pick = |c: usize| list(c).get(*idx).map(|s| s.to_string());
+                let pick = |c: usize| list(c).get(*idx).cloned();
                 let (Some(s), Some(d), Some(dscp), Some(ecn)) =
                     (pick(base), pick(base + 1), pick(base + 2), pick(base + 3))
                 else {
@@ -1184,24 +1115,24 @@ pub mod oracle {
                 *idx += 1;
                 layers.push((norm_ip(&s), norm_ip(&d), num(&dscp)?, num(&ecn)?, *v6));
             }
-            let vni = list(11).first().map(|v| num(v)).transpose()?;
+            let vni = row.first(11).map(num).transpose()?;
             let tunnelled = vni.is_some();
             if layers.len() != if tunnelled { 2 } else { 1 } {
                 bail!("unexpected IP layers in {line:?}");
             }
-            let opcode = list(12)
-                .last()
-                .map(|s| num(s))
+            let opcode = row
+                .last(12)
+                .map(num)
                 .transpose()?
                 .ok_or_else(|| anyhow!("no opcode in {line:?}"))?;
-            let qp = list(13)
-                .last()
-                .map(|s| num(s))
+            let qp = row
+                .last(13)
+                .map(num)
                 .transpose()?
                 .ok_or_else(|| anyhow!("no destination QP in {line:?}"))?;
-            let sport = list(10)
-                .last()
-                .map(|s| num(s))
+            let sport = row
+                .last(10)
+                .map(num)
                 .transpose()?
                 .ok_or_else(|| anyhow!("no UDP source port in {line:?}"))?;
             let outer = &layers[0];
@@ -1222,7 +1153,11 @@ pub mod oracle {
                 ..Default::default()
             });
             c.packets += 1;
-            c.bytes += num(cols[1])?;
+            c.bytes += row
+                .first(1)
+                .map(num)
+                .transpose()?
+                .ok_or_else(|| anyhow!("no frame length in {line:?}"))?;
             c.sport = sport as u16;
             c.ecn.add(outer.3);
             c.last_dscp = outer.2 as u8;
@@ -1232,7 +1167,7 @@ pub mod oracle {
             match opcode {
                 128 | 129 => c.cnps += 1,
                 17 | 177 => {
-                    if let Some(s) = list(14).last() {
+                    if let Some(s) = row.last(14) {
                         match num(s)? >> 5 {
                             0 => c.acks += 1,
                             1 => c.rnr_naks += 1,

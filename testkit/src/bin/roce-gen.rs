@@ -1,11 +1,11 @@
 //! `roce-gen`: send RoCEv2 traffic (plain, CE-marked, CNPs, ACK/NAK, in VXLAN) and
-//! report exactly what was sent, per flow. See `roce-gen --help` and `roce_agent::gen`.
+//! report exactly what was sent, per flow. See `roce-gen --help` and `roce_testkit::gen`.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
-use roce_agent::gen::{self, GenArgs, GenError};
+use roce_testkit::gen::{self, GenArgs, GenError};
 
 #[derive(Parser)]
 #[command(

@@ -7,7 +7,7 @@
 //! compared flow by flow.
 //!
 //! Three ways to put packets on the wire:
-//! - `--via raw` (default): whole Ethernet frames built with [`crate::packet`] and
+//! - `--via raw` (default): whole Ethernet frames built with [`crate::frame`] and
 //!   sent on an `AF_PACKET` socket (pnet's datalink channel). Any opcode, any TOS,
 //!   correct ICRC. Needs the next hop's MAC (`--dst-mac`, or a neighbour entry).
 //! - `--via udp`: a UDP socket with `IP_TOS` / `IPV6_TCLASS` set per packet; the kernel
@@ -26,7 +26,6 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -36,7 +35,8 @@ use pnet::datalink::{self, Channel, DataLinkSender, NetworkInterface};
 use pnet::util::MacAddr;
 use serde::Serialize;
 
-use crate::packet::{self, cnp, Eth, Ipv4Hdr, Ipv6Hdr, RoceMsg, L3};
+use crate::frame::{self, cnp, Eth, Ipv4Hdr, Ipv6Hdr, RoceMsg, L3};
+use crate::sock;
 use roce_common::bth;
 use roce_common::wire::{DEFAULT_ROCE_PORT, DEFAULT_VXLAN_PORT, ECN_CE, ECN_ECT0};
 
@@ -268,17 +268,7 @@ fn pin(choice: CpuChoice) -> Result<Option<usize>, GenError> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(usage(format!("--cpu {cpu} is out of range")));
     }
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it (checked above).
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(io_err(format!("pinning to CPU {cpu} (--cpu)"))(
-            io::Error::last_os_error(),
-        ));
-    }
+    sock::pin_thread_to_cpu(cpu).map_err(io_err(format!("pinning to CPU {cpu} (--cpu)")))?;
     Ok(Some(cpu))
 }
 
@@ -649,70 +639,13 @@ fn first_addr(ifc: &NetworkInterface, v4: bool) -> Option<IpAddr> {
 }
 
 fn set_tos(sock: &UdpSocket, v6: bool, tos: u8) -> Result<(), GenError> {
-    let v = tos as libc::c_int;
     let (level, name) = if v6 {
         (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
     } else {
         (libc::IPPROTO_IP, libc::IP_TOS)
     };
-    // SAFETY: setsockopt with a c_int value on an open socket.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            name,
-            &v as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io_err("setting IP_TOS / IPV6_TCLASS")(
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
-}
-
-fn setsockopt_int(
-    sock: &UdpSocket,
-    level: i32,
-    name: i32,
-    v: i32,
-    what: &str,
-) -> Result<(), GenError> {
-    // SAFETY: setsockopt with a c_int value on an open socket.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            name,
-            &v as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io_err(what)(io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
-fn bind_to_device(sock: &UdpSocket, iface: &str) -> Result<(), GenError> {
-    // SAFETY: SO_BINDTODEVICE takes the name bytes and their length.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_BINDTODEVICE,
-            iface.as_ptr() as *const libc::c_void,
-            iface.len() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io_err(format!("binding a UDP socket to {iface}"))(
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
+    sock::set_int_option(sock, level, name, tos as i32)
+        .map_err(io_err("setting IP_TOS / IPV6_TCLASS"))
 }
 
 /// The UDP payload (BTH .. ICRC) of `msg` as the kernel will frame it: IPv4 with
@@ -726,8 +659,8 @@ fn udp_payload(
     msg: &RoceMsg,
 ) -> Result<Vec<u8>, GenError> {
     let l = l3(src, dst, 0)?;
-    let f = packet::roce_frame_to(&Eth::default(), &l, sport, dport, msg);
-    let at = packet::bth_offset(&Eth::default(), &l);
+    let f = frame::roce_frame_to(&Eth::default(), &l, sport, dport, msg);
+    let at = frame::bth_offset(&Eth::default(), &l);
     Ok(f[at..].to_vec())
 }
 
@@ -852,15 +785,16 @@ pub fn run(args: &GenArgs, stop: &AtomicBool) -> Result<Report, GenError> {
                 let port = args.sport + i as u16;
                 let sock = UdpSocket::bind(SocketAddr::new(src, port))
                     .map_err(io_err(format!("binding a UDP socket to {src} port {port}")))?;
-                bind_to_device(&sock, &args.iface)?;
+                sock::bind_to_device(&sock, &args.iface)
+                    .map_err(io_err(format!("binding a UDP socket to {}", args.iface)))?;
                 if src.is_ipv4() {
-                    setsockopt_int(
+                    sock::set_int_option(
                         &sock,
                         libc::IPPROTO_IP,
                         libc::IP_MTU_DISCOVER,
                         libc::IP_PMTUDISC_DO,
-                        "setting IP_MTU_DISCOVER",
-                    )?;
+                    )
+                    .map_err(io_err("setting IP_MTU_DISCOVER"))?;
                 }
                 sockets.push(sock);
             }
@@ -1038,20 +972,16 @@ fn send_one(
     match sink {
         Sink::Raw { tx, eth } => {
             let frame = match encap {
-                Encap::Plain | Encap::Device(_) => packet::roce_frame_to(
-                    eth,
-                    &l3(src, args.dst, p.tos)?,
-                    sport,
-                    args.dport,
-                    &p.msg,
-                ),
+                Encap::Plain | Encap::Device(_) => {
+                    frame::roce_frame_to(eth, &l3(src, args.dst, p.tos)?, sport, args.dport, &p.msg)
+                }
                 Encap::Crafted {
                     outer_src,
                     outer_dst,
                     vni,
                 } => {
                     let inner_eth = Eth::default();
-                    let inner = packet::roce_frame_to(
+                    let inner = frame::roce_frame_to(
                         &inner_eth,
                         &l3(src, args.dst, p.tos)?,
                         sport,
@@ -1067,7 +997,7 @@ fn send_one(
                     // Outer source port: entropy from the inner flow, as Linux does.
                     let osport = 0xC000 | (sport ^ (p.msg.dest_qp as u16)) & 0x3FFF;
                     let outer = l3(*outer_src, *outer_dst, outer_tos)?;
-                    let mut f = packet::vxlan_frame(eth, &outer, osport, *vni, &inner);
+                    let mut f = frame::vxlan_frame(eth, &outer, osport, *vni, &inner);
                     // vxlan_frame always uses 4789; that is what --vni promises.
                     debug_assert_eq!(DEFAULT_VXLAN_PORT, 4789);
                     f.shrink_to_fit();
@@ -1155,7 +1085,7 @@ pub fn render_table(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packet::opcode;
+    use crate::frame::opcode;
     use clap::Parser;
     use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -1278,7 +1208,7 @@ mod tests {
                 let l3 = L3::v4(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
                 for p in &plan {
                     let f =
-                        packet::roce_frame(&Eth::default(), &l3.clone().with_tos(p.tos), 1, &p.msg);
+                        frame::roce_frame(&Eth::default(), &l3.clone().with_tos(p.tos), 1, &p.msg);
                     t.process(&f, 1, 0);
                 }
                 let gaps: u64 = t.flows.values().map(|s| s.psn_gaps).sum();
@@ -1313,8 +1243,8 @@ mod tests {
         let mut h = Ipv4Hdr::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
         h.ttl = 1;
         h.tos = 0x6b;
-        let f = packet::udp_frame(&Eth::default(), &L3::V4(h), 49152, 4791, &pl);
-        assert!(packet::icrc_ok(&f, 14, 34));
+        let f = frame::udp_frame(&Eth::default(), &L3::V4(h), 49152, 4791, &pl);
+        assert!(frame::icrc_ok(&f, 14, 34));
         let v6 = udp_payload(
             IpAddr::V6(Ipv6Addr::LOCALHOST),
             IpAddr::V6(Ipv6Addr::LOCALHOST),

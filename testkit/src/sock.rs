@@ -1,5 +1,6 @@
-//! Small system calls the lab's own senders and receivers need (the demo's intruder,
-//! the benches' floods): an integer socket option, pinning a thread to a CPU.
+//! Small system calls the test tooling's senders and receivers need (roce-gen, the
+//! demo's intruder, the benches' floods): an integer socket option, binding a socket
+//! to a device, pinning a thread to a CPU.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -14,6 +15,25 @@ pub fn set_int_option(sock: &impl AsRawFd, level: i32, name: i32, value: i32) ->
             name,
             &value as *const i32 as *const libc::c_void,
             std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `SO_BINDTODEVICE`: the socket sends and receives through interface `iface` only.
+pub fn bind_to_device(sock: &impl AsRawFd, iface: &str) -> io::Result<()> {
+    // SAFETY: SO_BINDTODEVICE takes the name bytes and their length.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            iface.as_ptr() as *const libc::c_void,
+            iface.len() as libc::socklen_t,
         )
     };
     if rc == 0 {
