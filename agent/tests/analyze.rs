@@ -587,7 +587,7 @@ fn have_tshark() -> bool {
     ok
 }
 
-/// tshark's decode of a capture, aggregated with DESIGN.md's flow key and counting
+/// tshark's decode of a capture, aggregated with the flow key and counting
 /// rules: RoCE by UDP destination port 4791 only (`-d udp.port==4791,infiniband`
 /// also decodes source port 4791, which the aggregation ignores).
 fn tshark_flows(path: &Path) -> BTreeMap<String, Vec<i64>> {
@@ -1115,7 +1115,7 @@ fn committed_captures_give_the_expected_json_with_both_engines() {
             if got == want {
                 continue;
             }
-            // DESIGN.md: later fields may be added, but no name may change meaning.
+            // The document's contract: later fields may be added, but no name may change meaning.
             // Every expected field must be there with its value; an added field is
             // allowed and reported (regenerate to take it into the expected file).
             let got_doc: Value = serde_json::from_str(&got).expect("analyze --json prints JSON");

@@ -37,9 +37,9 @@ use crate::intruder;
 
 /// The agents' API, each inside its own namespace.
 const API: &str = "127.0.0.1:9473";
-/// The QoS policy's defaults (DESIGN.md): RoCE data and CNP DSCPs.
-const ROCE_DSCP: u8 = 26;
-const CNP_DSCP: u8 = 48;
+/// The QoS policy's defaults, as the agents in the demo run them: RoCE data and CNP DSCPs.
+const ROCE_DSCP: u8 = roce_common::policy::DEFAULT_ROCE_DSCP;
+const CNP_DSCP: u8 = roce_common::policy::DEFAULT_CNP_DSCP;
 /// The intruder's TOS byte: lossless DSCP 26 with ECT(0). The sender's agent must
 /// remark it to DSCP 0 and keep the ECN bits: 0x02 arrives.
 const INTRUDER_TOS: u8 = (ROCE_DSCP << 2) | 0b10;

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
-/// The bpf-linker release whose BTF this kernel accepts (see shared TOOLCHAIN.md).
+/// The bpf-linker release whose BTF this kernel accepts (0.11 and later need a newer LLVM than the nightly has; 0.10.0 emits BTF the kernel rejects).
 pub const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages and a command each provides, to tell whether it is installed.
