@@ -100,16 +100,12 @@ impl Harness {
 
 /// Pins the calling thread to the CPU it runs on.
 pub fn pin_to_current_cpu() {
-    // SAFETY: plain libc calls on a zeroed cpu_set_t of the right size.
-    unsafe {
-        let cpu = libc::sched_getcpu();
-        if cpu < 0 {
-            return;
-        }
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            panic!("sched_setaffinity: {}", std::io::Error::last_os_error());
-        }
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    if cpu < 0 {
+        return;
+    }
+    if let Err(e) = roce_testkit::sock::pin_thread_to_cpu(cpu as usize) {
+        panic!("sched_setaffinity: {e}");
     }
 }

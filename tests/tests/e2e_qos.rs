@@ -15,7 +15,6 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 
@@ -28,6 +27,7 @@ use roce_common::policy::ecn_encapsulate;
 use roce_common::policy::{ECN_KERNEL, ECN_RFC6040};
 use roce_testkit::frame::{cnp, roce_frame, udp_frame, Eth, RoceMsg, L3};
 use roce_testkit::lab::{in_namespace, Lab, LabOptions};
+use roce_testkit::sock::set_int_option;
 use roce_testkit::tshark;
 
 fn lab(vxlan: bool, tos_inherit: bool) -> Lab {
@@ -89,20 +89,8 @@ fn output(cmd: &mut Command) -> Result<String> {
 fn send_every_tos(dst: Ipv4Addr, port: u16) -> Result<()> {
     let sock = UdpSocket::bind("0.0.0.0:0")?;
     for tos in 0..=255u8 {
-        let v: libc::c_int = tos as libc::c_int;
-        // SAFETY: setsockopt on an open socket with a c_int option value.
-        let rc = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_TOS,
-                &v as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as u32,
-            )
-        };
-        if rc != 0 {
-            bail!("IP_TOS {tos}: {}", std::io::Error::last_os_error());
-        }
+        set_int_option(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos as i32)
+            .with_context(|| format!("IP_TOS {tos}"))?;
         sock.send_to(&[tos; 16], SocketAddrV4::new(dst, port))?;
     }
     Ok(())
