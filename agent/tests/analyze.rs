@@ -1652,6 +1652,49 @@ fn config_and_policy_flags_apply() {
         cnp["found"].as_str().unwrap().contains("carry DSCP 48"),
         "{cnp}"
     );
+    // The same policy from the config's [qos] table gives the same findings; a flag
+    // still overrides the file.
+    let qos = s.path("qos.toml");
+    fs::write(
+        &qos,
+        "[qos]\nlossless_dscps = [0, 26]\ncnp_dscp = 26\nremark_dscp = 8\n",
+    )
+    .unwrap();
+    let from_file = agent(&[
+        "analyze",
+        p.to_str().unwrap(),
+        "--json",
+        "--engine",
+        "reference",
+        "--config",
+        qos.to_str().unwrap(),
+    ]);
+    assert!(from_file.status.success(), "{}", text(&from_file.stderr));
+    let file_doc: Value = serde_json::from_slice(&from_file.stdout).unwrap();
+    assert_eq!(file_doc["findings"], doc["findings"]);
+    let overridden = agent(&[
+        "analyze",
+        p.to_str().unwrap(),
+        "--json",
+        "--engine",
+        "reference",
+        "--config",
+        qos.to_str().unwrap(),
+        "--cnp-dscp",
+        "48",
+    ]);
+    let over_doc: Value = serde_json::from_slice(&overridden.stdout).unwrap();
+    let cnp = over_doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "cnp_dscp")
+        .unwrap();
+    assert!(
+        cnp["expected"].as_str().unwrap().contains("DSCP 48")
+            && cnp["found"].as_str().unwrap().contains("carry DSCP 26"),
+        "{cnp}"
+    );
     // A bad DSCP is a usage error.
     let out = agent(&["analyze", p.to_str().unwrap(), "--lossless-dscp", "64"]);
     assert_eq!(out.status.code(), Some(2));
