@@ -1604,50 +1604,37 @@ fn config_and_policy_flags_apply() {
     let s = Scratch::new();
     let p = s.path("scenario.pcap");
     scenario().write_pcap(&p);
+    // `analyze --json --engine reference` of the scenario with `extra` arguments.
+    let analyze = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "analyze",
+            p.to_str().unwrap(),
+            "--json",
+            "--engine",
+            "reference",
+        ];
+        args.extend_from_slice(extra);
+        let out = agent(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let finding = |doc: &Value, check: &str| -> Option<Value> {
+        doc["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["check"] == check)
+            .cloned()
+    };
     // RoCE on port 4792 only: nothing on 4791 is RoCE any more.
     let cfg = s.path("c.toml");
     fs::write(&cfg, "roce_port = 4792\n").unwrap();
-    let out = agent(&[
-        "analyze",
-        p.to_str().unwrap(),
-        "--json",
-        "--engine",
-        "reference",
-        "--config",
-        cfg.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let doc = analyze(&["--config", cfg.to_str().unwrap()]);
     assert_eq!(doc["flows"].as_array().unwrap().len(), 0);
     // DSCP 0 and 26 lossless, CNPs expected on 26: the DSCP findings change.
-    let out = agent(&[
-        "analyze",
-        p.to_str().unwrap(),
-        "--json",
-        "--engine",
-        "reference",
-        "--lossless-dscp",
-        "0,26",
-        "--cnp-dscp",
-        "26",
-    ]);
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let checks: Vec<&str> = doc["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|f| f["check"].as_str())
-        .collect();
-    assert!(
-        !checks.contains(&"roce_outside_lossless_dscp"),
-        "{checks:?}"
-    );
-    let cnp = doc["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["check"] == "cnp_dscp")
-        .unwrap();
+    let doc = analyze(&["--lossless-dscp", "0,26", "--cnp-dscp", "26"]);
+    assert_eq!(finding(&doc, "roce_outside_lossless_dscp"), None);
+    let cnp = finding(&doc, "cnp_dscp").unwrap();
     assert!(
         cnp["found"].as_str().unwrap().contains("carry DSCP 48"),
         "{cnp}"
@@ -1660,36 +1647,10 @@ fn config_and_policy_flags_apply() {
         "[qos]\nlossless_dscps = [0, 26]\ncnp_dscp = 26\nremark_dscp = 8\n",
     )
     .unwrap();
-    let from_file = agent(&[
-        "analyze",
-        p.to_str().unwrap(),
-        "--json",
-        "--engine",
-        "reference",
-        "--config",
-        qos.to_str().unwrap(),
-    ]);
-    assert!(from_file.status.success(), "{}", text(&from_file.stderr));
-    let file_doc: Value = serde_json::from_slice(&from_file.stdout).unwrap();
-    assert_eq!(file_doc["findings"], doc["findings"]);
-    let overridden = agent(&[
-        "analyze",
-        p.to_str().unwrap(),
-        "--json",
-        "--engine",
-        "reference",
-        "--config",
-        qos.to_str().unwrap(),
-        "--cnp-dscp",
-        "48",
-    ]);
-    let over_doc: Value = serde_json::from_slice(&overridden.stdout).unwrap();
-    let cnp = over_doc["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["check"] == "cnp_dscp")
-        .unwrap();
+    let from_file = analyze(&["--config", qos.to_str().unwrap()]);
+    assert_eq!(from_file["findings"], doc["findings"]);
+    let overridden = analyze(&["--config", qos.to_str().unwrap(), "--cnp-dscp", "48"]);
+    let cnp = finding(&overridden, "cnp_dscp").unwrap();
     assert!(
         cnp["expected"].as_str().unwrap().contains("DSCP 48")
             && cnp["found"].as_str().unwrap().contains("carry DSCP 26"),

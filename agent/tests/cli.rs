@@ -54,30 +54,13 @@ fn new_ns() -> Netns {
     Netns::create(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
 }
 
-/// What these tests do in a namespace, on top of the test kit's guard.
+/// What these tests ask of a namespace, on top of the test kit's guard.
 trait NsSteps {
-    /// `ip -n NS ARGS`, which must succeed; its stdout.
-    fn ip_ok(&self, args: &[&str]) -> String;
-    /// A command run inside the namespace, without the caller's RUST_LOG.
-    fn cmd(&self, program: &str, args: &[&str]) -> Command;
     /// Whether an XDP program is attached to `dev` (as `ip link` shows it).
     fn has_xdp(&self, dev: &str) -> bool;
 }
 
 impl NsSteps for Netns {
-    fn ip_ok(&self, args: &[&str]) -> String {
-        match self.ip(args) {
-            Ok(out) => text(&out.stdout),
-            Err(e) => panic!("{e:#}"),
-        }
-    }
-
-    fn cmd(&self, program: &str, args: &[&str]) -> Command {
-        let mut c = self.command(program);
-        c.args(args).env_remove("RUST_LOG");
-        c
-    }
-
     fn has_xdp(&self, dev: &str) -> bool {
         self.ip_ok(&["link", "show", "dev", dev]).contains("xdp")
     }

@@ -53,30 +53,6 @@ fn can_run() -> bool {
     true
 }
 
-/// What these tests do in a namespace, on top of the test kit's guard: every step
-/// must succeed.
-trait NsSteps {
-    /// `ip -n NS ARGS`; its stdout.
-    fn ip_ok(&self, args: &[&str]) -> String;
-    /// A command run inside the namespace, without the caller's RUST_LOG.
-    fn cmd(&self, program: &str, args: &[&str]) -> Command;
-}
-
-impl NsSteps for Netns {
-    fn ip_ok(&self, args: &[&str]) -> String {
-        match self.ip(args) {
-            Ok(out) => text(&out.stdout),
-            Err(e) => panic!("{e:#}"),
-        }
-    }
-
-    fn cmd(&self, program: &str, args: &[&str]) -> Command {
-        let mut c = self.command(program);
-        c.args(args).env_remove("RUST_LOG");
-        c
-    }
-}
-
 /// Namespace `name` without IPv6 (no router or neighbour solicitations), deleted
 /// with its links on drop.
 fn quiet_ns(name: String) -> Netns {

@@ -152,6 +152,23 @@ impl Netns {
         c
     }
 
+    /// `ip -n NAME args...`, which must succeed (a test step): its stdout. Panics
+    /// with the error otherwise.
+    pub fn ip_ok(&self, args: &[&str]) -> String {
+        match self.ip(args) {
+            Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+
+    /// `program args...` inside the namespace without the caller's RUST_LOG, so the
+    /// program logs at its own default level.
+    pub fn cmd(&self, program: &str, args: &[&str]) -> Command {
+        let mut c = self.command(program);
+        c.args(args).env_remove("RUST_LOG");
+        c
+    }
+
     /// Runs `program args...` inside the namespace; fails (with its stderr) when it
     /// cannot start or exits non-zero.
     pub fn exec(&self, program: &str, args: &[&str]) -> Result<Output> {
