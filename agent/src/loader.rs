@@ -3,9 +3,9 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 
-use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use aya::programs::xdp::XdpLinkId;
-use aya::programs::{SchedClassifier, Xdp, XdpMode};
+use aya::programs::{Program, ProgramError, SchedClassifier, Xdp, XdpMode};
 use aya::Ebpf;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::STATS_LEN;
@@ -69,6 +69,52 @@ impl std::fmt::Display for AttachMode {
     }
 }
 
+/// `LoadError::Map` for map `name` (a `map_err` argument).
+fn map_error(name: &'static str) -> impl Fn(MapError) -> LoadError {
+    move |source| LoadError::Map { name, source }
+}
+
+/// `LoadError::Program` for program `name` (a `map_err` argument).
+fn program_error(name: &'static str) -> impl Fn(ProgramError) -> LoadError {
+    move |source| LoadError::Program { name, source }
+}
+
+/// Map `name` of `ebpf` as the typed map `T` (e.g. `PerCpuArray<&MapData, u64>`).
+fn typed_map<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T, LoadError>
+where
+    T: TryFrom<&'a Map, Error = MapError>,
+{
+    let map = ebpf.map(name).ok_or(LoadError::Missing(name))?;
+    T::try_from(map).map_err(map_error(name))
+}
+
+/// Map `name` of `ebpf` as the writable typed map `T`.
+fn typed_map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, LoadError>
+where
+    T: TryFrom<&'a mut Map, Error = MapError>,
+{
+    let map = ebpf.map_mut(name).ok_or(LoadError::Missing(name))?;
+    T::try_from(map).map_err(map_error(name))
+}
+
+/// Program `name` of `ebpf` as its type (`&Xdp`, `&SchedClassifier`).
+fn typed_program<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T, LoadError>
+where
+    T: TryFrom<&'a Program, Error = ProgramError>,
+{
+    let prog = ebpf.program(name).ok_or(LoadError::Missing(name))?;
+    T::try_from(prog).map_err(program_error(name))
+}
+
+/// Program `name` of `ebpf` as its mutable type (`&mut Xdp`, `&mut SchedClassifier`).
+fn typed_program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, LoadError>
+where
+    T: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    let prog = ebpf.program_mut(name).ok_or(LoadError::Missing(name))?;
+    T::try_from(prog).map_err(program_error(name))
+}
+
 /// The loaded kernel programs and maps.
 pub struct Loaded {
     ebpf: Ebpf,
@@ -81,34 +127,12 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
     let mut ebpf = aya::EbpfLoader::new()
         .map_max_entries(map::FLOWS, opts.flows_max_entries)
         .load(crate::EBPF_OBJECT)?;
-    {
-        let map = ebpf
-            .map_mut(map::CONFIG)
-            .ok_or(LoadError::Missing(map::CONFIG))?;
-        let mut config: Array<_, RuntimeConfig> =
-            Array::try_from(map).map_err(|source| LoadError::Map {
-                name: map::CONFIG,
-                source,
-            })?;
-        config
-            .set(0, opts.config, 0)
-            .map_err(|source| LoadError::Map {
-                name: map::CONFIG,
-                source,
-            })?;
-    }
-    let prog: &mut Xdp = ebpf
-        .program_mut(XDP_PROGRAM)
-        .ok_or(LoadError::Missing(XDP_PROGRAM))?
-        .try_into()
-        .map_err(|source| LoadError::Program {
-            name: XDP_PROGRAM,
-            source,
-        })?;
-    prog.load().map_err(|source| LoadError::Program {
-        name: XDP_PROGRAM,
-        source,
-    })?;
+    let mut config: Array<&mut MapData, RuntimeConfig> = typed_map_mut(&mut ebpf, map::CONFIG)?;
+    config
+        .set(0, opts.config, 0)
+        .map_err(map_error(map::CONFIG))?;
+    let prog: &mut Xdp = typed_program_mut(&mut ebpf, XDP_PROGRAM)?;
+    prog.load().map_err(program_error(XDP_PROGRAM))?;
     Ok(Loaded {
         ebpf,
         attached: Vec::new(),
@@ -117,60 +141,22 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
 
 impl Loaded {
     fn xdp(&mut self) -> Result<&mut Xdp, LoadError> {
-        self.ebpf
-            .program_mut(XDP_PROGRAM)
-            .ok_or(LoadError::Missing(XDP_PROGRAM))?
-            .try_into()
-            .map_err(|source| LoadError::Program {
-                name: XDP_PROGRAM,
-                source,
-            })
+        typed_program_mut(&mut self.ebpf, XDP_PROGRAM)
     }
 
     /// The loaded XDP program, for BPF_PROG_TEST_RUN.
     pub fn xdp_fd(&self) -> Result<BorrowedFd<'_>, LoadError> {
-        let prog: &Xdp = self
-            .ebpf
-            .program(XDP_PROGRAM)
-            .ok_or(LoadError::Missing(XDP_PROGRAM))?
-            .try_into()
-            .map_err(|source| LoadError::Program {
-                name: XDP_PROGRAM,
-                source,
-            })?;
-        Ok(prog
-            .fd()
-            .map_err(|source| LoadError::Program {
-                name: XDP_PROGRAM,
-                source,
-            })?
-            .as_fd())
+        let prog: &Xdp = typed_program(&self.ebpf, XDP_PROGRAM)?;
+        Ok(prog.fd().map_err(program_error(XDP_PROGRAM))?.as_fd())
     }
 
     /// Loads the empty baseline program (benchmarks) and returns its fd.
     pub fn baseline_xdp_fd(&mut self) -> Result<BorrowedFd<'_>, LoadError> {
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(XDP_BASELINE)
-            .ok_or(LoadError::Missing(XDP_BASELINE))?
-            .try_into()
-            .map_err(|source| LoadError::Program {
-                name: XDP_BASELINE,
-                source,
-            })?;
+        let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_BASELINE)?;
         if prog.fd().is_err() {
-            prog.load().map_err(|source| LoadError::Program {
-                name: XDP_BASELINE,
-                source,
-            })?;
+            prog.load().map_err(program_error(XDP_BASELINE))?;
         }
-        Ok(prog
-            .fd()
-            .map_err(|source| LoadError::Program {
-                name: XDP_BASELINE,
-                source,
-            })?
-            .as_fd())
+        Ok(prog.fd().map_err(program_error(XDP_BASELINE))?.as_fd())
     }
 
     /// Attaches `xdp_classify` to `ifname`: native mode, or generic mode when the
@@ -184,12 +170,9 @@ impl Loaded {
             Ok(link) => (link, AttachMode::Native),
             Err(native) => {
                 tracing::info!(interface = ifname, error = %native, "native XDP refused, falling back to generic mode");
-                let link =
-                    prog.attach(ifname, XdpMode::Skb)
-                        .map_err(|source| LoadError::Program {
-                            name: XDP_PROGRAM,
-                            source,
-                        })?;
+                let link = prog
+                    .attach(ifname, XdpMode::Skb)
+                    .map_err(program_error(XDP_PROGRAM))?;
                 (link, AttachMode::Generic)
             }
         };
@@ -210,14 +193,7 @@ impl Loaded {
     }
 
     fn flows_map(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, FlowStats>, LoadError> {
-        let map = self
-            .ebpf
-            .map(map::FLOWS)
-            .ok_or(LoadError::Missing(map::FLOWS))?;
-        PerCpuHashMap::try_from(map).map_err(|source| LoadError::Map {
-            name: map::FLOWS,
-            source,
-        })
+        typed_map(&self.ebpf, map::FLOWS)
     }
 
     /// Every flow in FLOWS with its CPUs merged.
@@ -225,10 +201,7 @@ impl Loaded {
         let map = self.flows_map()?;
         let mut out = Vec::new();
         for entry in map.iter() {
-            let (key, per_cpu) = entry.map_err(|source| LoadError::Map {
-                name: map::FLOWS,
-                source,
-            })?;
+            let (key, per_cpu) = entry.map_err(map_error(map::FLOWS))?;
             out.push((key, merge_cpus(&per_cpu)));
         }
         Ok(out)
@@ -236,21 +209,10 @@ impl Loaded {
 
     /// STATS summed over CPUs.
     pub fn stats(&self) -> Result<Vec<u64>, LoadError> {
-        let map = self
-            .ebpf
-            .map(map::STATS)
-            .ok_or(LoadError::Missing(map::STATS))?;
-        let stats: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(map).map_err(|source| LoadError::Map {
-                name: map::STATS,
-                source,
-            })?;
+        let stats: PerCpuArray<&MapData, u64> = typed_map(&self.ebpf, map::STATS)?;
         let mut out = vec![0u64; STATS_LEN as usize];
         for (i, slot) in out.iter_mut().enumerate() {
-            let v = stats.get(&(i as u32), 0).map_err(|source| LoadError::Map {
-                name: map::STATS,
-                source,
-            })?;
+            let v = stats.get(&(i as u32), 0).map_err(map_error(map::STATS))?;
             *slot = v.iter().sum();
         }
         Ok(out)
@@ -263,105 +225,52 @@ impl Loaded {
             map.keys().filter_map(Result::ok).collect()
         };
         {
-            let map = self
-                .ebpf
-                .map_mut(map::FLOWS)
-                .ok_or(LoadError::Missing(map::FLOWS))?;
             let mut flows: PerCpuHashMap<&mut MapData, FlowKey, FlowStats> =
-                PerCpuHashMap::try_from(map).map_err(|source| LoadError::Map {
-                    name: map::FLOWS,
-                    source,
-                })?;
+                typed_map_mut(&mut self.ebpf, map::FLOWS)?;
             for k in keys {
                 // An LRU entry may already be gone; that is what we want anyway.
                 let _ = flows.remove(&k);
             }
         }
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| LoadError::Map {
-            name: map::STATS,
-            source: aya::maps::MapError::IoError(e),
-        })?;
-        let map = self
-            .ebpf
-            .map_mut(map::STATS)
-            .ok_or(LoadError::Missing(map::STATS))?;
-        let mut stats: PerCpuArray<&mut MapData, u64> =
-            PerCpuArray::try_from(map).map_err(|source| LoadError::Map {
-                name: map::STATS,
-                source,
-            })?;
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(_, e)| MapError::IoError(e))
+            .map_err(map_error(map::STATS))?;
+        let mut stats: PerCpuArray<&mut MapData, u64> = typed_map_mut(&mut self.ebpf, map::STATS)?;
         for i in 0..STATS_LEN {
-            let zeros = PerCpuValues::try_from(vec![0u64; cpus]).map_err(|e| LoadError::Map {
-                name: map::STATS,
-                source: aya::maps::MapError::IoError(e),
-            })?;
-            stats.set(i, zeros, 0).map_err(|source| LoadError::Map {
-                name: map::STATS,
-                source,
-            })?;
+            let zeros = PerCpuValues::try_from(vec![0u64; cpus])
+                .map_err(MapError::IoError)
+                .map_err(map_error(map::STATS))?;
+            stats.set(i, zeros, 0).map_err(map_error(map::STATS))?;
         }
         Ok(())
     }
 
     /// Loads a tc program of the object (once) and returns its fd.
     pub fn tc_fd(&mut self, name: &'static str) -> Result<BorrowedFd<'_>, LoadError> {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(LoadError::Missing(name))?
-            .try_into()
-            .map_err(|source| LoadError::Program { name, source })?;
+        let prog: &mut SchedClassifier = typed_program_mut(&mut self.ebpf, name)?;
         if prog.fd().is_err() {
-            prog.load()
-                .map_err(|source| LoadError::Program { name, source })?;
+            prog.load().map_err(program_error(name))?;
         }
-        Ok(prog
-            .fd()
-            .map_err(|source| LoadError::Program { name, source })?
-            .as_fd())
+        Ok(prog.fd().map_err(program_error(name))?.as_fd())
     }
 
     /// A loaded tc program, for attaching.
     pub fn tc_program(&mut self, name: &'static str) -> Result<&mut SchedClassifier, LoadError> {
         self.tc_fd(name)?;
-        self.ebpf
-            .program_mut(name)
-            .ok_or(LoadError::Missing(name))?
-            .try_into()
-            .map_err(|source| LoadError::Program { name, source })
+        typed_program_mut(&mut self.ebpf, name)
     }
 
     /// Writes the host QoS policy: QOS (DSCPs written) and POLICY (per-DSCP entries).
     pub fn set_policy(&mut self, policy: &Policy) -> Result<(), LoadError> {
-        let map = self
-            .ebpf
-            .map_mut(map::QOS)
-            .ok_or(LoadError::Missing(map::QOS))?;
-        let mut qos: Array<_, roce_common::policy::QosConfig> =
-            Array::try_from(map).map_err(|source| LoadError::Map {
-                name: map::QOS,
-                source,
-            })?;
-        qos.set(0, policy.qos, 0).map_err(|source| LoadError::Map {
-            name: map::QOS,
-            source,
-        })?;
-        let map = self
-            .ebpf
-            .map_mut(map::POLICY)
-            .ok_or(LoadError::Missing(map::POLICY))?;
-        let mut table: Array<_, roce_common::policy::DscpEntry> =
-            Array::try_from(map).map_err(|source| LoadError::Map {
-                name: map::POLICY,
-                source,
-            })?;
+        let mut qos: Array<&mut MapData, roce_common::policy::QosConfig> =
+            typed_map_mut(&mut self.ebpf, map::QOS)?;
+        qos.set(0, policy.qos, 0).map_err(map_error(map::QOS))?;
+        let mut table: Array<&mut MapData, roce_common::policy::DscpEntry> =
+            typed_map_mut(&mut self.ebpf, map::POLICY)?;
         for (dscp, entry) in policy.table.iter().enumerate() {
             table
                 .set(dscp as u32, *entry, 0)
-                .map_err(|source| LoadError::Map {
-                    name: map::POLICY,
-                    source,
-                })?;
+                .map_err(map_error(map::POLICY))?;
         }
         Ok(())
     }
@@ -370,46 +279,31 @@ impl Loaded {
     /// IFACE_QOS_DIRECT below `IFACE_DIRECT`, in the IFACE_QOS hash above.
     pub fn set_iface_qos(&mut self, ifindex: u32, qos: Option<IfaceQos>) -> Result<(), LoadError> {
         if ifindex < IFACE_DIRECT {
-            let name = map::IFACE_QOS_DIRECT;
-            let map = self.ebpf.map_mut(name).ok_or(LoadError::Missing(name))?;
-            let mut direct: Array<_, IfaceQos> =
-                Array::try_from(map).map_err(|source| LoadError::Map { name, source })?;
+            let mut direct: Array<&mut MapData, IfaceQos> =
+                typed_map_mut(&mut self.ebpf, map::IFACE_QOS_DIRECT)?;
             return direct
                 .set(ifindex, qos.unwrap_or_default(), 0)
-                .map_err(|source| LoadError::Map { name, source });
+                .map_err(map_error(map::IFACE_QOS_DIRECT));
         }
-        let name = map::IFACE_QOS;
-        let map = self.ebpf.map_mut(name).ok_or(LoadError::Missing(name))?;
-        let mut ifaces: HashMap<_, u32, IfaceQos> =
-            HashMap::try_from(map).map_err(|source| LoadError::Map { name, source })?;
+        let mut ifaces: HashMap<&mut MapData, u32, IfaceQos> =
+            typed_map_mut(&mut self.ebpf, map::IFACE_QOS)?;
         match qos {
             Some(q) => ifaces
                 .insert(ifindex, q, 0)
-                .map_err(|source| LoadError::Map { name, source }),
+                .map_err(map_error(map::IFACE_QOS)),
             None => match ifaces.remove(&ifindex) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-                Err(source) => Err(LoadError::Map { name, source }),
+                Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+                Err(source) => Err(map_error(map::IFACE_QOS)(source)),
             },
         }
     }
 
     /// Decapsulation-side counters per remote VTEP, CPUs merged.
     pub fn vteps(&self) -> Result<Vec<(VtepKey, VtepStats)>, LoadError> {
-        let map = self
-            .ebpf
-            .map(map::VTEPS)
-            .ok_or(LoadError::Missing(map::VTEPS))?;
-        let vteps: PerCpuHashMap<&MapData, VtepKey, VtepStats> = PerCpuHashMap::try_from(map)
-            .map_err(|source| LoadError::Map {
-                name: map::VTEPS,
-                source,
-            })?;
+        let vteps: PerCpuHashMap<&MapData, VtepKey, VtepStats> = typed_map(&self.ebpf, map::VTEPS)?;
         let mut out = Vec::new();
         for entry in vteps.iter() {
-            let (key, per_cpu) = entry.map_err(|source| LoadError::Map {
-                name: map::VTEPS,
-                source,
-            })?;
+            let (key, per_cpu) = entry.map_err(map_error(map::VTEPS))?;
             let mut total = VtepStats::default();
             for v in per_cpu.iter() {
                 total.merge(v);
@@ -423,15 +317,8 @@ impl Loaded {
     /// Empties VTEPS (tests run many cases through one load).
     pub fn reset_vteps(&mut self) -> Result<(), LoadError> {
         let keys: Vec<VtepKey> = self.vteps()?.into_iter().map(|(k, _)| k).collect();
-        let map = self
-            .ebpf
-            .map_mut(map::VTEPS)
-            .ok_or(LoadError::Missing(map::VTEPS))?;
         let mut vteps: PerCpuHashMap<&mut MapData, VtepKey, VtepStats> =
-            PerCpuHashMap::try_from(map).map_err(|source| LoadError::Map {
-                name: map::VTEPS,
-                source,
-            })?;
+            typed_map_mut(&mut self.ebpf, map::VTEPS)?;
         for k in keys {
             let _ = vteps.remove(&k);
         }

@@ -54,16 +54,9 @@ fn new_ns() -> Netns {
     Netns::create(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
 }
 
-/// What these tests ask of a namespace, on top of the test kit's guard.
-trait NsSteps {
-    /// Whether an XDP program is attached to `dev` (as `ip link` shows it).
-    fn has_xdp(&self, dev: &str) -> bool;
-}
-
-impl NsSteps for Netns {
-    fn has_xdp(&self, dev: &str) -> bool {
-        self.ip_ok(&["link", "show", "dev", dev]).contains("xdp")
-    }
+/// Whether an XDP program is attached to `dev` in `ns` (as `ip link` shows it).
+fn has_xdp(ns: &Netns, dev: &str) -> bool {
+    ns.ip_ok(&["link", "show", "dev", dev]).contains("xdp")
 }
 
 /// Two namespaces joined by a veth pair: `va` 198.18.0.1/30 in `a`, `vb`
@@ -298,7 +291,7 @@ fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
         err.contains(&format!("{}:3:16: default_pmtu", file.path())),
         "{err}"
     );
-    assert!(!ns.has_xdp("lo"));
+    assert!(!has_xdp(&ns, "lo"));
 
     let file = TempFile::new("syntax.toml", "interfaces = [\"lo\"\nroce_port = 4791\n");
     let out = ns
@@ -308,7 +301,7 @@ fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(err.contains(&format!("{}:2:1: ", file.path())), "{err}");
-    assert!(!ns.has_xdp("lo"));
+    assert!(!has_xdp(&ns, "lo"));
 }
 
 #[test]
@@ -334,7 +327,7 @@ fn missing_interface_exits_1_and_attaches_nothing() {
     let err = text(&out.stderr);
     assert!(err.contains("no such interface: roce-missing0"), "{err}");
     assert!(
-        !ns.has_xdp("lo"),
+        !has_xdp(&ns, "lo"),
         "lo was attached although roce-missing0 is missing"
     );
 }
@@ -363,7 +356,7 @@ fn no_bpf_permission_exits_1_with_a_hint() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(err.contains("are you root"), "{err}");
-    assert!(!ns.has_xdp("lo"));
+    assert!(!has_xdp(&ns, "lo"));
 }
 
 #[test]
@@ -377,7 +370,7 @@ fn agent_in_a_namespace_serves_flows_and_detaches_on_sigterm() {
     );
     let first = agent.wait_ready(&pair.a, api);
     assert!(first.flows.is_empty(), "{first:?}");
-    assert!(pair.a.has_xdp("va"), "{}", agent.log());
+    assert!(has_xdp(&pair.a, "va"), "{}", agent.log());
 
     let sport = send_roce(&pair.b, 5, 0x1234);
 
@@ -443,7 +436,7 @@ fn agent_in_a_namespace_serves_flows_and_detaches_on_sigterm() {
     let st = agent.terminate();
     assert_eq!(st.code(), Some(0), "{}", agent.log());
     assert!(
-        !pair.a.has_xdp("va"),
+        !has_xdp(&pair.a, "va"),
         "XDP left attached:\n{}",
         pair.a.ip_ok(&["link", "show", "dev", "va"])
     );
@@ -470,7 +463,7 @@ fn agent_with_the_lab_config_listens_on_the_default_port() {
     );
     let st = agent.terminate();
     assert_eq!(st.code(), Some(0), "{}", agent.log());
-    assert!(!pair.a.has_xdp("va"));
+    assert!(!has_xdp(&pair.a, "va"));
 }
 
 #[test]
@@ -510,11 +503,11 @@ fn attach_failure_on_a_later_interface_detaches_the_earlier_ones() {
     eprintln!("second agent: {err}");
     assert!(err.contains("attaching XDP to va2"), "{err}");
     assert!(
-        !pair.a.has_xdp("va"),
+        !has_xdp(&pair.a, "va"),
         "va left attached after a failed start"
     );
     assert!(
-        pair.a.has_xdp("va2"),
+        has_xdp(&pair.a, "va2"),
         "the first agent's program was removed"
     );
     assert_eq!(first.terminate().code(), Some(0), "{}", first.log());

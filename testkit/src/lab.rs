@@ -25,7 +25,7 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::netns::{self, Netns};
+use crate::netns::{self, ip, Netns};
 pub use crate::netns::{in_namespace, run};
 
 /// The prefix of every namespace a lab creates (`rlab<pid>x<serial>a` / `...b`, see
@@ -442,54 +442,14 @@ impl Lab {
         // Static neighbours: sockets never wait for ARP/ND, and no ARP or ND frame
         // races the first packets of a test.
         for (this, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
-            ip(
-                &this.ns,
-                &[
-                    "neigh",
-                    "replace",
-                    &peer.ip4.to_string(),
-                    "lladdr",
-                    &peer.mac,
-                    "dev",
-                    &this.veth,
-                    "nud",
-                    "permanent",
-                ],
-            )?;
+            permanent_neighbour(&this.ns, peer.ip4.into(), &peer.mac, &this.veth)?;
             if let Some(v6) = peer.ip6 {
-                ip(
-                    &this.ns,
-                    &[
-                        "-6",
-                        "neigh",
-                        "replace",
-                        &v6.to_string(),
-                        "lladdr",
-                        &peer.mac,
-                        "dev",
-                        &this.veth,
-                        "nud",
-                        "permanent",
-                    ],
-                )?;
+                permanent_neighbour(&this.ns, v6.into(), &peer.mac, &this.veth)?;
             }
             if let (Some(vx), Some(vip), Some(vmac)) =
                 (&this.vxlan, peer.vxlan_ip4, &peer.vxlan_mac)
             {
-                ip(
-                    &this.ns,
-                    &[
-                        "neigh",
-                        "replace",
-                        &vip.to_string(),
-                        "lladdr",
-                        vmac,
-                        "dev",
-                        vx,
-                        "nud",
-                        "permanent",
-                    ],
-                )?;
+                permanent_neighbour(&this.ns, vip.into(), vmac, vx)?;
             }
         }
         Ok(())
@@ -497,9 +457,7 @@ impl Lab {
 
     /// A `Command` that runs `program` inside namespace `ns` (via `ip netns exec`).
     pub fn command(&self, ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns]).arg(program);
-        c
+        netns::command(ns, program)
     }
 
     /// Runs `program args...` in `ns` and returns its output; fails (with its stderr)
@@ -650,7 +608,7 @@ impl Lab {
             if Path::new(&format!("/proc/{pid}")).exists() {
                 continue;
             }
-            run(Command::new("ip").args(["netns", "del", ns]))?;
+            netns::delete(ns)?;
             removed.push(ns.to_string());
         }
         Ok(removed)
@@ -678,9 +636,23 @@ fn check_root() -> Result<()> {
     Ok(())
 }
 
-/// Runs `ip -n NS args...`.
-fn ip(ns: &str, args: &[&str]) -> Result<Output> {
-    run(Command::new("ip").args(["-n", ns]).args(args))
+/// A permanent neighbour entry in `ns`: `addr` is at `mac` on `dev`.
+fn permanent_neighbour(ns: &str, addr: IpAddr, mac: &str, dev: &str) -> Result<()> {
+    let family = if addr.is_ipv6() { "-6" } else { "-4" };
+    let addr = addr.to_string();
+    let args = [
+        family,
+        "neigh",
+        "replace",
+        &addr,
+        "lladdr",
+        mac,
+        "dev",
+        dev,
+        "nud",
+        "permanent",
+    ];
+    ip(ns, &args).map(|_| ())
 }
 
 /// The MAC address of `link` in `ns`.

@@ -58,6 +58,23 @@ pub fn run(cmd: &mut Command) -> Result<Output> {
     Ok(out)
 }
 
+/// `ip -n NS args...`; fails (with its stderr) on a non-zero exit.
+pub fn ip(ns: &str, args: &[&str]) -> Result<Output> {
+    run(Command::new("ip").args(["-n", ns]).args(args))
+}
+
+/// A `Command` that runs `program` inside namespace `ns` (`ip netns exec`).
+pub fn command(ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).arg(program);
+    c
+}
+
+/// Deletes namespace `ns` (with every link in it).
+pub fn delete(ns: &str) -> Result<()> {
+    run(Command::new("ip").args(["netns", "del", ns])).map(|_| ())
+}
+
 /// Runs `f` on a new thread that has entered network namespace `ns` (setns) and
 /// returns what it returns: sockets `f` opens live in that namespace. The calling
 /// thread stays where it is.
@@ -142,14 +159,12 @@ impl Netns {
 
     /// Runs `ip -n NAME args...`; fails (with its stderr) on a non-zero exit.
     pub fn ip(&self, args: &[&str]) -> Result<Output> {
-        run(Command::new("ip").args(["-n", &self.name]).args(args))
+        ip(&self.name, args)
     }
 
     /// A `Command` that runs `program` inside the namespace (`ip netns exec`).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).arg(program);
-        c
+        command(&self.name, program)
     }
 
     /// `ip -n NAME args...`, which must succeed (a test step): its stdout. Panics
@@ -184,16 +199,14 @@ impl Netns {
     /// silently).
     pub fn delete(mut self) -> Result<()> {
         self.deleted = true;
-        run(Command::new("ip").args(["netns", "del", &self.name])).map(|_| ())
+        delete(&self.name)
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
         if !self.deleted {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .output();
+            let _ = delete(&self.name);
         }
     }
 }

@@ -165,6 +165,14 @@ fn tc_cases() -> Vec<TcCase> {
         0xC001,
         &write,
     );
+    // Non-RoCE UDP on the lossless DSCP 26: an intruder where the policy applies.
+    let intruder = frame::udp_frame(
+        &eth,
+        &L3::v4(a4, b4).with_tos(106),
+        40000,
+        5001,
+        &[0u8; 256],
+    );
     vec![
         TcCase {
             name: "tc_egress_roce_ipv4_kept",
@@ -175,13 +183,7 @@ fn tc_cases() -> Vec<TcCase> {
         },
         TcCase {
             name: "tc_egress_intruder_ipv4_remarked",
-            frame: frame::udp_frame(
-                &eth,
-                &L3::v4(a4, b4).with_tos(106),
-                40000,
-                5001,
-                &[0u8; 256],
-            ),
+            frame: intruder.clone(),
             iface: enforce,
             program: loader::TC_EGRESS,
             rewrites: true,
@@ -209,13 +211,7 @@ fn tc_cases() -> Vec<TcCase> {
         },
         TcCase {
             name: "tc_egress_unconfigured_iface",
-            frame: frame::udp_frame(
-                &eth,
-                &L3::v4(a4, b4).with_tos(106),
-                40000,
-                5001,
-                &[0u8; 256],
-            ),
+            frame: intruder,
             iface: IfaceQos::default(),
             program: loader::TC_EGRESS,
             rewrites: false,
