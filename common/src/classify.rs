@@ -90,9 +90,21 @@ pub struct IpLayer {
     /// IPv4 TOS / IPv6 traffic class.
     pub tos: u8,
     pub v6: bool,
-    /// Addresses as the flow key holds them (IPv4 mapped into IPv6, network order).
-    pub src: [u32; 4],
-    pub dst: [u32; 4],
+}
+
+/// The source and destination addresses of an IP layer, as the flow key holds them
+/// (IPv4 mapped into IPv6, network order). Read where they are needed rather than
+/// carried through the walk: carried (eight live words), they made the XDP program
+/// spill to the stack at every bounds check.
+#[inline(always)]
+pub fn ip_addresses<P: Packet>(p: &P, ip: &IpLayer) -> Option<([u32; 4], [u32; 4])> {
+    if ip.v6 {
+        Some((p.addr6_at(ip.l3 + 8)?, p.addr6_at(ip.l3 + 24)?))
+    } else {
+        let src = p.raw32_at(ip.l3 + 12)?;
+        let dst = p.raw32_at(ip.l3 + 16)?;
+        Some((addr_v4_mapped(src), addr_v4_mapped(dst)))
+    }
 }
 
 /// Where the headers of one frame lie, as far as the walk got (whatever its outcome).
@@ -286,8 +298,6 @@ fn parse_udp<'a, P: Packet>(
 }
 
 /// Classifies one frame and says where its layers lie.
-// The key is filled field by field on a zeroed value: whole-word stores in the kernel build.
-#[allow(clippy::field_reassign_with_default)]
 #[inline(always)]
 pub fn walk<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Walk {
     let mut layers = Layers::default();
@@ -295,7 +305,6 @@ pub fn walk<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Walk {
     Walk { outcome, layers }
 }
 
-#[allow(clippy::field_reassign_with_default)]
 #[inline(always)]
 fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outcome {
     let frame = Within::new(p);
@@ -331,20 +340,15 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outc
         Err(r) => return Outcome::Malformed(r),
     };
 
-    let mut key = FlowKey::default();
-    key.src = outer.src;
-    key.dst = outer.dst;
-    if outer.v6 {
-        key.flags |= KEY_OUTER_V6;
-    }
-
     if udp.dport == cfg.roce_port {
         return match parse_roce(&udp.rest, outer.l4 + UDP_HLEN, &OUTER) {
             Ok(mut parsed) => {
                 layers.roce = true;
                 layers.bth_opcode = parsed.bth.opcode;
-                key.dest_qp = parsed.bth.dest_qp;
-                parsed.key = key;
+                parsed.key = match flow_key(p, &outer, None, parsed.bth.dest_qp) {
+                    Ok(key) => key,
+                    Err(r) => return Outcome::Malformed(r),
+                };
                 parsed.outer_tos = outer.tos;
                 parsed.sport = udp.sport;
                 parsed.udp_len = udp.len;
@@ -395,16 +399,12 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outc
         Ok(mut parsed) => {
             layers.roce = true;
             layers.bth_opcode = parsed.bth.opcode;
-            key.vni = vni_word >> 8;
-            key.inner_src = inner.src;
-            key.inner_dst = inner.dst;
-            key.flags |= KEY_TUNNELLED;
-            key.dest_qp = parsed.bth.dest_qp;
-            if inner.v6 {
-                key.flags |= KEY_INNER_V6;
-            }
+            let tunnel = Some((&inner, vni_word >> 8));
+            parsed.key = match flow_key(p, &outer, tunnel, parsed.bth.dest_qp) {
+                Ok(key) => key,
+                Err(r) => return Outcome::Malformed(r),
+            };
             parsed.tunnelled = true;
-            parsed.key = key;
             parsed.outer_tos = outer.tos;
             parsed.inner_tos = inner.tos;
             parsed.sport = inner_udp.sport;
@@ -413,6 +413,38 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outc
         }
         Err(r) => Outcome::Malformed(r),
     }
+}
+
+/// The flow key of a RoCE packet: outer addresses, and for a tunnelled one the inner
+/// layer and the VNI (without ifindex and direction). The addresses lie in headers the
+/// walk has already checked, so the error (that layer's truncation reason) is there
+/// only because every kernel read is checked.
+// The key is filled field by field on a zeroed value: whole-word stores in the kernel build.
+#[allow(clippy::field_reassign_with_default)]
+#[inline(always)]
+fn flow_key<P: Packet>(
+    p: &P,
+    outer: &IpLayer,
+    tunnel: Option<(&IpLayer, u32)>,
+    dest_qp: u32,
+) -> Result<FlowKey, Reason> {
+    let truncated = |ip: &IpLayer, r: &Reasons| if ip.v6 { r.ipv6 } else { r.ipv4 };
+    let mut key = FlowKey::default();
+    (key.src, key.dst) = ip_addresses(p, outer).ok_or_else(|| truncated(outer, &OUTER))?;
+    if outer.v6 {
+        key.flags |= KEY_OUTER_V6;
+    }
+    if let Some((inner, vni)) = tunnel {
+        (key.inner_src, key.inner_dst) =
+            ip_addresses(p, inner).ok_or_else(|| truncated(inner, &INNER))?;
+        key.vni = vni;
+        key.flags |= KEY_TUNNELLED;
+        if inner.v6 {
+            key.flags |= KEY_INNER_V6;
+        }
+    }
+    key.dest_qp = dest_qp;
+    Ok(key)
 }
 
 #[inline(always)]
@@ -442,12 +474,10 @@ fn parse_ipv4<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
     // lets the compiler drop the fixed checks, which the verifier cannot follow. Reads
     // are one after another, each with its own early return: evaluated together, the
     // compiler merges their checks into flags that the verifier cannot follow either.
-    let Some(dst) = q.raw32_at(off + 16) else {
+    // The addresses' last word: the whole fixed header is there.
+    if q.raw32_at(off + 16).is_none() {
         return IpStep::Bad(r.ipv4);
-    };
-    let Some(src) = q.raw32_at(off + 12) else {
-        return IpStep::Bad(r.ipv4);
-    };
+    }
     let Some(proto) = q.u8_at(off + 9) else {
         return IpStep::Bad(r.ipv4);
     };
@@ -478,19 +508,15 @@ fn parse_ipv4<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
         proto,
         tos,
         v6: false,
-        src: addr_v4_mapped(src),
-        dst: addr_v4_mapped(dst),
     })
 }
 
 #[inline(always)]
 fn parse_ipv6<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
-    let Some(dst) = q.addr6_at(off + 24) else {
+    // The destination address's last word: the whole fixed header is there.
+    if q.raw32_at(off + 36).is_none() {
         return IpStep::Bad(r.ipv6);
-    };
-    let Some(src) = q.addr6_at(off + 8) else {
-        return IpStep::Bad(r.ipv6);
-    };
+    }
     let Some(next) = q.u8_at(off + 6) else {
         return IpStep::Bad(r.ipv6);
     };
@@ -563,8 +589,6 @@ fn parse_ipv6<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
         proto,
         tos,
         v6: true,
-        src,
-        dst,
     })
 }
 

@@ -9,7 +9,7 @@
 //! maps the agent fills ([`QosConfig`], [`DscpEntry`], [`IfaceQos`]).
 
 use crate::bth;
-use crate::classify::walk;
+use crate::classify::{ip_addresses, walk};
 use crate::config::RuntimeConfig;
 use crate::counters::*;
 use crate::flow::addr_v4_mapped;
@@ -528,7 +528,9 @@ pub fn decap_check<P: Packet, T: DscpTable>(
     let expected = table.entry(dscp_of(inner_tos))?.vtep_outer & 0x3F;
     let (o, i) = (ecn_of(ip.tos), ecn_of(inner_tos));
     Some(DecapCheck {
-        remote: VtepKey { addr: ip.src },
+        remote: VtepKey {
+            addr: ip_addresses(p, &ip)?.0,
+        },
         outer_tos: ip.tos,
         inner_tos,
         dscp_mismatch: dscp_of(ip.tos) != expected,

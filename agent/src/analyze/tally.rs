@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use roce_common::bth::{self, ICRC_LEN};
-use roce_common::classify::{IpLayer, Outcome, Parsed, Walk};
+use roce_common::classify::{ip_addresses, IpLayer, Outcome, Parsed, Walk};
 use roce_common::counters::Class;
 use roce_common::flow::FlowKey;
+use roce_common::packet::SlicePacket;
 use roce_common::policy::Policy;
 use roce_common::wire::{ECN_NOT_ECT, UDP_HLEN};
 
@@ -126,8 +127,10 @@ impl Tally {
                 if !policy.is_lossless(ip.tos >> 2) {
                     return;
                 }
-                let (proto, src, dst) =
-                    (ip.proto, key_addr(&ip.src, ip.v6), key_addr(&ip.dst, ip.v6));
+                let Some((src, dst)) = ip_addresses(&SlicePacket(f.data), &ip) else {
+                    return;
+                };
+                let (proto, src, dst) = (ip.proto, key_addr(&src, ip.v6), key_addr(&dst, ip.v6));
                 let n = &mut self.non_roce_lossless;
                 n.frames += 1;
                 *n.by_proto.entry(proto).or_default() += 1;
