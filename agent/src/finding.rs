@@ -1,7 +1,7 @@
 //! A finding: one thing an operator should look at, with what was found, what was
 //! expected and the fix. `analyze` reports findings about a capture; the host audit
-//! (`check`) will report its own in the same shape (`check`, `interface`, `severity`,
-//! `found`, `expected`, `fix`).
+//! (`check`, `agent/src/audit/`) reports its own in the same shape (`check`,
+//! `interface`, `severity`, `found`, `expected`, `fix`).
 
 use std::fmt::Write as _;
 
@@ -27,8 +27,10 @@ pub struct Finding {
     pub found: String,
     pub expected: String,
     pub fix: String,
-    /// Flows the finding concerns (0 when it is about other traffic).
-    pub flows: u64,
+    /// Flows the finding concerns (analyze only: 0 when it is about other traffic;
+    /// absent from the host audit's findings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flows: Option<u64>,
 }
 
 /// The findings as text, one paragraph each.

@@ -75,7 +75,7 @@ pub fn findings(
             found,
             expected,
             fix: fix.to_string(),
-            flows: flows as u64,
+            flows: Some(flows as u64),
         };
 
     // Loss: PSN gaps in a fabric that should be lossless.
