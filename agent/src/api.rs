@@ -1,5 +1,6 @@
-//! The agent's HTTP API (`GET /flows`: the flow [`Document`] as JSON), and the small
-//! HTTP client that `roce-agent flows` reads it with.
+//! The agent's HTTP API (`GET /flows`: the flow [`Document`] as JSON; `GET /findings`:
+//! the last host audit as `check --json` prints it), and the small HTTP client that
+//! `roce-agent flows` reads it with.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -14,21 +15,48 @@ use axum::Router;
 use tokio::sync::watch;
 
 use crate::doc::Document;
+use crate::finding::Finding;
 
 /// The newest document; the collector sends, every request reads.
 pub type Latest = watch::Receiver<Arc<Document>>;
+/// The findings of the newest host audit.
+pub type LatestFindings = watch::Receiver<Arc<Findings>>;
 
-/// The API's routes: `GET /flows`.
-pub fn router(latest: Latest) -> Router {
-    Router::new().route("/flows", get(flows)).with_state(latest)
+/// The body of `GET /findings`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Findings {
+    pub findings: Vec<Finding>,
 }
 
-async fn flows(State(latest): State<Latest>) -> Response {
-    let doc = latest.borrow().clone();
-    match serde_json::to_vec(&*doc) {
+#[derive(Clone)]
+struct Sources {
+    flows: Latest,
+    findings: LatestFindings,
+}
+
+/// The API's routes: `GET /flows`, `GET /findings`.
+pub fn router(flows: Latest, findings: LatestFindings) -> Router {
+    Router::new()
+        .route("/flows", get(serve_flows))
+        .route("/findings", get(serve_findings))
+        .with_state(Sources { flows, findings })
+}
+
+async fn serve_flows(State(s): State<Sources>) -> Response {
+    let doc = s.flows.borrow().clone();
+    json(&*doc)
+}
+
+async fn serve_findings(State(s): State<Sources>) -> Response {
+    let findings = s.findings.borrow().clone();
+    json(&*findings)
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => {
-            tracing::error!(error = %e, "serializing the flow document failed");
+            tracing::error!(error = %e, "serializing an API answer failed");
             (StatusCode::INTERNAL_SERVER_ERROR, "serialization failed\n").into_response()
         }
     }
@@ -210,9 +238,20 @@ mod tests {
         let mut doc = Document::default();
         doc.counters.roce = 42;
         let (tx, rx) = watch::channel(Arc::new(Document::default()));
+        let findings = Findings {
+            findings: vec![crate::audit::finding(
+                "mtu",
+                Some("eth1"),
+                crate::finding::Severity::Error,
+                "MTU 1500",
+                "MTU >= 9000",
+                "ip link set dev eth1 mtu 9000",
+            )],
+        };
+        let (_ftx, frx) = watch::channel(Arc::new(findings.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let server = tokio::spawn(async move { axum::serve(listener, router(rx)).await });
+        let server = tokio::spawn(async move { axum::serve(listener, router(rx, frx)).await });
         tx.send(Arc::new(doc.clone())).unwrap();
         let a = addr.clone();
         let body =
@@ -222,6 +261,14 @@ mod tests {
                 .unwrap();
         let got: Document = serde_json::from_slice(&body).unwrap();
         assert_eq!(got, doc);
+        let a = addr.clone();
+        let body =
+            tokio::task::spawn_blocking(move || get_body(&a, "/findings", Duration::from_secs(5)))
+                .await
+                .unwrap()
+                .unwrap();
+        let got: Findings = serde_json::from_slice(&body).unwrap();
+        assert_eq!(got, findings);
         let a = addr.clone();
         let e = tokio::task::spawn_blocking(move || get_body(&a, "/nope", Duration::from_secs(5)))
             .await

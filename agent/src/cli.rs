@@ -26,6 +26,8 @@ pub const EXIT_USAGE: u8 = 2;
 
 /// How long `flows` waits for the agent.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the running agent's path probes wait (it probes no peer today).
+const AUDIT_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a shutdown waits for open API connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -76,6 +78,52 @@ pub enum Command {
         (root), otherwise the reference classifier. Ethernet captures only. Exit status 1 when \
         the capture is truncated or corrupt (the flows read until then are still printed).")]
     Analyze(AnalyzeArgs),
+    /// Audit this host for RoCE: MTU, VXLAN headroom, path MTU to peers, DCB app table and PFC, RNIC ECN knobs
+    #[command(after_help = "Examples:\n  \
+        roce-agent check                              # every interface that is up\n  \
+        roce-agent check --iface eth1 --mtu 9000\n  \
+        roce-agent check --iface eth1 --peer 198.18.0.2 --peer 2001:db8::2\n  \
+        roce-agent check --config /etc/roce-agent/host.toml --json | jq '.findings[]'\n  \
+        roce-agent check --iface eth1 --fix           # set what can be set, then audit again\n\n\
+        Checks: mtu, vxlan_overhead (50 bytes over IPv4, 70 over IPv6), mtu_path (DF probes \
+        to --peer; the path MTU learnt from ICMP), dcb_app and pfc (the NIC's DSCP -> priority \
+        app table and PFC against the policy; dcb_unsupported on devices without DCB), ecn_np, \
+        ecn_rp, cnp_dscp (RNIC ECN knobs in sysfs), roce_tos (rdma_cm default ToS).\n\n\
+        Without --iface it audits the config file's interfaces and VTEPs, else every interface \
+        that is up (loopback excepted). The policy (DSCPs, lossless set, DSCP -> priority) is \
+        the config's [qos] table or the defaults (RoCE 26, CNP 48, lossless {26}, priority = \
+        DSCP >> 3). Reading needs no privilege; --fix needs CAP_NET_ADMIN (MTU, DCB) and \
+        write access to sysfs, and changes only the interfaces audited.\n\n\
+        Exit status: 0 no finding at error level, 1 at least one, 2 the audit could not run.")]
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Interface to audit; repeat for more [default: the config's interfaces and VTEPs, else every interface that is up]
+    #[arg(long = "iface", value_name = "IF")]
+    pub iface: Vec<String>,
+    /// The netdev MTU the RoCE interfaces need [default: the config's `mtu`, else the one carrying the RoCE path MTU (default_pmtu, 4096): 4192]
+    #[arg(long, value_name = "BYTES")]
+    pub mtu: Option<u32>,
+    /// A host whose network path must carry --mtu with DF set (IPv4 or IPv6); repeat for more
+    #[arg(long = "peer", value_name = "ADDR")]
+    pub peer: Vec<std::net::IpAddr>,
+    /// TOML configuration file: interfaces, vteps, mtu, peers, default_pmtu and [qos] apply
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The directory that stands for /sys (fixture trees)
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// Apply what can be applied (MTU via netlink, DCB entries, writable sysfs knobs) on the audited interfaces, print each change, then audit again
+    #[arg(long)]
+    pub fix: bool,
+    /// Print {"findings": [...]} (and "changes" with --fix) as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds a path probe waits for an answer
+    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    pub probe_timeout: f64,
 }
 
 #[derive(Debug, Args)]
@@ -125,6 +173,12 @@ pub struct RunArgs {
     /// Outer ECN on --vtep interfaces: kernel (as `tos inherit`: inner CE -> ECT(0)) or rfc6040 (copy, CE included) [default: kernel]
     #[arg(long, value_enum, value_name = "MODE")]
     pub ecn_propagation: Option<crate::config::EcnPropagation>,
+    /// The netdev MTU the --iface interfaces need: audited every interval (GET /findings), and set back through netlink in --mode enforce [default: the config's `mtu`, else 4192]
+    #[arg(long, value_name = "BYTES")]
+    pub mtu: Option<u32>,
+    /// The directory that stands for /sys in the host audit (fixture trees)
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -146,7 +200,9 @@ pub enum RunError {
 
 /// The exit code for an error: 2 when it is a configuration error, 1 otherwise.
 pub fn exit_code(e: &anyhow::Error) -> u8 {
-    if e.chain().any(|c| c.downcast_ref::<ConfigError>().is_some()) {
+    if e.chain().any(|c| {
+        c.downcast_ref::<ConfigError>().is_some() || c.downcast_ref::<crate::audit::AuditError>().is_some()
+    }) {
         EXIT_USAGE
     } else {
         EXIT_RUNTIME
@@ -188,6 +244,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run(args),
         Command::Flows(args) => flows(args),
         Command::Analyze(args) => analyze(args),
+        Command::Check(args) => crate::check::check(args),
     }
 }
 
@@ -201,6 +258,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         mode: args.mode,
         vteps: args.vtep,
         ecn_propagation: args.ecn_propagation,
+        mtu: args.mtu,
+        peers: Vec::new(),
     };
     let settings = Settings::resolve(file.as_ref(), &flags, true)?;
 
@@ -221,10 +280,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(serve(settings))
+    rt.block_on(serve(settings, args.sysfs_root))
 }
 
-async fn serve(settings: Settings) -> anyhow::Result<()> {
+async fn serve(settings: Settings, sysfs_root: PathBuf) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
@@ -283,15 +342,26 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     };
     let (tx, rx) = watch::channel(Arc::new(first));
+
+    // The host audit: at start and every interval; MTUs set back in enforce mode when
+    // an MTU was asked for.
+    let enforce_mtu = settings.mode == crate::config::HostMode::Enforce && settings.mtu.is_some();
+    let mut auditor = crate::audit::watch::Watcher::new(
+        crate::check::audit_options(&settings, &sysfs_root, AUDIT_PROBE_TIMEOUT),
+        enforce_mtu,
+    );
+    let findings = tokio::task::block_in_place(|| auditor.round());
+    let (findings_tx, findings_rx) = watch::channel(Arc::new(api::Findings { findings }));
+
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(async move {
-        axum::serve(listener, api::router(rx))
+        axum::serve(listener, api::router(rx, findings_rx))
             .with_graceful_shutdown(async {
                 let _ = stop_rx.await;
             })
             .await
     });
-    tracing::info!(listen = %local, interval = ?settings.interval, "serving GET /flows");
+    tracing::info!(listen = %local, interval = ?settings.interval, required_mtu = settings.required_mtu(), enforce_mtu, "serving GET /flows and GET /findings");
 
     let mut ticker = tokio::time::interval(settings.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -310,6 +380,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
                     }
                     Err(e) => tracing::warn!(error = %e, "reading the flow table failed"),
                 }
+                let findings = tokio::task::block_in_place(|| auditor.round());
+                findings_tx.send_replace(Arc::new(api::Findings { findings }));
             }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break; }

@@ -12,7 +12,9 @@
 //! flows_map_size = 65536         # FLOWS entries (LRU: the oldest flow makes room)
 //! roce_port = 4791               # UDP destination port of RoCEv2
 //! vxlan_port = 4789              # UDP destination port of VXLAN
-//! default_pmtu = 4096            # path MTU assumed for READs until a flow's own is learnt
+//! default_pmtu = 4096            # the RoCE path MTU: assumed for READs until a flow's own is learnt, and what `check` requires
+//! mtu = 9000                     # netdev MTU the RoCE interfaces need (default: the one carrying default_pmtu, 4192) (flag: --mtu)
+//! peers = ["198.18.0.2"]         # `check`: hosts whose path must carry `mtu` with DF set (flag: --peer)
 //! mode = "audit"                 # host DSCP policy on egress of `interfaces`: "audit" | "enforce" (flag: --mode)
 //! vteps = ["eth0"]               # VTEP underlays: inner->outer DSCP/ECN, decap checks (flag: --vtep)
 //! ecn_propagation = "kernel"     # outer ECN on VTEPs: "kernel" (tos inherit) | "rfc6040" (flag: --ecn-propagation)
@@ -134,6 +136,10 @@ pub struct FileConfig {
     pub vxlan_port: Option<Spanned<u16>>,
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
     pub default_pmtu: Option<Spanned<u32>>,
+    /// Netdev MTU the RoCE interfaces need.
+    pub mtu: Option<Spanned<u32>>,
+    /// Hosts whose path `check` probes.
+    pub peers: Option<Spanned<Vec<Spanned<String>>>>,
     /// Host DSCP policy on egress of `interfaces`.
     pub mode: Option<Spanned<HostMode>>,
     /// VTEP underlay interfaces.
@@ -288,6 +294,8 @@ pub struct Overrides {
     /// `--vtep`: replaces `vteps` of the file when given.
     pub vteps: Vec<String>,
     pub ecn_propagation: Option<EcnPropagation>,
+    pub mtu: Option<u32>,
+    pub peers: Vec<std::net::IpAddr>,
 }
 
 /// The configuration the agent runs with: defaults, then the file, then the flags.
@@ -298,8 +306,13 @@ pub struct Settings {
     pub listen: String,
     pub interval: Duration,
     pub flows_map_size: u32,
-    /// Default path MTU in bytes.
+    /// Default path MTU in bytes (the RoCE path MTU the interfaces must carry).
     pub default_pmtu: u32,
+    /// The netdev MTU the RoCE interfaces need (`mtu` / `--mtu`); None: the one that
+    /// carries `default_pmtu` (see `required_mtu`).
+    pub mtu: Option<u32>,
+    /// Hosts whose path `check` probes.
+    pub peers: Vec<std::net::IpAddr>,
     /// What the kernel programs read from CONFIG.
     pub runtime: RuntimeConfig,
     /// Host DSCP policy mode on egress of `interfaces`.
@@ -319,6 +332,8 @@ impl Default for Settings {
             interval: Duration::from_secs_f64(DEFAULT_INTERVAL_SECS),
             flows_map_size: DEFAULT_FLOWS_MAP_SIZE,
             default_pmtu: DEFAULT_PMTU,
+            mtu: None,
+            peers: Vec::new(),
             runtime: RuntimeConfig::default(),
             mode: HostMode::default(),
             vteps: Vec::new(),
@@ -452,9 +467,45 @@ impl Settings {
                 s.default_pmtu = bytes;
             }
         }
+        s.resolve_host(file, flags)?;
         s.resolve_qos(file, flags)?;
         s.policy.config = s.runtime;
         Ok(s)
+    }
+
+    /// The netdev MTU the RoCE interfaces need: `mtu`, or the one carrying `default_pmtu`.
+    pub fn required_mtu(&self) -> u32 {
+        self.mtu
+            .unwrap_or_else(|| crate::audit::mtu::netdev_mtu_for(self.default_pmtu))
+    }
+
+    /// `mtu` and `peers` (the host audit).
+    fn resolve_host(&mut self, file: Option<&ConfigFile>, flags: &Overrides) -> Result<(), ConfigError> {
+        let invalid = |origin: Origin, field: &'static str, message: String| ConfigError::Invalid {
+            origin,
+            field,
+            message,
+        };
+        if let Some(m) = flags.mtu {
+            self.mtu = Some(check_mtu(m).map_err(|e| invalid(Origin::Flag("--mtu"), "mtu", e))?);
+        } else if let Some((f, m)) = file.and_then(|f| f.values.mtu.as_ref().map(|m| (f, m))) {
+            self.mtu = Some(check_mtu(*m.get_ref()).map_err(|e| invalid(f.origin(m.span()), "mtu", e))?);
+        }
+        if !flags.peers.is_empty() {
+            self.peers = flags.peers.clone();
+        } else if let Some((f, list)) = file.and_then(|f| f.values.peers.as_ref().map(|l| (f, l))) {
+            for p in list.get_ref() {
+                let addr = p.get_ref().parse().map_err(|_| {
+                    invalid(
+                        f.origin(p.span()),
+                        "peers",
+                        format!("{:?} is not an IPv4 or IPv6 address", p.get_ref()),
+                    )
+                })?;
+                self.peers.push(addr);
+            }
+        }
+        Ok(())
     }
 
     /// Mode, VTEPs, ECN propagation and the `[qos]` table.
@@ -626,6 +677,15 @@ fn check_interval(secs: f64) -> Result<Duration, String> {
         ));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// The range Linux accepts for an Ethernet MTU (68 is IPv4's minimum; 65535 the largest).
+fn check_mtu(mtu: u32) -> Result<u32, String> {
+    if (68..=65535).contains(&mtu) {
+        Ok(mtu)
+    } else {
+        Err(format!("{mtu} is out of range (68 to 65535)"))
+    }
 }
 
 fn check_port(port: u16) -> Result<u16, String> {

@@ -10,9 +10,21 @@
 //! Reading is separate from judging: each module has a reader (netlink, sockets, files)
 //! and pure functions from what was read and the policy to findings, tested on their own.
 
+pub mod link;
+pub mod mtu;
+pub mod watch;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use roce_common::policy::Policy;
 use serde::Serialize;
 
 pub use crate::finding::{Finding, Severity};
+use link::{Link, LinkError, Rtnl};
+use mtu::UnderlaySource;
 
 /// One change `--fix` (or `run --mode enforce`) made on the host, printed before/after.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -54,4 +66,289 @@ pub fn finding(
         fix: fix.into(),
         flows: None,
     }
+}
+
+/// What to audit and against what.
+#[derive(Clone, Debug)]
+pub struct AuditOptions {
+    /// The interfaces asked about; empty: every interface that is up, loopback excepted.
+    pub interfaces: Vec<String>,
+    /// The netdev MTU the RoCE interfaces need.
+    pub required_mtu: u32,
+    /// Hosts whose path must carry `required_mtu` (DF probes).
+    pub peers: Vec<IpAddr>,
+    /// Stands for `/sys` (fixture trees in tests).
+    pub sysfs_root: PathBuf,
+    pub policy: Policy,
+    /// How long a path probe waits for its ICMP answer.
+    pub probe_timeout: Duration,
+}
+
+/// Why the audit itself could not run (exit 2), as opposed to what it found.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("no such interface: {}", .0.join(", "))]
+    NoInterface(Vec<String>),
+    #[error("no interface to audit: none is up (loopback excepted); name one with --iface")]
+    NothingToAudit,
+    #[error(transparent)]
+    Netlink(#[from] LinkError),
+}
+
+/// A VXLAN device and the underlay it sends through.
+#[derive(Clone, Debug)]
+pub struct VxlanPath {
+    pub vxlan: Link,
+    pub underlay: Link,
+    pub source: UnderlaySource,
+}
+
+/// What the audit read and what it found.
+#[derive(Clone, Debug, Default)]
+pub struct Audit {
+    /// The interfaces audited, in the order asked.
+    pub audited: Vec<Link>,
+    /// The VXLAN devices that are audited or run over an audited underlay.
+    pub vxlans: Vec<VxlanPath>,
+    pub findings: Vec<Finding>,
+}
+
+impl Audit {
+    /// Whether any finding is at error level (exit 1).
+    pub fn has_errors(&self) -> bool {
+        self.findings.iter().any(|f| f.severity == Severity::Error)
+    }
+}
+
+/// Reads this host's state and judges it (changes nothing).
+pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
+    let mut rtnl = Rtnl::open()?;
+    let links = rtnl.links()?;
+    let audited = select(&links, &opts.interfaces)?;
+    let names: BTreeSet<&str> = audited.iter().map(|l| l.name.as_str()).collect();
+
+    let mut out = Audit::default();
+    for l in &audited {
+        out.findings.push(mtu::audit_link(l, opts.required_mtu));
+    }
+    for v in links.iter().filter(|l| l.vxlan.is_some()) {
+        match underlay_of(&mut rtnl, &links, v) {
+            Ok(Some((underlay, source))) => {
+                if !names.contains(v.name.as_str()) && !names.contains(underlay.name.as_str()) {
+                    continue;
+                }
+                out.findings.extend(mtu::audit_vxlan(v, &underlay, source));
+                // A VXLAN device's RoCE path MTU is what its underlay leaves it.
+                if let Some(info) = out.findings.iter_mut().find(|f| {
+                    f.check == "mtu" && f.severity == Severity::Info && f.interface.as_deref() == Some(&v.name)
+                }) {
+                    info.found = format!(
+                        "MTU {} over {} MTU {} (RoCE path MTU {})",
+                        v.mtu,
+                        underlay.name,
+                        underlay.mtu,
+                        mtu::vxlan_roce_path_mtu(v, &underlay).map_or("none".to_string(), |m| m.to_string())
+                    );
+                }
+                out.vxlans.push(VxlanPath { vxlan: v.clone(), underlay, source });
+            }
+            Ok(None) if names.contains(v.name.as_str()) => out.findings.push(finding(
+                "vxlan_overhead",
+                Some(&v.name),
+                Severity::Warning,
+                "underlay unknown: no dev, and no route to its remote or interface with its local address",
+                "a VXLAN device whose underlay can be found",
+                format!("ip link show dev {}   # recreate it with `dev UNDERLAY`", v.name),
+            )),
+            Ok(None) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    out.audited = audited;
+    sort(&mut out.findings);
+    Ok(out)
+}
+
+/// The links asked for (all must exist), or every up non-loopback link.
+fn select(links: &[Link], asked: &[String]) -> Result<Vec<Link>, AuditError> {
+    if asked.is_empty() {
+        let up: Vec<Link> = links.iter().filter(|l| l.up && !l.loopback).cloned().collect();
+        return if up.is_empty() { Err(AuditError::NothingToAudit) } else { Ok(up) };
+    }
+    let missing: Vec<String> = asked
+        .iter()
+        .filter(|a| !links.iter().any(|l| &l.name == *a))
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        return Err(AuditError::NoInterface(missing));
+    }
+    let mut seen = BTreeSet::new();
+    Ok(asked
+        .iter()
+        .filter(|a| seen.insert(a.as_str()))
+        .filter_map(|a| links.iter().find(|l| &l.name == a).cloned())
+        .collect())
+}
+
+/// A VXLAN device's underlay: its `dev`, else the route to its remote, else the
+/// interface holding its local address.
+fn underlay_of(
+    rtnl: &mut Rtnl,
+    links: &[Link],
+    v: &Link,
+) -> Result<Option<(Link, UnderlaySource)>, LinkError> {
+    let Some(params) = &v.vxlan else { return Ok(None) };
+    let by_index = |i: u32| links.iter().find(|l| l.index == i).cloned();
+    if let Some(l) = params.underlay.and_then(by_index) {
+        return Ok(Some((l, UnderlaySource::Link)));
+    }
+    if let Some(remote) = params.remote {
+        if let Some(l) = rtnl.route_interface(remote)?.and_then(by_index) {
+            if l.index != v.index {
+                return Ok(Some((l, UnderlaySource::Route)));
+            }
+        }
+    }
+    if let Some(local) = params.local {
+        if let Some(l) = rtnl.address_interface(local)?.and_then(by_index) {
+            return Ok(Some((l, UnderlaySource::LocalAddress)));
+        }
+    }
+    Ok(None)
+}
+
+/// Most severe first, then by check and interface: the table an operator reads top-down.
+pub fn sort(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        b.severity
+            .cmp(&a.severity)
+            .then_with(|| a.check.cmp(&b.check))
+            .then_with(|| a.interface.cmp(&b.interface))
+    });
+}
+
+/// A change `--fix` could not make.
+#[derive(Debug, thiserror::Error)]
+#[error("{check} {interface}: {what} not changed: {reason}")]
+pub struct FixFailure {
+    pub check: String,
+    pub interface: String,
+    pub what: String,
+    pub reason: String,
+}
+
+/// What `fix` did and could not do.
+#[derive(Debug, Default)]
+pub struct Fixed {
+    pub changes: Vec<Change>,
+    pub failures: Vec<FixFailure>,
+}
+
+/// One MTU change the audit calls for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MtuChange {
+    pub check: &'static str,
+    pub link: Link,
+    pub mtu: u32,
+}
+
+/// The MTU changes that answer `audit`'s `mtu` and `vxlan_overhead` errors, on audited
+/// interfaces only, underlays before the VXLAN devices on them (a VXLAN device with a
+/// `dev` refuses an MTU its underlay cannot carry).
+pub fn mtu_plan(audit: &Audit, required: u32) -> (Vec<MtuChange>, Vec<FixFailure>) {
+    let audited = |name: &str| audit.audited.iter().any(|l| l.name == name);
+    let mut target: Vec<MtuChange> = Vec::new();
+    let mut failures = Vec::new();
+    let mut raise = |check: &'static str, link: &Link, mtu: u32| {
+        match target.iter_mut().find(|c| c.link.index == link.index) {
+            Some(c) => c.mtu = c.mtu.max(mtu),
+            None => target.push(MtuChange { check, link: link.clone(), mtu }),
+        }
+    };
+    for l in audit.audited.iter().filter(|l| l.mtu < required) {
+        raise("mtu", l, required);
+    }
+    for p in &audit.vxlans {
+        let overhead = if p.vxlan.vxlan.as_ref().is_some_and(|v| v.ipv6()) {
+            mtu::VXLAN_OVERHEAD_V6
+        } else {
+            mtu::VXLAN_OVERHEAD_V4
+        };
+        // The VXLAN MTU it will have once its own `mtu` fix (if any) is made.
+        let vxlan_mtu = if audited(&p.vxlan.name) { p.vxlan.mtu.max(required) } else { p.vxlan.mtu };
+        let needed = vxlan_mtu.saturating_add(overhead);
+        if p.underlay.mtu >= needed {
+            continue;
+        }
+        if audited(&p.underlay.name) {
+            raise("vxlan_overhead", &p.underlay, needed);
+        } else {
+            failures.push(FixFailure {
+                check: "vxlan_overhead".into(),
+                interface: p.vxlan.name.clone(),
+                what: format!("MTU of underlay {}", p.underlay.name),
+                reason: format!(
+                    "{} is not audited; --fix changes only the interfaces asked about (add --iface {})",
+                    p.underlay.name, p.underlay.name
+                ),
+            });
+        }
+    }
+    let is_vxlan = |c: &MtuChange| c.link.vxlan.is_some();
+    target.sort_by_key(|c| is_vxlan(c));
+    (target, failures)
+}
+
+/// Makes the changes the audit calls for on the audited interfaces: MTUs.
+pub fn fix(opts: &AuditOptions, audit: &Audit) -> Result<Fixed, AuditError> {
+    let mut fixed = Fixed::default();
+    fix_mtu(audit, opts.required_mtu, &mut fixed)?;
+    Ok(fixed)
+}
+
+/// The MTU part of `fix` alone (what `run --mode enforce` keeps enforced).
+pub fn fix_mtu_only(audit: &Audit, required: u32) -> Result<Fixed, AuditError> {
+    let mut fixed = Fixed::default();
+    fix_mtu(audit, required, &mut fixed)?;
+    Ok(fixed)
+}
+
+/// Applies the MTU plan through rtnetlink; each change read back.
+fn fix_mtu(audit: &Audit, required: u32, fixed: &mut Fixed) -> Result<(), AuditError> {
+    let (plan, failures) = mtu_plan(audit, required);
+    fixed.failures.extend(failures);
+    if plan.is_empty() {
+        return Ok(());
+    }
+    let mut rtnl = Rtnl::open()?;
+    for c in plan {
+        match rtnl.set_mtu(c.link.index, c.mtu) {
+            Ok(()) => {
+                let now = rtnl
+                    .links()?
+                    .into_iter()
+                    .find(|l| l.index == c.link.index)
+                    .map_or(0, |l| l.mtu);
+                fixed.changes.push(Change {
+                    check: c.check.into(),
+                    interface: c.link.name.clone(),
+                    what: "mtu".into(),
+                    before: c.link.mtu.to_string(),
+                    after: now.to_string(),
+                });
+            }
+            Err(e) => fixed.failures.push(FixFailure {
+                check: c.check.into(),
+                interface: c.link.name.clone(),
+                what: format!("mtu {} -> {}", c.link.mtu, c.mtu),
+                reason: if e.errno() == Some(libc::EPERM) {
+                    "permission denied: changing an MTU needs CAP_NET_ADMIN".into()
+                } else {
+                    e.to_string()
+                },
+            }),
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,201 @@
+//! `roce-agent check`: the host audit from the command line, as a table or JSON, and
+//! `--fix`. The audit itself is `crate::audit`.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::audit::{self, Audit, AuditOptions, Change, FixFailure, Finding, Severity};
+use crate::cli::CheckArgs;
+use crate::config::{ConfigFile, Overrides, Settings};
+
+/// The audit found at least one error (exit 1); the table says which.
+#[derive(Debug, thiserror::Error)]
+#[error("the audit found {errors} finding(s) at error level")]
+pub struct FindingsAtErrorLevel {
+    pub errors: usize,
+}
+
+/// What `check --json` prints.
+#[derive(Debug, Serialize)]
+pub struct CheckDocument<'a> {
+    pub findings: &'a [Finding],
+    /// With --fix: the changes made (before/after) and those that could not be made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes: Option<&'a [Change]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_changed: Option<Vec<String>>,
+}
+
+/// The audit options from the config file and the flags.
+pub fn options(args: &CheckArgs) -> anyhow::Result<AuditOptions> {
+    let file = args.config.as_deref().map(ConfigFile::load).transpose()?;
+    let flags = Overrides {
+        interfaces: args.iface.clone(),
+        mtu: args.mtu,
+        peers: args.peer.clone(),
+        ..Overrides::default()
+    };
+    let settings = Settings::resolve(file.as_ref(), &flags, false)?;
+    Ok(audit_options(&settings, &args.sysfs_root, probe_timeout(args.probe_timeout)?))
+}
+
+fn probe_timeout(secs: f64) -> anyhow::Result<Duration> {
+    if secs.is_finite() && (0.01..=60.0).contains(&secs) {
+        Ok(Duration::from_secs_f64(secs))
+    } else {
+        Err(crate::config::ConfigError::Invalid {
+            origin: crate::config::Origin::Flag("--probe-timeout"),
+            field: "probe_timeout",
+            message: format!("{secs} is out of range (0.01 to 60 seconds)"),
+        }
+        .into())
+    }
+}
+
+/// What the audit of a running agent or of `check` looks at, from resolved settings:
+/// the interfaces and VTEPs (none: every interface that is up).
+pub fn audit_options(
+    settings: &Settings,
+    sysfs_root: &std::path::Path,
+    probe_timeout: Duration,
+) -> AuditOptions {
+    let mut interfaces = settings.interfaces.clone();
+    for v in &settings.vteps {
+        if !interfaces.contains(v) {
+            interfaces.push(v.clone());
+        }
+    }
+    AuditOptions {
+        interfaces,
+        required_mtu: settings.required_mtu(),
+        peers: settings.peers.clone(),
+        sysfs_root: sysfs_root.to_path_buf(),
+        policy: settings.policy,
+        probe_timeout,
+    }
+}
+
+/// `roce-agent check`.
+pub fn check(args: CheckArgs) -> anyhow::Result<()> {
+    let opts = options(&args)?;
+    let first = audit::audit(&opts)?;
+    let (result, fixed) = if args.fix {
+        let fixed = audit::fix(&opts, &first)?;
+        (audit::audit(&opts)?, Some(fixed))
+    } else {
+        (first, None)
+    };
+
+    let text = if args.json {
+        let doc = CheckDocument {
+            findings: &result.findings,
+            changes: fixed.as_ref().map(|f| f.changes.as_slice()),
+            not_changed: fixed
+                .as_ref()
+                .map(|f| f.failures.iter().map(ToString::to_string).collect()),
+        };
+        let mut t = serde_json::to_string_pretty(&doc).context("encoding JSON")?;
+        t.push('\n');
+        t
+    } else {
+        let mut t = String::new();
+        if let Some(f) = &fixed {
+            t.push_str(&render_changes(&f.changes, &f.failures));
+            t.push_str("\naudit after the changes:\n");
+        }
+        t.push_str(&render(&opts, &result));
+        t
+    };
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => return Err(e).context("writing to stdout"),
+    }
+    let errors = result
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .count();
+    if errors > 0 {
+        return Err(FindingsAtErrorLevel { errors }.into());
+    }
+    Ok(())
+}
+
+/// The changes `--fix` made and could not make, one line each.
+pub fn render_changes(changes: &[Change], failures: &[FixFailure]) -> String {
+    let mut out = String::new();
+    if changes.is_empty() && failures.is_empty() {
+        out.push_str("fix: nothing to change\n");
+    }
+    for c in changes {
+        let _ = writeln!(out, "changed: {c}");
+    }
+    for f in failures {
+        let _ = writeln!(out, "NOT changed: {f}");
+    }
+    out
+}
+
+fn severity_text(s: Severity) -> &'static str {
+    match s {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+        Severity::Info => "info",
+    }
+}
+
+/// The human table: a header line, one row per finding (its fix below it), a summary.
+pub fn render(opts: &AuditOptions, audit: &Audit) -> String {
+    let mut out = String::new();
+    let names: Vec<&str> = audit.audited.iter().map(|l| l.name.as_str()).collect();
+    let _ = writeln!(
+        out,
+        "audited: {} | required MTU {} | peers: {}",
+        names.join(", "),
+        opts.required_mtu,
+        if opts.peers.is_empty() {
+            "none".to_string()
+        } else {
+            opts.peers.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        }
+    );
+    out.push('\n');
+    let width = |f: fn(&Finding) -> usize, title: &str| {
+        audit.findings.iter().map(f).max().unwrap_or(0).max(title.len())
+    };
+    let wc = width(|f| f.check.len(), "CHECK");
+    let wi = width(|f| f.interface.as_deref().map_or(1, str::len), "INTERFACE");
+    let _ = writeln!(out, "{:<8} {:<wc$} {:<wi$} FOUND", "SEVERITY", "CHECK", "INTERFACE");
+    let indent = 8 + 1 + wc + 1 + wi + 1;
+    for f in &audit.findings {
+        let _ = writeln!(
+            out,
+            "{:<8} {:<wc$} {:<wi$} {}",
+            severity_text(f.severity),
+            f.check,
+            f.interface.as_deref().unwrap_or("-"),
+            f.found,
+        );
+        if f.severity != Severity::Info {
+            let _ = writeln!(out, "{:indent$}expected: {}", "", f.expected);
+            if !f.fix.is_empty() {
+                let _ = writeln!(out, "{:indent$}fix: {}", "", f.fix);
+            }
+        }
+    }
+    let count = |s| audit.findings.iter().filter(|f| f.severity == s).count();
+    let _ = writeln!(
+        out,
+        "\n{} error(s), {} warning(s), {} info",
+        count(Severity::Error),
+        count(Severity::Warning),
+        count(Severity::Info)
+    );
+    out
+}
