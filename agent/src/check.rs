@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde::Serialize;
 
-use crate::audit::{self, Audit, AuditOptions, Change, FixFailure, Finding, Severity};
+use crate::audit::{self, Audit, AuditOptions, Change, Finding, FixFailure, Severity};
 use crate::cli::CheckArgs;
 use crate::config::{ConfigFile, Overrides, Settings};
 
@@ -40,7 +40,11 @@ pub fn options(args: &CheckArgs) -> anyhow::Result<AuditOptions> {
         ..Overrides::default()
     };
     let settings = Settings::resolve(file.as_ref(), &flags, false)?;
-    Ok(audit_options(&settings, &args.sysfs_root, probe_timeout(args.probe_timeout)?))
+    Ok(audit_options(
+        &settings,
+        &args.sysfs_root,
+        probe_timeout(args.probe_timeout)?,
+    ))
 }
 
 fn probe_timeout(secs: f64) -> anyhow::Result<Duration> {
@@ -162,16 +166,30 @@ pub fn render(opts: &AuditOptions, audit: &Audit) -> String {
         if opts.peers.is_empty() {
             "none".to_string()
         } else {
-            opts.peers.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            opts.peers
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     );
     out.push('\n');
     let width = |f: fn(&Finding) -> usize, title: &str| {
-        audit.findings.iter().map(f).max().unwrap_or(0).max(title.len())
+        audit
+            .findings
+            .iter()
+            .map(f)
+            .max()
+            .unwrap_or(0)
+            .max(title.len())
     };
     let wc = width(|f| f.check.len(), "CHECK");
     let wi = width(|f| f.interface.as_deref().map_or(1, str::len), "INTERFACE");
-    let _ = writeln!(out, "{:<8} {:<wc$} {:<wi$} FOUND", "SEVERITY", "CHECK", "INTERFACE");
+    let _ = writeln!(
+        out,
+        "{:<8} {:<wc$} {:<wi$} FOUND",
+        "SEVERITY", "CHECK", "INTERFACE"
+    );
     let indent = 8 + 1 + wc + 1 + wi + 1;
     for f in &audit.findings {
         let _ = writeln!(

@@ -201,7 +201,8 @@ pub enum RunError {
 /// The exit code for an error: 2 when it is a configuration error, 1 otherwise.
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     if e.chain().any(|c| {
-        c.downcast_ref::<ConfigError>().is_some() || c.downcast_ref::<crate::audit::AuditError>().is_some()
+        c.downcast_ref::<ConfigError>().is_some()
+            || c.downcast_ref::<crate::audit::AuditError>().is_some()
     }) {
         EXIT_USAGE
     } else {

@@ -480,7 +480,11 @@ impl Settings {
     }
 
     /// `mtu` and `peers` (the host audit).
-    fn resolve_host(&mut self, file: Option<&ConfigFile>, flags: &Overrides) -> Result<(), ConfigError> {
+    fn resolve_host(
+        &mut self,
+        file: Option<&ConfigFile>,
+        flags: &Overrides,
+    ) -> Result<(), ConfigError> {
         let invalid = |origin: Origin, field: &'static str, message: String| ConfigError::Invalid {
             origin,
             field,
@@ -489,7 +493,8 @@ impl Settings {
         if let Some(m) = flags.mtu {
             self.mtu = Some(check_mtu(m).map_err(|e| invalid(Origin::Flag("--mtu"), "mtu", e))?);
         } else if let Some((f, m)) = file.and_then(|f| f.values.mtu.as_ref().map(|m| (f, m))) {
-            self.mtu = Some(check_mtu(*m.get_ref()).map_err(|e| invalid(f.origin(m.span()), "mtu", e))?);
+            self.mtu =
+                Some(check_mtu(*m.get_ref()).map_err(|e| invalid(f.origin(m.span()), "mtu", e))?);
         }
         if !flags.peers.is_empty() {
             self.peers = flags.peers.clone();

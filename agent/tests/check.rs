@@ -52,7 +52,11 @@ fn findings_in(ns: &Netns, args: &[&str]) -> (Vec<Finding>, i32) {
     all.extend_from_slice(args);
     let out = check_in(ns, &all);
     let doc: CheckJson = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("{e}: stdout {} stderr {}", text(&out.stdout), text(&out.stderr))
+        panic!(
+            "{e}: stdout {} stderr {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
     });
     (doc.findings, out.status.code().unwrap_or(-1))
 }
@@ -79,7 +83,9 @@ fn mtu_of(ns: &Netns, dev: &str) -> u32 {
 
 /// A veth pair `va`/`vb` in `ns`, both up at `mtu`.
 fn veth(ns: &Netns, mtu: &str) {
-    ns.ip_ok(&["link", "add", "va", "mtu", mtu, "type", "veth", "peer", "name", "vb", "mtu", mtu]);
+    ns.ip_ok(&[
+        "link", "add", "va", "mtu", mtu, "type", "veth", "peer", "name", "vb", "mtu", mtu,
+    ]);
     ns.ip_ok(&["link", "set", "va", "up"]);
     ns.ip_ok(&["link", "set", "vb", "up"]);
 }
@@ -101,10 +107,25 @@ fn veth_below_the_required_mtu_is_an_error_and_fix_sets_it() {
     // Without --fix nothing on the host changed.
     assert_eq!(mtu_of(&ns, "va"), 1500);
 
-    let out = check_in(&ns, &["check", "--iface", "va", "--mtu", "9000", "--fix", "--sysfs-root", "/nonexistent-sysfs"]);
+    let out = check_in(
+        &ns,
+        &[
+            "check",
+            "--iface",
+            "va",
+            "--mtu",
+            "9000",
+            "--fix",
+            "--sysfs-root",
+            "/nonexistent-sysfs",
+        ],
+    );
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.contains("changed: mtu va: mtu 1500 -> 9000"), "{stdout}");
+    assert!(
+        stdout.contains("changed: mtu va: mtu 1500 -> 9000"),
+        "{stdout}"
+    );
     assert_eq!(mtu_of(&ns, "va"), 9000);
     // Only the interface asked about.
     assert_eq!(mtu_of(&ns, "vb"), 1500);
@@ -122,7 +143,10 @@ fn default_required_mtu_carries_a_4096_roce_path_mtu() {
     let (f, code) = findings_in(&ns, &["--iface", "va"]);
     assert_eq!(code, 1);
     assert_eq!(errors(&f, "mtu")[0].found, "MTU 4191 (RoCE path MTU 2048)");
-    assert_eq!(errors(&f, "mtu")[0].expected, "MTU >= 4192 (RoCE path MTU 4096)");
+    assert_eq!(
+        errors(&f, "mtu")[0].expected,
+        "MTU >= 4192 (RoCE path MTU 4096)"
+    );
     ns.ip_ok(&["link", "set", "va", "mtu", "4192"]);
     let (f, code) = findings_in(&ns, &["--iface", "va"]);
     assert_eq!(code, 0, "{f:?}");
@@ -136,7 +160,9 @@ fn without_iface_every_up_interface_but_loopback_is_audited() {
     let ns = new_ns();
     veth(&ns, "9000");
     // A pair left down: not audited.
-    ns.ip_ok(&["link", "add", "down0", "type", "veth", "peer", "name", "down1"]);
+    ns.ip_ok(&[
+        "link", "add", "down0", "type", "veth", "peer", "name", "down1",
+    ]);
     let (f, code) = findings_in(&ns, &["--mtu", "9000"]);
     assert_eq!(code, 0, "{f:?}");
     let mut names: Vec<&str> = f
@@ -150,7 +176,18 @@ fn without_iface_every_up_interface_but_loopback_is_audited() {
 
 /// An underlay `ul` (198.18.0.1/24, 2001:db8::1/64) at `underlay_mtu` in `ns`.
 fn underlay(ns: &Netns, underlay_mtu: &str) {
-    ns.ip_ok(&["link", "add", "ul", "mtu", underlay_mtu, "type", "veth", "peer", "name", "ulp"]);
+    ns.ip_ok(&[
+        "link",
+        "add",
+        "ul",
+        "mtu",
+        underlay_mtu,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "ulp",
+    ]);
     ns.ip_ok(&["link", "set", "ul", "up"]);
     ns.ip_ok(&["link", "set", "ulp", "up"]);
     ns.ip_ok(&["addr", "add", "198.18.0.1/24", "dev", "ul"]);
@@ -163,8 +200,40 @@ fn vxlan_headroom_over_ipv4_and_ipv6_underlays() {
     let ns = new_ns();
     underlay(&ns, "9000");
     // Made on their underlay: the kernel gives them 8950 and 8930.
-    ns.ip_ok(&["link", "add", "vx4", "type", "vxlan", "id", "5001", "dstport", "4789", "remote", "198.18.0.2", "local", "198.18.0.1", "dev", "ul"]);
-    ns.ip_ok(&["link", "add", "vx6", "type", "vxlan", "id", "5002", "dstport", "4789", "remote", "2001:db8::2", "local", "2001:db8::1", "dev", "ul"]);
+    ns.ip_ok(&[
+        "link",
+        "add",
+        "vx4",
+        "type",
+        "vxlan",
+        "id",
+        "5001",
+        "dstport",
+        "4789",
+        "remote",
+        "198.18.0.2",
+        "local",
+        "198.18.0.1",
+        "dev",
+        "ul",
+    ]);
+    ns.ip_ok(&[
+        "link",
+        "add",
+        "vx6",
+        "type",
+        "vxlan",
+        "id",
+        "5002",
+        "dstport",
+        "4789",
+        "remote",
+        "2001:db8::2",
+        "local",
+        "2001:db8::1",
+        "dev",
+        "ul",
+    ]);
     assert_eq!(mtu_of(&ns, "vx4"), 8950);
     assert_eq!(mtu_of(&ns, "vx6"), 8930);
     let (f, code) = findings_in(&ns, &["--iface", "vx4", "--iface", "vx6", "--mtu", "8900"]);
@@ -178,12 +247,24 @@ fn vxlan_headroom_over_ipv4_and_ipv6_underlays() {
     assert_eq!(code, 1);
     let v = errors(&f, "vxlan_overhead");
     assert_eq!(v.len(), 2, "{f:?}");
-    let v4 = v.iter().find(|f| f.interface.as_deref() == Some("vx4")).unwrap();
+    let v4 = v
+        .iter()
+        .find(|f| f.interface.as_deref() == Some("vx4"))
+        .unwrap();
     assert_eq!(v4.found, "vx4 MTU 8950 over ul MTU 1500 (its dev): -7450 bytes of headroom, inner frames above 1450 are dropped");
-    assert_eq!(v4.expected, "ul MTU >= 9000 (vx4 MTU 8950 + 50 for VXLAN over IPv4)");
-    let v6 = v.iter().find(|f| f.interface.as_deref() == Some("vx6")).unwrap();
+    assert_eq!(
+        v4.expected,
+        "ul MTU >= 9000 (vx4 MTU 8950 + 50 for VXLAN over IPv4)"
+    );
+    let v6 = v
+        .iter()
+        .find(|f| f.interface.as_deref() == Some("vx6"))
+        .unwrap();
     assert_eq!(v6.found, "vx6 MTU 8930 over ul MTU 1500 (its dev): -7430 bytes of headroom, inner frames above 1430 are dropped");
-    assert_eq!(v6.expected, "ul MTU >= 9000 (vx6 MTU 8930 + 70 for VXLAN over IPv6)");
+    assert_eq!(
+        v6.expected,
+        "ul MTU >= 9000 (vx6 MTU 8930 + 70 for VXLAN over IPv6)"
+    );
     // Auditing the underlay alone finds the VXLAN devices that run over it.
     let (f, _) = findings_in(&ns, &["--iface", "ul", "--mtu", "1500"]);
     assert_eq!(errors(&f, "vxlan_overhead").len(), 2, "{f:?}");
@@ -195,26 +276,93 @@ fn vxlan_without_dev_is_checked_against_the_route_to_its_remote() {
     let ns = new_ns();
     underlay(&ns, "1500");
     // No `dev`: the kernel starts it at 1500 and takes 9000 unchecked.
-    ns.ip_ok(&["link", "add", "vx4", "type", "vxlan", "id", "5001", "dstport", "4789", "remote", "198.18.0.2"]);
-    ns.ip_ok(&["link", "add", "vx6", "type", "vxlan", "id", "5002", "dstport", "4789", "remote", "2001:db8::2"]);
+    ns.ip_ok(&[
+        "link",
+        "add",
+        "vx4",
+        "type",
+        "vxlan",
+        "id",
+        "5001",
+        "dstport",
+        "4789",
+        "remote",
+        "198.18.0.2",
+    ]);
+    ns.ip_ok(&[
+        "link",
+        "add",
+        "vx6",
+        "type",
+        "vxlan",
+        "id",
+        "5002",
+        "dstport",
+        "4789",
+        "remote",
+        "2001:db8::2",
+    ]);
     ns.ip_ok(&["link", "set", "vx4", "mtu", "9000"]);
     ns.ip_ok(&["link", "set", "vx6", "mtu", "1450"]);
     let (f, code) = findings_in(&ns, &["--iface", "vx4", "--iface", "vx6", "--mtu", "1400"]);
     assert_eq!(code, 1, "{f:?}");
     let v = errors(&f, "vxlan_overhead");
     assert_eq!(v.len(), 2, "{f:?}");
-    let v4 = v.iter().find(|f| f.interface.as_deref() == Some("vx4")).unwrap();
+    let v4 = v
+        .iter()
+        .find(|f| f.interface.as_deref() == Some("vx4"))
+        .unwrap();
     assert_eq!(v4.found, "vx4 MTU 9000 over ul MTU 1500 (the route to its remote): -7500 bytes of headroom, inner frames above 1450 are dropped");
-    let v6 = v.iter().find(|f| f.interface.as_deref() == Some("vx6")).unwrap();
+    let v6 = v
+        .iter()
+        .find(|f| f.interface.as_deref() == Some("vx6"))
+        .unwrap();
     assert_eq!(v6.found, "vx6 MTU 1450 over ul MTU 1500 (the route to its remote): 50 bytes of headroom, inner frames above 1430 are dropped");
-    assert_eq!(v6.expected, "ul MTU >= 1520 (vx6 MTU 1450 + 70 for VXLAN over IPv6)");
+    assert_eq!(
+        v6.expected,
+        "ul MTU >= 1520 (vx6 MTU 1450 + 70 for VXLAN over IPv6)"
+    );
 
     // --fix raises the underlay only when it is audited too.
-    let out = check_in(&ns, &["check", "--iface", "vx4", "--mtu", "1400", "--fix", "--sysfs-root", "/nonexistent-sysfs"]);
+    let out = check_in(
+        &ns,
+        &[
+            "check",
+            "--iface",
+            "vx4",
+            "--mtu",
+            "1400",
+            "--fix",
+            "--sysfs-root",
+            "/nonexistent-sysfs",
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stdout).contains("NOT changed: vxlan_overhead vx4: MTU of underlay ul not changed: ul is not audited"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains(
+            "NOT changed: vxlan_overhead vx4: MTU of underlay ul not changed: ul is not audited"
+        ),
+        "{}",
+        text(&out.stdout)
+    );
     assert_eq!(mtu_of(&ns, "ul"), 1500);
-    let out = check_in(&ns, &["check", "--iface", "vx4", "--iface", "vx6", "--iface", "ul", "--mtu", "1400", "--fix", "--sysfs-root", "/nonexistent-sysfs"]);
+    let out = check_in(
+        &ns,
+        &[
+            "check",
+            "--iface",
+            "vx4",
+            "--iface",
+            "vx6",
+            "--iface",
+            "ul",
+            "--mtu",
+            "1400",
+            "--fix",
+            "--sysfs-root",
+            "/nonexistent-sysfs",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert_eq!(mtu_of(&ns, "ul"), 9050);
 }
@@ -225,7 +373,10 @@ fn a_missing_interface_exits_2_naming_it() {
     let ns = new_ns();
     let out = check_in(&ns, &["check", "--iface", "nosuch0"]);
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(text(&out.stderr).trim(), "roce-agent: error: no such interface: nosuch0");
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "roce-agent: error: no such interface: nosuch0"
+    );
     assert!(out.stdout.is_empty());
 }
 
@@ -235,5 +386,9 @@ fn a_namespace_with_only_loopback_has_nothing_to_audit() {
     let ns = new_ns();
     let out = check_in(&ns, &["check"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("no interface to audit"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no interface to audit"),
+        "{}",
+        text(&out.stderr)
+    );
 }

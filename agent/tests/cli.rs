@@ -512,3 +512,121 @@ fn attach_failure_on_a_later_interface_detaches_the_earlier_ones() {
     );
     assert_eq!(first.terminate().code(), Some(0), "{}", first.log());
 }
+
+/// The MTU of `dev` in `ns` as `ip link` reports it.
+fn mtu_of(ns: &Netns, dev: &str) -> u32 {
+    let out = ns.ip_ok(&["-o", "link", "show", "dev", dev]);
+    let mut words = out.split_whitespace();
+    words
+        .by_ref()
+        .find(|w| *w == "mtu")
+        .and_then(|_| words.next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("no MTU in {out}"))
+}
+
+/// `GET /findings` of the agent at `api` in `ns`.
+fn findings(ns: &Netns, api: &str) -> Vec<roce_agent::audit::Finding> {
+    let api = api.to_string();
+    let body = ns
+        .enter(move || roce_agent::api::get_body(&api, "/findings", Duration::from_secs(5)))
+        .expect("enter the namespace")
+        .expect("GET /findings");
+    let doc: roce_agent::api::Findings = serde_json::from_slice(&body).expect("findings JSON");
+    doc.findings
+}
+
+#[test]
+fn enforce_mode_sets_a_drifted_mtu_back_and_audit_mode_reports_it() {
+    require_root!();
+    let pair = Pair::new();
+    pair.a.ip_ok(&["link", "set", "va", "mtu", "9000"]);
+    let api = "127.0.0.1:9475";
+    let interval = 0.3;
+    let mut agent = Agent::start(
+        &pair.a,
+        &[
+            "run",
+            "--iface",
+            "va",
+            "--listen",
+            api,
+            "--interval",
+            "0.3",
+            "--mode",
+            "enforce",
+            "--mtu",
+            "9000",
+        ],
+    );
+    agent.wait_ready(&pair.a, api);
+    assert!(findings(&pair.a, api)
+        .iter()
+        .all(|f| f.severity != roce_agent::audit::Severity::Error));
+
+    // Behind the agent's back.
+    pair.a.ip_ok(&["link", "set", "va", "mtu", "1500"]);
+    let changed = Instant::now();
+    let deadline = changed + Duration::from_secs_f64(interval * 2.0 + 0.5);
+    while mtu_of(&pair.a, "va") != 9000 {
+        assert!(
+            Instant::now() < deadline,
+            "MTU not set back within two intervals:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The log says what it changed.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !agent.log().contains("set back") {
+        assert!(Instant::now() < deadline, "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        agent.log().contains("before=1500 after=9000"),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
+
+    // Audit mode changes nothing and serves the finding instead.
+    let mut agent = Agent::start(
+        &pair.a,
+        &[
+            "run",
+            "--iface",
+            "va",
+            "--listen",
+            api,
+            "--interval",
+            "0.3",
+            "--mtu",
+            "9000",
+        ],
+    );
+    agent.wait_ready(&pair.a, api);
+    pair.a.ip_ok(&["link", "set", "va", "mtu", "1500"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let f = loop {
+        let f = findings(&pair.a, api);
+        if let Some(e) = f
+            .iter()
+            .find(|f| f.check == "mtu" && f.severity == roce_agent::audit::Severity::Error)
+        {
+            break e.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no mtu finding: {f:?}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(f.interface.as_deref(), Some("va"));
+    assert_eq!(f.found, "MTU 1500 (RoCE path MTU 1024)");
+    assert_eq!(f.expected, "MTU >= 9000 (RoCE path MTU 4096)");
+    std::thread::sleep(Duration::from_secs_f64(interval * 2.0));
+    assert_eq!(mtu_of(&pair.a, "va"), 1500, "audit mode changed the MTU");
+    assert!(agent.log().contains("audit finding"), "{}", agent.log());
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
+}

@@ -38,7 +38,10 @@ pub enum LinkError {
     #[error("rtnetlink {what}: undecodable answer: {detail}")]
     Decode { what: &'static str, detail: String },
     #[error("rtnetlink {what}: no answer within {timeout:?}")]
-    Timeout { what: &'static str, timeout: Duration },
+    Timeout {
+        what: &'static str,
+        timeout: Duration,
+    },
 }
 
 impl LinkError {
@@ -148,7 +151,11 @@ impl Rtnl {
     pub fn address_interface(&mut self, addr: IpAddr) -> Result<Option<u32>, LinkError> {
         let mut msg = AddressMessage::default();
         msg.header.family = family(addr);
-        let answers = self.request("address dump", RouteNetlinkMessage::GetAddress(msg), NLM_F_DUMP)?;
+        let answers = self.request(
+            "address dump",
+            RouteNetlinkMessage::GetAddress(msg),
+            NLM_F_DUMP,
+        )?;
         Ok(answers.into_iter().find_map(|m| match m {
             RouteNetlinkMessage::NewAddress(a) => a
                 .attributes
@@ -188,18 +195,32 @@ impl Rtnl {
             receive.clear();
             let n = match self.socket.recv(&mut receive, 0) {
                 Ok(n) => n,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                    return Err(LinkError::Timeout { what, timeout: ANSWER_TIMEOUT })
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(LinkError::Timeout {
+                        what,
+                        timeout: ANSWER_TIMEOUT,
+                    })
                 }
                 Err(error) => return Err(LinkError::Io { what, error }),
             };
             let mut at = 0;
             while at < n {
                 let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&receive[at..n])
-                    .map_err(|e| LinkError::Decode { what, detail: e.to_string() })?;
+                    .map_err(|e| LinkError::Decode {
+                        what,
+                        detail: e.to_string(),
+                    })?;
                 let len = msg.header.length as usize;
                 if len == 0 {
-                    return Err(LinkError::Decode { what, detail: "a message of length 0".into() });
+                    return Err(LinkError::Decode {
+                        what,
+                        detail: "a message of length 0".into(),
+                    });
                 }
                 at += len.next_multiple_of(4);
                 if msg.header.sequence_number != seq {
@@ -209,7 +230,12 @@ impl Rtnl {
                     NetlinkPayload::Done(_) => return Ok(answers),
                     NetlinkPayload::Error(e) => match e.code {
                         None => return Ok(answers), // the ack
-                        Some(_) => return Err(LinkError::Kernel { what, error: e.to_io() }),
+                        Some(_) => {
+                            return Err(LinkError::Kernel {
+                                what,
+                                error: e.to_io(),
+                            })
+                        }
                     },
                     NetlinkPayload::InnerMessage(m) => {
                         answers.push(m);

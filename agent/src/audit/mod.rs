@@ -172,8 +172,16 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
 /// The links asked for (all must exist), or every up non-loopback link.
 fn select(links: &[Link], asked: &[String]) -> Result<Vec<Link>, AuditError> {
     if asked.is_empty() {
-        let up: Vec<Link> = links.iter().filter(|l| l.up && !l.loopback).cloned().collect();
-        return if up.is_empty() { Err(AuditError::NothingToAudit) } else { Ok(up) };
+        let up: Vec<Link> = links
+            .iter()
+            .filter(|l| l.up && !l.loopback)
+            .cloned()
+            .collect();
+        return if up.is_empty() {
+            Err(AuditError::NothingToAudit)
+        } else {
+            Ok(up)
+        };
     }
     let missing: Vec<String> = asked
         .iter()
@@ -198,7 +206,9 @@ fn underlay_of(
     links: &[Link],
     v: &Link,
 ) -> Result<Option<(Link, UnderlaySource)>, LinkError> {
-    let Some(params) = &v.vxlan else { return Ok(None) };
+    let Some(params) = &v.vxlan else {
+        return Ok(None);
+    };
     let by_index = |i: u32| links.iter().find(|l| l.index == i).cloned();
     if let Some(l) = params.underlay.and_then(by_index) {
         return Ok(Some((l, UnderlaySource::Link)));
@@ -260,11 +270,16 @@ pub fn mtu_plan(audit: &Audit, required: u32) -> (Vec<MtuChange>, Vec<FixFailure
     let audited = |name: &str| audit.audited.iter().any(|l| l.name == name);
     let mut target: Vec<MtuChange> = Vec::new();
     let mut failures = Vec::new();
-    let mut raise = |check: &'static str, link: &Link, mtu: u32| {
-        match target.iter_mut().find(|c| c.link.index == link.index) {
-            Some(c) => c.mtu = c.mtu.max(mtu),
-            None => target.push(MtuChange { check, link: link.clone(), mtu }),
-        }
+    let mut raise = |check: &'static str, link: &Link, mtu: u32| match target
+        .iter_mut()
+        .find(|c| c.link.index == link.index)
+    {
+        Some(c) => c.mtu = c.mtu.max(mtu),
+        None => target.push(MtuChange {
+            check,
+            link: link.clone(),
+            mtu,
+        }),
     };
     for l in audit.audited.iter().filter(|l| l.mtu < required) {
         raise("mtu", l, required);
@@ -276,7 +291,11 @@ pub fn mtu_plan(audit: &Audit, required: u32) -> (Vec<MtuChange>, Vec<FixFailure
             mtu::VXLAN_OVERHEAD_V4
         };
         // The VXLAN MTU it will have once its own `mtu` fix (if any) is made.
-        let vxlan_mtu = if audited(&p.vxlan.name) { p.vxlan.mtu.max(required) } else { p.vxlan.mtu };
+        let vxlan_mtu = if audited(&p.vxlan.name) {
+            p.vxlan.mtu.max(required)
+        } else {
+            p.vxlan.mtu
+        };
         let needed = vxlan_mtu.saturating_add(overhead);
         if p.underlay.mtu >= needed {
             continue;

@@ -193,9 +193,15 @@ mod tests {
     #[test]
     fn vxlan_headroom_is_50_over_ipv4_and_70_over_ipv6() {
         let v4 = vxlan("vx0", 8950, IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)));
-        assert_eq!(audit_vxlan(&v4, &link("eth0", 9000), UnderlaySource::Link), None);
+        assert_eq!(
+            audit_vxlan(&v4, &link("eth0", 9000), UnderlaySource::Link),
+            None
+        );
         let f = audit_vxlan(&v4, &link("eth0", 8999), UnderlaySource::Link).unwrap();
-        assert_eq!(f.expected, "eth0 MTU >= 9000 (vx0 MTU 8950 + 50 for VXLAN over IPv4)");
+        assert_eq!(
+            f.expected,
+            "eth0 MTU >= 9000 (vx0 MTU 8950 + 50 for VXLAN over IPv4)"
+        );
 
         let v6 = vxlan("vx6", 8950, IpAddr::V6(Ipv6Addr::LOCALHOST));
         let f = audit_vxlan(&v6, &link("eth0", 9000), UnderlaySource::Route).unwrap();
@@ -205,9 +211,22 @@ mod tests {
             f.found,
             "vx6 MTU 8950 over eth0 MTU 9000 (the route to its remote): 50 bytes of headroom, inner frames above 8930 are dropped"
         );
-        assert_eq!(f.expected, "eth0 MTU >= 9020 (vx6 MTU 8950 + 70 for VXLAN over IPv6)");
-        assert_eq!(f.fix, "ip link set dev eth0 mtu 9020   # or: ip link set dev vx6 mtu 8930");
-        assert_eq!(audit_vxlan(&vxlan("vx6", 8930, IpAddr::V6(Ipv6Addr::LOCALHOST)), &link("eth0", 9000), UnderlaySource::Route), None);
+        assert_eq!(
+            f.expected,
+            "eth0 MTU >= 9020 (vx6 MTU 8950 + 70 for VXLAN over IPv6)"
+        );
+        assert_eq!(
+            f.fix,
+            "ip link set dev eth0 mtu 9020   # or: ip link set dev vx6 mtu 8930"
+        );
+        assert_eq!(
+            audit_vxlan(
+                &vxlan("vx6", 8930, IpAddr::V6(Ipv6Addr::LOCALHOST)),
+                &link("eth0", 9000),
+                UnderlaySource::Route
+            ),
+            None
+        );
     }
 
     #[test]
