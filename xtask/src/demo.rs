@@ -462,6 +462,7 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
     }
 
     let qos_ok = checks.iter().all(|c| c.ok);
+    let audit = audit_lab(lab, agent_bin)?;
     if !args.json {
         println!("Final flow table of roce-agent on {} ({}):", b.veth, b.ns);
         println!("{}", final_table.trim_end());
@@ -493,8 +494,18 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
         for c in &checks {
             println!("  {:<5} {}", if c.ok { "ok" } else { "DIFF" }, c.detail);
         }
-        if problems.is_empty() && qos_ok {
-            println!("MATCH: roce-agent counted exactly what roce-gen sent, and the sender's markings arrived corrected.");
+        println!();
+        println!("Host audit: {} (exit {}):", audit.command, audit.exit);
+        for line in audit.table.lines() {
+            println!("  {line}");
+        }
+        println!(
+            "  {:<5} {}",
+            if audit.ok { "ok" } else { "DIFF" },
+            audit.explanation
+        );
+        if problems.is_empty() && qos_ok && audit.ok {
+            println!("MATCH: roce-agent counted exactly what roce-gen sent, the sender's markings arrived corrected, and the audit found the one mismatch planted.");
         } else {
             println!("MISMATCH: see the lines marked DIFF and the differences on stderr.");
         }
@@ -547,7 +558,14 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
                         "name": c.name, "ok": c.ok, "detail": c.detail,
                     })).collect::<Vec<_>>(),
                 },
-                "matches": problems.is_empty() && qos_ok,
+                "audit": {
+                    "command": audit.command,
+                    "exit": audit.exit,
+                    "findings": audit.findings,
+                    "planted": audit.explanation,
+                    "ok": audit.ok,
+                },
+                "matches": problems.is_empty() && qos_ok && audit.ok,
                 "differences": problems,
             }),
         );
@@ -684,6 +702,88 @@ fn qos_checks(
             ),
         },
     ]
+}
+
+/// The host audit at the end of the demo and what it was expected to find.
+struct LabAudit {
+    command: String,
+    exit: i32,
+    table: String,
+    findings: Value,
+    explanation: String,
+    ok: bool,
+}
+
+/// `roce-agent check` on the receiver's underlay and VXLAN device, after one planted
+/// mismatch: the underlay lowered by 40 bytes after the VXLAN device was made on it
+/// (the kernel keeps the VXLAN MTU, so inner frames above 1440 would be dropped). The
+/// audit must find exactly that at error level, and nothing else.
+fn audit_lab(lab: &Lab, agent_bin: &Path) -> Result<LabAudit> {
+    let b = &lab.b;
+    let vx = b
+        .vxlan
+        .clone()
+        .ok_or_else(|| anyhow!("lab without VXLAN"))?;
+    lab.exec(&b.ns, "ip", &["link", "set", "dev", &b.veth, "mtu", "1490"])?;
+    // The lab's traffic is small: require an MTU both devices have (RoCE path MTU 1024).
+    let args = [
+        "check",
+        "--iface",
+        b.veth.as_str(),
+        "--iface",
+        vx.as_str(),
+        "--mtu",
+        "1400",
+    ];
+    let command = format!("roce-agent {}", args.join(" "));
+    say(&format!(
+        "host audit in {}: {command} (after lowering {} to MTU 1490)",
+        b.ns, b.veth
+    ));
+    let bin = agent_bin.to_string_lossy();
+    let table = lab.exec_status(&b.ns, &bin, &args)?;
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out = lab.exec_status(&b.ns, &bin, &json_args)?;
+    let doc: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "roce-agent check --json printed no JSON: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let findings = doc.get("findings").cloned().unwrap_or(Value::Null);
+    let errors: Vec<(&str, &str)> = findings
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f.get("severity").and_then(Value::as_str) == Some("error"))
+        .map(|f| {
+            (
+                f.get("check").and_then(Value::as_str).unwrap_or(""),
+                f.get("interface").and_then(Value::as_str).unwrap_or(""),
+            )
+        })
+        .collect();
+    let exit = table.status.code().unwrap_or(-1);
+    let ok = errors == [("vxlan_overhead", vx.as_str())] && exit == 1;
+    let explanation = format!(
+        "planted: {} lowered to 1490 after {vx} (MTU 1450) was made on it; VXLAN over IPv4 needs 50 bytes: {} found at error level{}",
+        b.veth,
+        if errors.is_empty() {
+            "nothing".to_string()
+        } else {
+            errors.iter().map(|(c, i)| format!("{c} on {i}")).collect::<Vec<_>>().join(", ")
+        },
+        if ok { ", exactly that" } else { ", expected vxlan_overhead on the VXLAN device alone" }
+    );
+    Ok(LabAudit {
+        command,
+        exit,
+        table: String::from_utf8_lossy(&table.stdout).into_owned(),
+        findings,
+        explanation,
+        ok,
+    })
 }
 
 /// Splits a command line on whitespace (the arguments here hold no spaces).
