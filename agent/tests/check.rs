@@ -392,3 +392,24 @@ fn a_namespace_with_only_loopback_has_nothing_to_audit() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn without_privilege_the_audit_reads_and_fix_names_the_capability_it_needs() {
+    require_root!();
+    let ns = new_ns();
+    veth(&ns, "1500");
+    // As nobody, with no capability: reading needs none.
+    let out = ns
+        .cmd("setpriv", &["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", BIN, "check", "--iface", "va", "--mtu", "9000", "--fix", "--sysfs-root", "/nonexistent-sysfs"])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run setpriv");
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("NOT changed: mtu va: mtu 1500 -> 9000 not changed: permission denied: changing an MTU needs CAP_NET_ADMIN"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("MTU 1500 (RoCE path MTU 1024)"), "{stdout}");
+    assert_eq!(mtu_of(&ns, "va"), 1500);
+}
