@@ -353,6 +353,12 @@ async fn serve(settings: Settings, sysfs_root: PathBuf) -> anyhow::Result<()> {
     );
     let findings = tokio::task::block_in_place(|| auditor.round());
     let (findings_tx, findings_rx) = watch::channel(Arc::new(api::Findings { findings }));
+    // Its own task: a slow audit (netlink, sysfs, probes) never delays the flow table.
+    let audit_task = tokio::spawn(crate::audit::watch::every(
+        auditor,
+        settings.interval,
+        findings_tx,
+    ));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(async move {
@@ -381,8 +387,6 @@ async fn serve(settings: Settings, sysfs_root: PathBuf) -> anyhow::Result<()> {
                     }
                     Err(e) => tracing::warn!(error = %e, "reading the flow table failed"),
                 }
-                let findings = tokio::task::block_in_place(|| auditor.round());
-                findings_tx.send_replace(Arc::new(api::Findings { findings }));
             }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break; }
@@ -390,6 +394,7 @@ async fn serve(settings: Settings, sysfs_root: PathBuf) -> anyhow::Result<()> {
         }
     }
 
+    audit_task.abort();
     drop(qos);
     collector.loaded_mut().detach_all();
     tracing::info!(interfaces = ?settings.interfaces, "detached");

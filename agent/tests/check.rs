@@ -400,7 +400,24 @@ fn without_privilege_the_audit_reads_and_fix_names_the_capability_it_needs() {
     veth(&ns, "1500");
     // As nobody, with no capability: reading needs none.
     let out = ns
-        .cmd("setpriv", &["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", BIN, "check", "--iface", "va", "--mtu", "9000", "--fix", "--sysfs-root", "/nonexistent-sysfs"])
+        .cmd(
+            "setpriv",
+            &[
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                BIN,
+                "check",
+                "--iface",
+                "va",
+                "--mtu",
+                "9000",
+                "--fix",
+                "--sysfs-root",
+                "/nonexistent-sysfs",
+            ],
+        )
         .env_remove("RUST_LOG")
         .output()
         .expect("run setpriv");

@@ -3,6 +3,12 @@
 //! drifted below it is set back. The log says what changed, not what stayed.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::api::Findings;
 
 use super::{audit, fix_mtu_only, AuditOptions, Finding, Severity};
 
@@ -91,5 +97,34 @@ impl Watcher {
             tracing::info!(check = %check, interface = interface.as_deref().unwrap_or("-"), was = %found, "audit finding cleared");
         }
         self.reported = now;
+    }
+}
+
+/// Audits every `interval` (after the first round, which the caller made) and
+/// publishes the findings, until the task is aborted. Each round runs on a blocking
+/// thread: netlink, sysfs and probes block.
+pub async fn every(watcher: Watcher, interval: Duration, publish: watch::Sender<Arc<Findings>>) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await; // immediate: the first round is done
+    let mut watcher = Some(watcher);
+    loop {
+        ticker.tick().await;
+        let Some(mut w) = watcher.take() else { return };
+        match tokio::task::spawn_blocking(move || {
+            let findings = w.round();
+            (w, findings)
+        })
+        .await
+        {
+            Ok((w, findings)) => {
+                publish.send_replace(Arc::new(Findings { findings }));
+                watcher = Some(w);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the host audit task failed; audits stop");
+                return;
+            }
+        }
     }
 }
