@@ -14,6 +14,8 @@ use serde::Serialize;
 
 pub use crate::finding::{Finding, Severity};
 
+pub mod rnic;
+
 /// One change `--fix` (or `run --mode enforce`) made on the host, printed before/after.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Change {
