@@ -766,47 +766,35 @@ mod tests {
     fn numbers_parse_as_the_kernel_prints_them_and_garbage_says_what_it_is() {
         let f = p("/x/y/z");
         assert_eq!(parse_number(&f, "48", 63, "a DSCP (0-63)"), Ok(48));
-        let msg = |text: &str, max: u8, expected| {
-            parse_number(&f, text, max, expected)
-                .unwrap_err()
-                .to_string()
-        };
-        assert_eq!(
-            msg("abc", 63, "a DSCP (0-63)"),
-            "unreadable: /x/y/z: 'abc' is not a number"
-        );
-        assert_eq!(
-            msg("", 63, "a DSCP (0-63)"),
-            "unreadable: /x/y/z: '' is not a number"
-        );
-        assert_eq!(
-            msg("300", 63, "a DSCP (0-63)"),
-            "unreadable: /x/y/z: 300 is not a DSCP (0-63)"
-        );
-        assert_eq!(
-            msg("99999999999999999999999", 63, "a DSCP (0-63)"),
-            "unreadable: /x/y/z: '99999999999999999999999' is not a number"
-        );
-        assert_eq!(
-            msg("2", 1, "an enable flag (0 or 1)"),
-            "unreadable: /x/y/z: 2 is not an enable flag (0 or 1)"
-        );
-        assert_eq!(
-            msg("-1", 1, "an enable flag (0 or 1)"),
-            "unreadable: /x/y/z: '-1' is not a number"
-        );
-        assert_eq!(
-            msg("a\u{0}b\tc", 1, "x"),
-            "unreadable: /x/y/z: 'a\\0b\\tc' is not a number"
-        );
         let long = "z".repeat(100);
-        assert_eq!(
-            msg(&long, 1, "x"),
-            format!(
-                "unreadable: /x/y/z: '{}...' is not a number",
-                "z".repeat(32)
-            )
-        );
+        let long_quoted = format!("'{}...' is not a number", "z".repeat(32));
+        let cases: [(&str, u8, &str, &str); 8] = [
+            ("abc", 63, "a DSCP (0-63)", "'abc' is not a number"),
+            ("", 63, "a DSCP (0-63)", "'' is not a number"),
+            ("300", 63, "a DSCP (0-63)", "300 is not a DSCP (0-63)"),
+            (
+                "99999999999999999999999",
+                63,
+                "a DSCP (0-63)",
+                "'99999999999999999999999' is not a number",
+            ),
+            (
+                "2",
+                1,
+                "an enable flag (0 or 1)",
+                "2 is not an enable flag (0 or 1)",
+            ),
+            ("-1", 1, "an enable flag (0 or 1)", "'-1' is not a number"),
+            ("a\u{0}b\tc", 1, "x", "'a\\0b\\tc' is not a number"),
+            (&long, 1, "x", &long_quoted),
+        ];
+        for (text, max, expected, problem) in cases {
+            assert_eq!(
+                parse_number(&f, text, max, expected).map_err(|e| e.to_string()),
+                Err(format!("unreadable: /x/y/z: {problem}")),
+                "{text:?}"
+            );
+        }
     }
 
     #[test]
