@@ -639,7 +639,7 @@ impl Settings {
     }
 }
 
-fn check_ifname(name: &str) -> Result<(), String> {
+pub(crate) fn check_ifname(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("an interface name is empty".to_string());
     }

@@ -26,6 +26,8 @@ pub use crate::finding::{Finding, Severity};
 use link::{Link, LinkError, Rtnl};
 use mtu::UnderlaySource;
 
+pub mod rnic;
+
 /// One change `--fix` (or `run --mode enforce`) made on the host, printed before/after.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Change {
