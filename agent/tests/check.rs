@@ -430,3 +430,87 @@ fn without_privilege_the_audit_reads_and_fix_names_the_capability_it_needs() {
     assert!(stdout.contains("MTU 1500 (RoCE path MTU 1024)"), "{stdout}");
     assert_eq!(mtu_of(&ns, "va"), 1500);
 }
+
+/// A fixture tree laid out as an mlx5 host's /sys (tests/fixtures/sysfs).
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/../tests/fixtures/sysfs/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn rnic_knobs_from_a_sysfs_fixture_one_finding_each_with_its_fix() {
+    require_root!();
+    let ns = new_ns();
+    // The fixture's RoCE netdev is eth1: a veth of that name stands for it.
+    ns.ip_ok(&[
+        "link", "add", "eth1", "type", "veth", "peer", "name", "eth0",
+    ]);
+    ns.ip_ok(&["link", "set", "eth1", "up"]);
+    let bad = fixture("mlx5-bad");
+    let out = check_in(
+        &ns,
+        &[
+            "check",
+            "--json",
+            "--iface",
+            "eth1",
+            "--mtu",
+            "1500",
+            "--sysfs-root",
+            &bad,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let doc: CheckJson = serde_json::from_slice(&out.stdout).expect("JSON");
+    let got: Vec<(&str, &str, &str, &str)> = doc
+        .findings
+        .iter()
+        .filter(|f| f.severity == roce_agent::audit::Severity::Error)
+        .map(|f| {
+            (
+                f.check.as_str(),
+                f.found.as_str(),
+                f.expected.as_str(),
+                f.fix.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("cnp_dscp", "CNP DSCP 46", "48", "echo 48 > /sys/class/net/eth1/ecn/roce_np/cnp_dscp"),
+            ("ecn_np", "ECN notification point off on priority 3", "on for priority 3", "echo 1 > /sys/class/net/eth1/ecn/roce_np/enable/3"),
+            (
+                "roce_tos",
+                "default_roce_tos 0 (DSCP 0, Not-ECT): rdma_cm's default, /sys/kernel/config/rdma_cm/mlx5_0 does not exist",
+                "106 (DSCP 26, ECT(0))",
+                "mkdir -p /sys/kernel/config/rdma_cm/mlx5_0 && echo 106 > /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos"
+            ),
+        ]
+    );
+    let (f, code) = {
+        let out = check_in(
+            &ns,
+            &[
+                "check",
+                "--json",
+                "--iface",
+                "eth1",
+                "--mtu",
+                "1500",
+                "--sysfs-root",
+                &fixture("mlx5-good"),
+            ],
+        );
+        let doc: CheckJson = serde_json::from_slice(&out.stdout).expect("JSON");
+        (doc.findings, out.status.code())
+    };
+    assert_eq!(code, Some(0), "{f:?}");
+    assert!(
+        f.iter()
+            .all(|f| f.severity == roce_agent::audit::Severity::Info),
+        "{f:?}"
+    );
+}

@@ -12,6 +12,7 @@
 
 pub mod link;
 pub mod mtu;
+pub mod rnic;
 pub mod watch;
 
 use std::collections::BTreeSet;
@@ -25,8 +26,6 @@ use serde::Serialize;
 pub use crate::finding::{Finding, Severity};
 use link::{Link, LinkError, Rtnl};
 use mtu::UnderlaySource;
-
-pub mod rnic;
 
 /// One change `--fix` (or `run --mode enforce`) made on the host, printed before/after.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -166,6 +165,9 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
             Err(e) => return Err(e.into()),
         }
     }
+    let audited_names: Vec<String> = audited.iter().map(|l| l.name.clone()).collect();
+    out.findings
+        .extend(rnic::audit(&opts.sysfs_root, &audited_names, &opts.policy));
     out.audited = audited;
     sort(&mut out.findings);
     Ok(out)
@@ -242,7 +244,7 @@ pub fn sort(findings: &mut [Finding]) {
 
 /// A change `--fix` could not make.
 #[derive(Debug, thiserror::Error)]
-#[error("{check} {interface}: {what} not changed: {reason}")]
+#[error("{check}{}{interface}: {what} not changed: {reason}", if interface.is_empty() { "" } else { " " })]
 pub struct FixFailure {
     pub check: String,
     pub interface: String,
@@ -321,10 +323,23 @@ pub fn mtu_plan(audit: &Audit, required: u32) -> (Vec<MtuChange>, Vec<FixFailure
     (target, failures)
 }
 
-/// Makes the changes the audit calls for on the audited interfaces: MTUs.
+/// Makes the changes the audit calls for on the audited interfaces: MTUs, RNIC knobs.
 pub fn fix(opts: &AuditOptions, audit: &Audit) -> Result<Fixed, AuditError> {
     let mut fixed = Fixed::default();
     fix_mtu(audit, opts.required_mtu, &mut fixed)?;
+    let names: Vec<String> = audit.audited.iter().map(|l| l.name.clone()).collect();
+    for r in rnic::fix(&opts.sysfs_root, &names, &opts.policy) {
+        match r {
+            Ok(c) => fixed.changes.push(c),
+            // The error names the knob's file.
+            Err(e) => fixed.failures.push(FixFailure {
+                check: "rnic".into(),
+                interface: String::new(),
+                what: "sysfs knob".into(),
+                reason: e.to_string(),
+            }),
+        }
+    }
     Ok(fixed)
 }
 
