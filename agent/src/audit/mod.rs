@@ -10,6 +10,8 @@
 //! Reading is separate from judging: each module has a reader (netlink, sockets, files)
 //! and pure functions from what was read and the policy to findings, tested on their own.
 
+pub mod dcb;
+
 use serde::Serialize;
 
 pub use crate::finding::{Finding, Severity};
