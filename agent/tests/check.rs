@@ -172,6 +172,15 @@ fn without_iface_every_up_interface_but_loopback_is_audited() {
         .collect();
     names.sort();
     assert_eq!(names, ["va", "vb"]);
+    // veth has no DCB: the kernel answers EOPNOTSUPP, which is information, not an error.
+    for dev in ["va", "vb"] {
+        let d: Vec<_> = f
+            .iter()
+            .filter(|f| f.check == "dcb_unsupported" && f.interface.as_deref() == Some(dev))
+            .collect();
+        assert_eq!(d.len(), 1, "{f:?}");
+        assert_eq!(d[0].severity, roce_agent::audit::Severity::Info);
+    }
 }
 
 /// An underlay `ul` (198.18.0.1/24, 2001:db8::1/64) at `underlay_mtu` in `ns`.

@@ -10,6 +10,7 @@
 //! Reading is separate from judging: each module has a reader (netlink, sockets, files)
 //! and pure functions from what was read and the policy to findings, tested on their own.
 
+pub mod dcb;
 pub mod link;
 pub mod mtu;
 pub mod rnic;
@@ -164,6 +165,10 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
             Ok(None) => {}
             Err(e) => return Err(e.into()),
         }
+    }
+    for l in &audited {
+        out.findings
+            .extend(dcb::audit(&l.name, &dcb::query(&l.name), &opts.policy));
     }
     let audited_names: Vec<String> = audited.iter().map(|l| l.name.clone()).collect();
     out.findings
@@ -323,10 +328,25 @@ pub fn mtu_plan(audit: &Audit, required: u32) -> (Vec<MtuChange>, Vec<FixFailure
     (target, failures)
 }
 
-/// Makes the changes the audit calls for on the audited interfaces: MTUs, RNIC knobs.
+/// Makes the changes the audit calls for on the audited interfaces: MTUs, DCB app
+/// entries and PFC (devices with DCB), RNIC knobs.
 pub fn fix(opts: &AuditOptions, audit: &Audit) -> Result<Fixed, AuditError> {
     let mut fixed = Fixed::default();
     fix_mtu(audit, opts.required_mtu, &mut fixed)?;
+    // DCB only where the device has it (a GET that answers).
+    for l in &audit.audited {
+        if let Ok(state) = dcb::query(&l.name) {
+            match dcb::fix(&l.name, &state, &opts.policy) {
+                Ok(changes) => fixed.changes.extend(changes),
+                Err(e) => fixed.failures.push(FixFailure {
+                    check: "dcb_app".into(),
+                    interface: l.name.clone(),
+                    what: "DCB app table / PFC".into(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+    }
     let names: Vec<String> = audit.audited.iter().map(|l| l.name.clone()).collect();
     for r in rnic::fix(&opts.sysfs_root, &names, &opts.policy) {
         match r {
