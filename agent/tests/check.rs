@@ -48,7 +48,7 @@ struct CheckJson {
 
 /// `check --json ARGS` in `ns`: its findings and exit code.
 fn findings_in(ns: &Netns, args: &[&str]) -> (Vec<Finding>, i32) {
-    let mut all = vec!["check", "--json", "--sysfs-root", "/nonexistent-sysfs"];
+    let mut all = vec!["check", "--json"];
     all.extend_from_slice(args);
     let out = check_in(ns, &all);
     let doc: CheckJson = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -107,19 +107,7 @@ fn veth_below_the_required_mtu_is_an_error_and_fix_sets_it() {
     // Without --fix nothing on the host changed.
     assert_eq!(mtu_of(&ns, "va"), 1500);
 
-    let out = check_in(
-        &ns,
-        &[
-            "check",
-            "--iface",
-            "va",
-            "--mtu",
-            "9000",
-            "--fix",
-            "--sysfs-root",
-            "/nonexistent-sysfs",
-        ],
-    );
+    let out = check_in(&ns, &["check", "--iface", "va", "--mtu", "9000", "--fix"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(
@@ -333,19 +321,7 @@ fn vxlan_without_dev_is_checked_against_the_route_to_its_remote() {
     );
 
     // --fix raises the underlay only when it is audited too.
-    let out = check_in(
-        &ns,
-        &[
-            "check",
-            "--iface",
-            "vx4",
-            "--mtu",
-            "1400",
-            "--fix",
-            "--sysfs-root",
-            "/nonexistent-sysfs",
-        ],
-    );
+    let out = check_in(&ns, &["check", "--iface", "vx4", "--mtu", "1400", "--fix"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stdout).contains(
@@ -358,18 +334,7 @@ fn vxlan_without_dev_is_checked_against_the_route_to_its_remote() {
     let out = check_in(
         &ns,
         &[
-            "check",
-            "--iface",
-            "vx4",
-            "--iface",
-            "vx6",
-            "--iface",
-            "ul",
-            "--mtu",
-            "1400",
-            "--fix",
-            "--sysfs-root",
-            "/nonexistent-sysfs",
+            "check", "--iface", "vx4", "--iface", "vx6", "--iface", "ul", "--mtu", "1400", "--fix",
         ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
@@ -423,8 +388,6 @@ fn without_privilege_the_audit_reads_and_fix_names_the_capability_it_needs() {
                 "--mtu",
                 "9000",
                 "--fix",
-                "--sysfs-root",
-                "/nonexistent-sysfs",
             ],
         )
         .env_remove("RUST_LOG")
@@ -521,5 +484,152 @@ fn rnic_knobs_from_a_sysfs_fixture_one_finding_each_with_its_fix() {
         f.iter()
             .all(|f| f.severity == roce_agent::audit::Severity::Info),
         "{f:?}"
+    );
+}
+
+/// A file in the temporary directory, removed on drop.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, contents: &str) -> TempFile {
+        let p = std::env::temp_dir().join(format!("roce-check-{}-{name}", std::process::id()));
+        std::fs::write(&p, contents).expect("write temp file");
+        TempFile(p)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().expect("UTF-8 path")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn bad_input_exits_2_with_a_message_naming_it() {
+    require_root!();
+    let ns = new_ns();
+    veth(&ns, "1500");
+    let wrong_type = TempFile::new("type.toml", "interfaces = [\"va\"]\nmtu = \"big\"\n");
+    let bad_peer = TempFile::new(
+        "peer.toml",
+        "peers = [\"198.18.0.2\", \"not-an-address\"]\n",
+    );
+    let bad_mtu = TempFile::new("mtu.toml", "mtu = 40\n");
+    let bad_pmtu = TempFile::new("pmtu.toml", "default_pmtu = 4000\n");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--iface", "nosuch0"], "no such interface: nosuch0"),
+        (
+            vec!["--iface", "va", "--iface", "nosuch1", "--iface", "nosuch2"],
+            "no such interface: nosuch1, nosuch2",
+        ),
+        (vec!["--mtu", "0"], "--mtu: 0 is out of range (68 to 65535)"),
+        (
+            vec!["--mtu", "70000"],
+            "--mtu: 70000 is out of range (68 to 65535)",
+        ),
+        (vec!["--mtu", "x"], "invalid value 'x' for '--mtu <BYTES>'"),
+        (
+            vec!["--peer", "not-an-address"],
+            "invalid value 'not-an-address' for '--peer <ADDR>'",
+        ),
+        (
+            vec!["--probe-timeout", "0"],
+            "--probe-timeout: 0 is out of range (0.01 to 60 seconds)",
+        ),
+        (
+            vec!["--sysfs-root", "/nonexistent-sysfs"],
+            "--sysfs-root /nonexistent-sysfs: not a directory",
+        ),
+        (
+            vec!["--config", "/nonexistent/host.toml"],
+            "/nonexistent/host.toml",
+        ),
+        (
+            vec!["--config", wrong_type.path()],
+            ":2:7: invalid type: string \"big\", expected u32",
+        ),
+        (
+            vec!["--config", bad_peer.path()],
+            "peers: \"not-an-address\" is not an IPv4 or IPv6 address",
+        ),
+        (
+            vec!["--config", bad_mtu.path()],
+            ":1:7: mtu: 40 is out of range (68 to 65535)",
+        ),
+        (
+            vec!["--config", bad_pmtu.path()],
+            "4000 is not an InfiniBand MTU",
+        ),
+    ];
+    for (args, message) in cases {
+        let mut all = vec!["check"];
+        all.extend_from_slice(&args);
+        let out = check_in(&ns, &all);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{args:?}: expected {message:?} in {stderr:?}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: printed {}",
+            text(&out.stdout)
+        );
+    }
+    // Nothing was changed by any of them.
+    assert_eq!(mtu_of(&ns, "va"), 1500);
+}
+
+#[test]
+fn a_sysfs_knob_with_garbage_is_a_finding_naming_the_file() {
+    require_root!();
+    let ns = new_ns();
+    ns.ip_ok(&[
+        "link", "add", "eth1", "type", "veth", "peer", "name", "eth0",
+    ]);
+    ns.ip_ok(&["link", "set", "eth1", "up"]);
+    // A minimal tree: the ECN knobs of eth1, the CNP DSCP garbage.
+    let root = std::env::temp_dir().join(format!("roce-check-sysfs-{}", std::process::id()));
+    struct RemoveDir(std::path::PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _guard = RemoveDir(root.clone());
+    let ecn = root.join("class/net/eth1/ecn");
+    for side in ["roce_np", "roce_rp"] {
+        std::fs::create_dir_all(ecn.join(side).join("enable")).unwrap();
+        for p in 0..8 {
+            std::fs::write(ecn.join(side).join("enable").join(p.to_string()), "1\n").unwrap();
+        }
+    }
+    std::fs::write(ecn.join("roce_np/cnp_dscp"), "forty-eight\n").unwrap();
+    let root_text = root.to_str().unwrap();
+    let out = check_in(
+        &ns,
+        &[
+            "check",
+            "--json",
+            "--iface",
+            "eth1",
+            "--mtu",
+            "1500",
+            "--sysfs-root",
+            root_text,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let doc: CheckJson = serde_json::from_slice(&out.stdout).expect("JSON");
+    let e = errors(&doc.findings, "cnp_dscp");
+    assert_eq!(e.len(), 1, "{:?}", doc.findings);
+    assert_eq!(
+        e[0].found,
+        format!("unreadable: {root_text}/class/net/eth1/ecn/roce_np/cnp_dscp: 'forty-eight' is not a number")
     );
 }

@@ -95,6 +95,8 @@ pub enum AuditError {
     NothingToAudit,
     #[error(transparent)]
     Netlink(#[from] LinkError),
+    #[error("--sysfs-root {}: not a directory", .0.display())]
+    NoSysfsRoot(PathBuf),
 }
 
 /// A VXLAN device and the underlay it sends through.
@@ -124,6 +126,10 @@ impl Audit {
 
 /// Reads this host's state and judges it (changes nothing).
 pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
+    // A mistyped root would otherwise read as a host without RNICs.
+    if !opts.sysfs_root.is_dir() {
+        return Err(AuditError::NoSysfsRoot(opts.sysfs_root.clone()));
+    }
     let mut rtnl = Rtnl::open()?;
     let links = rtnl.links()?;
     let audited = select(&links, &opts.interfaces)?;
