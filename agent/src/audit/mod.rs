@@ -12,6 +12,8 @@
 
 use serde::Serialize;
 
+pub mod path;
+
 pub use crate::finding::{Finding, Severity};
 
 /// One change `--fix` (or `run --mode enforce`) made on the host, printed before/after.
