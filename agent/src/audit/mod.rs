@@ -24,6 +24,8 @@ use std::time::Duration;
 use roce_common::policy::Policy;
 use serde::Serialize;
 
+pub mod path;
+
 pub use crate::finding::{Finding, Severity};
 use link::{Link, LinkError, Rtnl};
 use mtu::UnderlaySource;
