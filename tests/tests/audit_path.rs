@@ -366,3 +366,66 @@ fn silence_unreachable_and_filtered_peers_are_told_apart() {
         assert_eq!(f.severity, Severity::Warning);
     }
 }
+
+/// `roce-agent check --json ARGS` run inside A: the mtu_path findings and the exit code.
+fn check_from_a(path: &Path, args: &[&str]) -> (Vec<roce_agent::audit::Finding>, Option<i32>) {
+    let bin = roce_testkit::lab::bins::agent_bins_for_test()
+        .unwrap_or_else(|e| panic!("building roce-agent: {e:#}"))
+        .join("roce-agent");
+    let mut all = vec!["check", "--json"];
+    all.extend_from_slice(args);
+    let out = path
+        .a
+        .command(&bin)
+        .args(&all)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run roce-agent check");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {} {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let findings: Vec<roce_agent::audit::Finding> = serde_json::from_value(doc["findings"].clone())
+        .expect("findings as check --json prints them");
+    let path_findings = findings
+        .into_iter()
+        .filter(|f| f.check == "mtu_path")
+        .collect();
+    (path_findings, out.status.code())
+}
+
+#[test]
+fn check_with_peers_reports_the_narrow_router_and_nothing_when_jumbo_all_the_way() {
+    require_root();
+    let path = Path::new(1500);
+    let args = [
+        "--iface",
+        "a0",
+        "--mtu",
+        "9000",
+        "--peer",
+        "198.18.3.2",
+        "--peer",
+        "2001:db8:3::2",
+    ];
+    let (f, code) = check_from_a(&path, &args);
+    assert_eq!(code, Some(1), "{f:?}");
+    assert_eq!(f.len(), 2, "{f:?}");
+    for (finding, hop) in f.iter().zip(["198.18.1.254", "2001:db8:1::fe"]) {
+        assert_eq!(finding.severity, Severity::Error);
+        assert_eq!(finding.interface.as_deref(), Some("a0"));
+        assert!(
+            finding.found.starts_with("path MTU 1500 towards"),
+            "{finding:?}"
+        );
+        assert!(finding.found.contains(hop), "{finding:?}");
+        assert_eq!(finding.expected, "path MTU >= 9000");
+    }
+    path.set_middle_mtu(9000);
+    let (f, code) = check_from_a(&path, &args);
+    assert_eq!(code, Some(0), "{f:?}");
+    assert!(f.is_empty(), "{f:?}");
+}

@@ -13,6 +13,7 @@
 pub mod dcb;
 pub mod link;
 pub mod mtu;
+pub mod path;
 pub mod rnic;
 pub mod watch;
 
@@ -23,8 +24,6 @@ use std::time::Duration;
 
 use roce_common::policy::Policy;
 use serde::Serialize;
-
-pub mod path;
 
 pub use crate::finding::{Finding, Severity};
 use link::{Link, LinkError, Rtnl};
@@ -177,6 +176,22 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
     for l in &audited {
         out.findings
             .extend(dcb::audit(&l.name, &dcb::query(&l.name), &opts.policy));
+    }
+    // The path beyond this host: DF probes of the required size.
+    for &peer in &opts.peers {
+        let via = rtnl
+            .route_interface(peer)
+            .ok()
+            .flatten()
+            .and_then(|i| links.iter().find(|l| l.index == i))
+            .map(|l| l.name.clone());
+        let result = path::probe(peer, opts.required_mtu, opts.probe_timeout);
+        out.findings.extend(path::audit(
+            peer,
+            opts.required_mtu,
+            via.as_deref(),
+            &result,
+        ));
     }
     let audited_names: Vec<String> = audited.iter().map(|l| l.name.clone()).collect();
     out.findings
