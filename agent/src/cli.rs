@@ -26,7 +26,7 @@ pub const EXIT_USAGE: u8 = 2;
 
 /// How long `flows` waits for the agent.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long the running agent's path probes wait (it probes no peer today).
+/// How long each of the running agent's path probes waits.
 const AUDIT_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a shutdown waits for open API connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -179,6 +179,9 @@ pub struct RunArgs {
     /// The directory that stands for /sys in the host audit (fixture trees)
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     pub sysfs_root: PathBuf,
+    /// Probe the path MTU (mtu_path) towards the remote end of every flow counted, each peer at most once a minute (the config's `peers` are always probed)
+    #[arg(long)]
+    pub probe_flow_peers: bool,
 }
 
 #[derive(Debug, Args)]
@@ -281,10 +284,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(serve(settings, args.sysfs_root))
+    rt.block_on(serve(settings, args.sysfs_root, args.probe_flow_peers))
 }
 
-async fn serve(settings: Settings, sysfs_root: PathBuf) -> anyhow::Result<()> {
+async fn serve(
+    settings: Settings,
+    sysfs_root: PathBuf,
+    probe_flow_peers: bool,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
@@ -347,16 +354,22 @@ async fn serve(settings: Settings, sysfs_root: PathBuf) -> anyhow::Result<()> {
     // The host audit: at start and every interval; MTUs set back in enforce mode when
     // an MTU was asked for.
     let enforce_mtu = settings.mode == crate::config::HostMode::Enforce && settings.mtu.is_some();
+    let peers = crate::audit::watch::PeerPolicy {
+        configured: settings.peers.clone(),
+        from_flows: probe_flow_peers,
+    };
     let mut auditor = crate::audit::watch::Watcher::new(
         crate::check::audit_options(&settings, &sysfs_root, AUDIT_PROBE_TIMEOUT),
+        peers,
         enforce_mtu,
     );
-    let findings = tokio::task::block_in_place(|| auditor.round());
+    let findings = tokio::task::block_in_place(|| auditor.round(None));
     let (findings_tx, findings_rx) = watch::channel(Arc::new(api::Findings { findings }));
     // Its own task: a slow audit (netlink, sysfs, probes) never delays the flow table.
     let audit_task = tokio::spawn(crate::audit::watch::every(
         auditor,
         settings.interval,
+        rx.clone(),
         findings_tx,
     ));
 

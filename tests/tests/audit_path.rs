@@ -96,7 +96,7 @@ struct Path {
     a: Netns,
     r1: Netns,
     r2: Netns,
-    _b: Netns,
+    b: Netns,
 }
 
 impl Path {
@@ -173,7 +173,7 @@ impl Path {
             "via",
             "2001:db8:3::fe",
         ]);
-        Path { a, r1, r2, _b: b }
+        Path { a, r1, r2, b }
     }
 
     /// `probe(peer, size)` run inside A.
@@ -428,4 +428,87 @@ fn check_with_peers_reports_the_narrow_router_and_nothing_when_jumbo_all_the_way
     let (f, code) = check_from_a(&path, &args);
     assert_eq!(code, Some(0), "{f:?}");
     assert!(f.is_empty(), "{f:?}");
+}
+
+/// Kills the agent if a test left it running.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn run_probes_the_remote_ends_of_its_flows_when_asked() {
+    require_root();
+    let path = Path::new(1500);
+    let bin = roce_testkit::lab::bins::agent_bins_for_test()
+        .unwrap_or_else(|e| panic!("building roce-agent: {e:#}"))
+        .join("roce-agent");
+    let api = "127.0.0.1:9476";
+    let _agent = Running(
+        path.a
+            .command(&bin)
+            .args([
+                "run",
+                "--iface",
+                "a0",
+                "--listen",
+                api,
+                "--interval",
+                "0.2",
+                "--mtu",
+                "9000",
+                "--probe-flow-peers",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start roce-agent run"),
+    );
+    let get_findings = || -> Option<Vec<roce_agent::audit::Finding>> {
+        let body = path
+            .a
+            .enter(|| roce_agent::api::get_body(api, "/findings", Duration::from_secs(2)))
+            .ok()?
+            .ok()?;
+        let doc: roce_agent::api::Findings = serde_json::from_slice(&body).ok()?;
+        Some(doc.findings)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get_findings().is_none() {
+        assert!(Instant::now() < deadline, "the agent does not answer");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A RoCE packet from B makes a flow whose remote end is B.
+    path.b
+        .enter(|| {
+            let sock = std::net::UdpSocket::bind("198.18.3.2:0").expect("bind in B");
+            let mut bth = [0u8; 16];
+            bth[0] = 0x04; // RC SEND_ONLY
+            bth[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
+            bth[7] = 0x11; // destination QP 0x11
+            for _ in 0..3 {
+                sock.send_to(&bth, "198.18.1.1:4791").expect("send");
+            }
+        })
+        .expect("enter B");
+    let found = loop {
+        let f = get_findings().unwrap_or_default();
+        if let Some(p) = f.into_iter().find(|f| f.check == "mtu_path") {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no mtu_path finding for the flow's peer"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(found.severity, Severity::Error);
+    assert!(
+        found.found.starts_with("path MTU 1500 towards 198.18.3.2"),
+        "{found:?}"
+    );
 }

@@ -179,19 +179,8 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
     }
     // The path beyond this host: DF probes of the required size.
     for &peer in &opts.peers {
-        let via = rtnl
-            .route_interface(peer)
-            .ok()
-            .flatten()
-            .and_then(|i| links.iter().find(|l| l.index == i))
-            .map(|l| l.name.clone());
-        let result = path::probe(peer, opts.required_mtu, opts.probe_timeout);
-        out.findings.extend(path::audit(
-            peer,
-            opts.required_mtu,
-            via.as_deref(),
-            &result,
-        ));
+        out.findings
+            .extend(probe_peer(&mut rtnl, &links, peer, opts));
     }
     let audited_names: Vec<String> = audited.iter().map(|l| l.name.clone()).collect();
     out.findings
@@ -199,6 +188,24 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
     out.audited = audited;
     sort(&mut out.findings);
     Ok(out)
+}
+
+/// The `mtu_path` finding for `peer` (None: the path carries the required MTU). Blocks
+/// for up to `opts.probe_timeout`.
+pub fn probe_peer(
+    rtnl: &mut Rtnl,
+    links: &[Link],
+    peer: IpAddr,
+    opts: &AuditOptions,
+) -> Option<Finding> {
+    let via = rtnl
+        .route_interface(peer)
+        .ok()
+        .flatten()
+        .and_then(|i| links.iter().find(|l| l.index == i))
+        .map(|l| l.name.clone());
+    let result = path::probe(peer, opts.required_mtu, opts.probe_timeout);
+    path::audit(peer, opts.required_mtu, via.as_deref(), &result)
 }
 
 /// The links asked for (all must exist), or every up non-loopback link.

@@ -1,20 +1,46 @@
 //! The audit inside `run`: at start and every interval, the findings served on
 //! `GET /findings`; in `--mode enforce` with an MTU configured, an interface whose MTU
-//! drifted below it is set back. The log says what changed, not what stayed.
+//! drifted below it is set back. Peers (the config's, and with `--probe-flow-peers` the
+//! remote ends of the flows it counts) are probed for `mtu_path` each at most once a
+//! minute, a few per round, so a large table never turns the audit into a probe storm.
+//! The log says what changed, not what stayed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use crate::api::Findings;
+use crate::doc::{Direction, Document};
 
-use super::{audit, fix_mtu_only, AuditOptions, Finding, Severity};
+use super::link::Rtnl;
+use super::{audit, fix_mtu_only, probe_peer, AuditOptions, Finding, Severity};
+
+/// How long a probed peer's result stands before it is probed again.
+pub const REPROBE_AFTER: Duration = Duration::from_secs(60);
+/// New probes per round at most (each may wait its whole timeout).
+pub const PROBES_PER_ROUND: usize = 4;
+/// Peers remembered at most (flows can name many more hosts).
+pub const MAX_PEERS: usize = 256;
+
+/// Whom to probe for `mtu_path`.
+#[derive(Clone, Debug, Default)]
+pub struct PeerPolicy {
+    /// The config's `peers`: always probed.
+    pub configured: Vec<IpAddr>,
+    /// Also the remote outer address of every flow in the table (opt-in).
+    pub from_flows: bool,
+}
 
 /// Audits again and again, remembering what it reported last.
 pub struct Watcher {
+    /// Without peers: those are probed here, on their own schedule.
     opts: AuditOptions,
+    peers: PeerPolicy,
+    /// Each peer's last probe: when, and its finding.
+    probed: BTreeMap<IpAddr, (Instant, Option<Finding>)>,
     /// Set MTUs back (enforce mode with an explicit MTU).
     enforce_mtu: bool,
     /// (check, interface, found) of the last audit's warnings and errors.
@@ -24,9 +50,16 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    pub fn new(opts: AuditOptions, enforce_mtu: bool) -> Watcher {
+    pub fn new(mut opts: AuditOptions, mut peers: PeerPolicy, enforce_mtu: bool) -> Watcher {
+        for p in std::mem::take(&mut opts.peers) {
+            if !peers.configured.contains(&p) {
+                peers.configured.push(p);
+            }
+        }
         Watcher {
             opts,
+            peers,
+            probed: BTreeMap::new(),
             enforce_mtu,
             reported: BTreeSet::new(),
             failing: None,
@@ -35,7 +68,7 @@ impl Watcher {
 
     /// One round: audit, enforce, log what changed. The findings to serve (an audit
     /// that could not run is itself a finding, so `/findings` never lies by omission).
-    pub fn round(&mut self) -> Vec<Finding> {
+    pub fn round(&mut self, flows: Option<&Document>) -> Vec<Finding> {
         let mut result = audit(&self.opts);
         if self.enforce_mtu {
             if let Ok(a) = &result {
@@ -56,10 +89,12 @@ impl Watcher {
             }
         }
         match result {
-            Ok(a) => {
+            Ok(mut a) => {
                 if self.failing.take().is_some() {
                     tracing::info!("the host audit runs again");
                 }
+                a.findings.extend(self.probe_peers(flows));
+                super::sort(&mut a.findings);
                 self.log_changes(&a.findings);
                 a.findings
             }
@@ -79,6 +114,50 @@ impl Watcher {
                 )]
             }
         }
+    }
+
+    /// The `mtu_path` findings of every peer: stale or new peers probed now (a few per
+    /// round), the others from their last probe.
+    fn probe_peers(&mut self, flows: Option<&Document>) -> Vec<Finding> {
+        let mut wanted: Vec<IpAddr> = self.peers.configured.clone();
+        if self.peers.from_flows {
+            for f in flows.into_iter().flat_map(|d| d.flows.iter()) {
+                let remote = match f.direction {
+                    Some(Direction::Egress) => f.dst,
+                    _ => f.src,
+                };
+                if !wanted.contains(&remote) && wanted.len() < MAX_PEERS {
+                    wanted.push(remote);
+                }
+            }
+        }
+        self.probed.retain(|p, _| wanted.contains(p));
+        let now = Instant::now();
+        let due: Vec<IpAddr> = wanted
+            .iter()
+            .filter(|p| {
+                self.probed
+                    .get(p)
+                    .is_none_or(|(at, _)| now.duration_since(*at) >= REPROBE_AFTER)
+            })
+            .take(PROBES_PER_ROUND)
+            .copied()
+            .collect();
+        if !due.is_empty() {
+            match Rtnl::open().and_then(|mut r| Ok((r.links()?, r))) {
+                Ok((links, mut rtnl)) => {
+                    for p in due {
+                        let f = probe_peer(&mut rtnl, &links, p, &self.opts);
+                        self.probed.insert(p, (Instant::now(), f));
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "path probes skipped"),
+            }
+        }
+        self.probed
+            .values()
+            .filter_map(|(_, f)| f.clone())
+            .collect()
     }
 
     fn log_changes(&mut self, findings: &[Finding]) {
@@ -103,7 +182,12 @@ impl Watcher {
 /// Audits every `interval` (after the first round, which the caller made) and
 /// publishes the findings, until the task is aborted. Each round runs on a blocking
 /// thread: netlink, sysfs and probes block.
-pub async fn every(watcher: Watcher, interval: Duration, publish: watch::Sender<Arc<Findings>>) {
+pub async fn every(
+    watcher: Watcher,
+    interval: Duration,
+    flows: watch::Receiver<Arc<Document>>,
+    publish: watch::Sender<Arc<Findings>>,
+) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await; // immediate: the first round is done
@@ -111,8 +195,9 @@ pub async fn every(watcher: Watcher, interval: Duration, publish: watch::Sender<
     loop {
         ticker.tick().await;
         let Some(mut w) = watcher.take() else { return };
+        let doc = flows.borrow().clone();
         match tokio::task::spawn_blocking(move || {
-            let findings = w.round();
+            let findings = w.round(Some(&doc));
             (w, findings)
         })
         .await
