@@ -11,6 +11,13 @@ fn main() -> ExitCode {
     cli::init_tracing();
     match cli::execute(args) {
         Ok(()) => ExitCode::SUCCESS,
+        // `check` found errors: its table said so; exit 1 without a second message.
+        Err(e)
+            if e.downcast_ref::<roce_agent::check::FindingsAtErrorLevel>()
+                .is_some() =>
+        {
+            ExitCode::from(cli::EXIT_RUNTIME)
+        }
         Err(e) => {
             eprintln!("roce-agent: error: {}", cli::error_text(&e));
             ExitCode::from(cli::exit_code(&e))
