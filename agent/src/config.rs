@@ -774,9 +774,12 @@ mod tests {
 
     #[test]
     fn unknown_key_names_line_and_column() {
-        let e = parse("roce_port = 4791\n  mtu = 1500\n").unwrap_err();
+        let e = parse("roce_port = 4791\n  mtu_bytes = 1500\n").unwrap_err();
         let msg = e.to_string();
-        assert!(msg.starts_with("t.toml:2:3: unknown field `mtu`"), "{msg}");
+        assert!(
+            msg.starts_with("t.toml:2:3: unknown field `mtu_bytes`"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use roce_common::wire::{ECN_CE, ECN_ECT0, ECN_ECT1, ECN_NOT_ECT};
 use serde::{Deserialize, Serialize};
 
 /// The whole document.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Document {
     pub flows: Vec<Flow>,
     pub counters: Counters,
@@ -67,7 +67,7 @@ impl Ecn {
 }
 
 /// One direction of one queue pair (on one interface, live).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Flow {
     /// The interface it was seen on; null in `analyze`.
     pub ifname: Option<String>,
@@ -108,6 +108,27 @@ pub struct Flow {
     pub first_seen_ns: u64,
     #[serde(default)]
     pub last_seen_ns: u64,
+    /// Added: rates over the last collector interval; null in `analyze` and for a flow
+    /// the collector sees for the first time.
+    #[serde(default)]
+    pub rates: Option<Rates>,
+}
+
+/// A flow's rates over the last collector interval (live only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rates {
+    /// The interval the rates are over, in seconds.
+    pub interval_s: f64,
+    pub packets_per_s: f64,
+    /// Frame bits (Ethernet header on, no FCS) per second.
+    pub bits_per_s: f64,
+    /// Packets with outer CE per second.
+    pub ce_per_s: f64,
+    /// Outer CE packets / packets over the interval (0 when no packet).
+    pub ce_ratio: f64,
+    pub cnps_per_s: f64,
+    /// NAKs and RNR NAKs per second.
+    pub naks_per_s: f64,
 }
 
 impl Flow {
@@ -327,6 +348,7 @@ impl Flow {
             last_dscp: st.last_dscp,
             first_seen_ns: st.first_seen_ns,
             last_seen_ns: st.last_seen_ns,
+            rates: None,
         }
     }
 }

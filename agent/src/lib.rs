@@ -12,6 +12,7 @@ pub mod cli;
 pub mod collector;
 pub mod config;
 pub mod doc;
+pub mod events;
 pub mod finding;
 pub mod loader;
 pub mod netif;

@@ -187,6 +187,7 @@ mod tests {
             last_dscp: 26,
             first_seen_ns: 0,
             last_seen_ns: 0,
+            rates: None,
         }
     }
 

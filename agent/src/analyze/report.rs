@@ -12,7 +12,7 @@ use crate::doc::{Counters, Document, Flow};
 use crate::finding::{self, Finding};
 
 /// A flow of the analysis: the flow document's record plus what analyze adds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AnalyzedFlow {
     #[serde(flatten)]
     pub flow: Flow,
