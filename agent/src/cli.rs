@@ -387,6 +387,7 @@ async fn serve(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await; // the first tick is immediate: the first poll is done
     let mut server_done = None;
+    let mut throttle = crate::throttle::Throttle::default();
     loop {
         tokio::select! {
             _ = ticker.tick() => {
@@ -398,7 +399,11 @@ async fn serve(
                         }
                         tx.send_replace(Arc::new(p.document));
                     }
-                    Err(e) => tracing::warn!(error = %e, "reading the flow table failed"),
+                    Err(e) => {
+                        if let Some(left_out) = throttle.allow("poll", std::time::Instant::now()) {
+                            tracing::warn!(error = %e, left_out, "reading the flow table failed");
+                        }
+                    }
                 }
             }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }

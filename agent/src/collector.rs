@@ -1,5 +1,6 @@
 //! Reading the kernel's maps into a flow [`Document`]: FLOWS (CPUs merged) and STATS
-//! (CPUs summed), with interface indexes turned into names.
+//! (CPUs summed), with interface indexes turned into names, and each flow's rates since
+//! the previous poll.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -7,10 +8,12 @@ use std::time::{Duration, Instant};
 use crate::doc::Document;
 use crate::loader::{LoadError, Loaded};
 use crate::netif;
+use crate::rates::RateTracker;
 
 /// Owns the loaded programs and turns their maps into documents on demand.
 pub struct Collector {
     loaded: Loaded,
+    rates: RateTracker,
 }
 
 /// One poll's result and what it cost.
@@ -25,7 +28,10 @@ pub struct Poll {
 
 impl Collector {
     pub fn new(loaded: Loaded) -> Collector {
-        Collector { loaded }
+        Collector {
+            loaded,
+            rates: RateTracker::default(),
+        }
     }
 
     /// Reads FLOWS and STATS once.
@@ -44,6 +50,7 @@ impl Collector {
         let resolve = |i: u32| names.get(&i).cloned().flatten();
         let mut document = Document::build(flows, &stats, Some(&resolve));
         document.counters.qos.vteps = crate::qos::vtep_records(&self.loaded.vteps()?);
+        self.rates.apply(&mut document, Instant::now());
         Ok(Poll {
             document,
             elapsed: start.elapsed(),

@@ -17,5 +17,7 @@ pub mod finding;
 pub mod loader;
 pub mod netif;
 pub mod qos;
+pub mod rates;
 pub mod table;
 pub mod testrun;
+pub mod throttle;

@@ -5,7 +5,7 @@
 //! Attaching tries a TCX link first (kernels >= 6.6) and falls back to a clsact qdisc
 //! with a direct-action filter; [`TcMechanism`] forces either (the tests run both).
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::io;
 
 use aya::programs::tc::SchedClassifierLink;
@@ -165,8 +165,8 @@ impl Drop for TcInterface {
 /// Everything `run` attached for QoS; dropping it detaches all of it.
 pub struct QosAttachments {
     pub interfaces: Vec<TcInterface>,
-    /// Last counters logged, to log only changes.
-    last_logged: Option<BTreeMap<&'static str, u64>>,
+    /// The QoS counters already reported as seen (each is logged once).
+    logged: BTreeSet<&'static str>,
 }
 
 /// What one interface gets from the settings.
@@ -197,7 +197,7 @@ pub fn attach(
     }
     let mut out = QosAttachments {
         interfaces: Vec::new(),
-        last_logged: None,
+        logged: BTreeSet::new(),
     };
     for name in names {
         let index = netif::index_of(name).ok_or_else(|| QosError::NoInterface(name.clone()))?;
@@ -228,21 +228,18 @@ pub fn write_policy(loaded: &mut Loaded, policy: &Policy) -> Result<(), QosError
 }
 
 impl QosAttachments {
-    /// Logs the QoS counters when they changed since the last call.
+    /// Logs each QoS action the first time it happens. Counts belong on /metrics and
+    /// GET /flows: a line per interval on every host, forever, helps nobody.
     pub fn log_changes(&mut self, counters: &crate::doc::QosCounters) {
-        let now = counters.named();
-        if self.last_logged.as_ref() == Some(&now) {
-            return;
+        for (name, value) in counters.named() {
+            if value > 0 && self.logged.insert(name) {
+                tracing::info!(
+                    counter = name,
+                    packets = value,
+                    "QoS action seen for the first time (counts on GET /flows)"
+                );
+            }
         }
-        let nonzero: Vec<String> = now
-            .iter()
-            .filter(|(_, v)| **v > 0)
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        if !nonzero.is_empty() {
-            tracing::info!(counters = %nonzero.join(" "), "QoS counters");
-        }
-        self.last_logged = Some(now);
     }
 }
 
