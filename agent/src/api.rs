@@ -28,18 +28,55 @@ pub struct Findings {
     pub findings: Vec<Finding>,
 }
 
+/// Where sampled events are published (None: the kernel side has no events).
+pub type EventSender = Option<tokio::sync::broadcast::Sender<Arc<crate::events::Event>>>;
+
 #[derive(Clone)]
 struct Sources {
     flows: Latest,
     findings: LatestFindings,
+    events: EventSender,
 }
 
-/// The API's routes: `GET /flows`, `GET /findings`.
-pub fn router(flows: Latest, findings: LatestFindings) -> Router {
+/// The API's routes: `GET /flows`, `GET /findings`, `GET /events`.
+pub fn router(flows: Latest, findings: LatestFindings, events: EventSender) -> Router {
     Router::new()
         .route("/flows", get(serve_flows))
         .route("/findings", get(serve_findings))
-        .with_state(Sources { flows, findings })
+        .route("/events", get(serve_events))
+        .with_state(Sources {
+            flows,
+            findings,
+            events,
+        })
+}
+
+/// JSON lines, one per event published from now on (`?kind=ce,cnp` filters).
+async fn serve_events(State(s): State<Sources>, uri: axum::http::Uri) -> Response {
+    let Some(sender) = &s.events else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this agent collects no events\n",
+        )
+            .into_response();
+    };
+    let kinds = match uri
+        .query()
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|kv| kv.strip_prefix("kind="))
+        .map(crate::events::parse_kinds)
+        .transpose()
+    {
+        Ok(k) => k,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    let lines = crate::events::stream_lines(sender.subscribe(), kinds);
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response()
 }
 
 async fn serve_flows(State(s): State<Sources>) -> Response {
@@ -82,12 +119,9 @@ pub enum ClientError {
     Malformed { addr: String, detail: String },
 }
 
-/// Largest answer accepted (a full 16M-entry table is far below this).
-const MAX_RESPONSE: u64 = 1 << 32;
-
-/// `GET path` from `addr` (`HOST:PORT`), returning the body of a 200 answer.
-/// Plain HTTP/1.0, one request per connection.
-pub fn get_body(addr: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, ClientError> {
+/// Connects to `addr` and sends `GET path` (HTTP/1.0, the connection closes after the
+/// answer): the stream to read the answer from, with `timeout` on every read.
+pub fn send_request(addr: &str, path: &str, timeout: Duration) -> Result<TcpStream, ClientError> {
     let targets: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|error| ClientError::Resolve {
@@ -116,10 +150,22 @@ pub fn get_body(addr: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, Cl
     };
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
-    let request = format!(
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-    );
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).map_err(io)?;
+    Ok(stream)
+}
+
+/// Largest answer accepted (a full 16M-entry table is far below this).
+const MAX_RESPONSE: u64 = 1 << 32;
+
+/// `GET path` from `addr` (`HOST:PORT`), returning the body of a 200 answer.
+/// Plain HTTP/1.0, one request per connection.
+pub fn get_body(addr: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, ClientError> {
+    let stream = send_request(addr, path, timeout)?;
+    let io = |error| ClientError::Io {
+        addr: addr.to_string(),
+        error,
+    };
     let mut raw = Vec::new();
     stream
         .take(MAX_RESPONSE)
@@ -251,7 +297,8 @@ mod tests {
         let (_ftx, frx) = watch::channel(Arc::new(findings.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let server = tokio::spawn(async move { axum::serve(listener, router(rx, frx)).await });
+        let server =
+            tokio::spawn(async move { axum::serve(listener, router(rx, frx, None)).await });
         tx.send(Arc::new(doc.clone())).unwrap();
         let a = addr.clone();
         let body =

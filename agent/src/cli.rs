@@ -96,6 +96,49 @@ pub enum Command {
         write access to sysfs, and changes only the interfaces audited.\n\n\
         Exit status: 0 no finding at error level, 1 at least one, 2 the audit could not run.")]
     Check(CheckArgs),
+    /// Follow a running agent's sampled events (CE, CNP, NAK, RNR NAK, PSN gap): lines, JSON lines or pcapng
+    #[command(after_help = "Examples:\n  \
+        roce-agent events                                  # human lines until Ctrl-C\n  \
+        roce-agent events --kind ce,cnp --duration 60\n  \
+        roce-agent events --json | jq 'select(.kind == \"nak\")'\n  \
+        roce-agent events --pcapng ce.pcapng --kind ce --duration 30 && wireshark ce.pcapng\n\n\
+        Follows GET /events of the agent at --api. The agent samples 1 in N events of each \
+        kind (run --events-sample N) and rate-limits them per CPU; each event carries the \
+        first 128 bytes of its packet. With --pcapng the packets go to the file (one \
+        interface block per interface, nanosecond timestamps, a comment naming the kind) \
+        and a count to stderr. A reader too slow for the event rate loses the oldest events \
+        and is told how many.")]
+    Events(EventsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Address of the running agent's API (its --listen)
+    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN)]
+    pub api: String,
+    /// Print each event as a JSON line, as GET /events serves it
+    #[arg(long, conflicts_with = "pcapng")]
+    pub json: bool,
+    /// Write the events' packets to this pcapng file instead of printing them
+    #[arg(long, value_name = "FILE")]
+    pub pcapng: Option<PathBuf>,
+    /// Stop after this many seconds [default: follow until Ctrl-C or the agent stops]
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Only these kinds, comma-separated: ce, cnp, nak, rnr_nak, psn_gap
+    #[arg(long, value_name = "KIND,...", value_delimiter = ',', value_parser = parse_kind)]
+    pub kind: Vec<crate::events::EventKind>,
+}
+
+fn parse_kind(s: &str) -> Result<crate::events::EventKind, String> {
+    crate::events::EventKind::from_name(s).ok_or_else(|| {
+        format!(
+            "unknown event kind {s:?}: use {}",
+            crate::events::EventKind::ALL
+                .map(crate::events::EventKind::name)
+                .join(", ")
+        )
+    })
 }
 
 #[derive(Debug, Args)]
@@ -249,6 +292,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Flows(args) => flows(args),
         Command::Analyze(args) => analyze(args),
         Command::Check(args) => crate::check::check(args),
+        Command::Events(args) => events(args),
     }
 }
 
@@ -373,9 +417,12 @@ async fn serve(
         findings_tx,
     ));
 
+    // Sampled events from the kernel programs; GET /events subscribes here.
+    let events: api::EventSender = None;
+
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(async move {
-        axum::serve(listener, api::router(rx, findings_rx))
+        axum::serve(listener, api::router(rx, findings_rx, events))
             .with_graceful_shutdown(async {
                 let _ = stop_rx.await;
             })
@@ -469,6 +516,102 @@ pub fn flows(args: FlowsArgs) -> anyhow::Result<()> {
         // A closed pipe (`| head`) is not an error worth reporting.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(e).context("writing to stdout"),
+    }
+}
+
+/// `roce-agent events`.
+pub fn events(args: EventsArgs) -> anyhow::Result<()> {
+    use crate::events::{self, Line};
+    use std::io::Write as _;
+
+    let duration = match args.duration {
+        None => None,
+        Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => {
+            return Err(ConfigError::Invalid {
+                origin: crate::config::Origin::Flag("--duration"),
+                field: "duration",
+                message: format!("{s} is out of range (more than 0, at most 86400 seconds)"),
+            }
+            .into())
+        }
+    };
+    let kinds = args.kind;
+    let mut pcap = match &args.pcapng {
+        Some(path) => {
+            let file = std::fs::File::create(path)
+                .with_context(|| format!("creating {}", path.display()))?;
+            Some(crate::pcapng::EventPcapng::new(std::io::BufWriter::new(
+                file,
+            ))?)
+        }
+        None => None,
+    };
+    let mut out = std::io::stdout().lock();
+    let mut written = 0u64;
+    let mut lost = 0u64;
+    let mut failure: Option<anyhow::Error> = None;
+    events::follow(&args.api, &kinds, duration, |line| {
+        let result = match line {
+            Line::Lagged(n) => {
+                lost += n;
+                eprintln!("roce-agent events: {n} events lost (this reader was too slow)");
+                Ok(())
+            }
+            Line::Event(ev) => {
+                written += 1;
+                if let Some(p) = pcap.as_mut() {
+                    p.write(&ev).map_err(anyhow::Error::from)
+                } else if args.json {
+                    serde_json::to_string(&ev)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|t| writeln!(out, "{t}").map_err(anyhow::Error::from))
+                } else {
+                    writeln!(out, "{}", events::human_line(&ev)).map_err(anyhow::Error::from)
+                }
+            }
+        };
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                failure = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(p) = pcap {
+        p.into_inner().flush().with_context(|| {
+            format!(
+                "writing {}",
+                args.pcapng
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display()
+            )
+        })?;
+        eprintln!(
+            "roce-agent events: {written} events written to {}{}",
+            args.pcapng
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""))
+                .display(),
+            if lost > 0 {
+                format!(" ({lost} lost)")
+            } else {
+                String::new()
+            }
+        );
+    }
+    match failure {
+        // `| head` closed the pipe: done, not an error.
+        Some(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(())
+        }
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

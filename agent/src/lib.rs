@@ -16,6 +16,7 @@ pub mod events;
 pub mod finding;
 pub mod loader;
 pub mod netif;
+pub mod pcapng;
 pub mod qos;
 pub mod rates;
 pub mod table;
