@@ -103,7 +103,7 @@ impl Event {
     /// The captured bytes (`packet` decoded; None when it is not even-length hex).
     pub fn packet_bytes(&self) -> Option<Vec<u8>> {
         let hex = self.packet.as_bytes();
-        if hex.len() % 2 != 0 {
+        if !hex.len().is_multiple_of(2) {
             return None;
         }
         hex.chunks(2)

@@ -158,8 +158,7 @@ fn pcapng_opens_in_tshark_as_roce_with_the_kind_in_a_comment() {
         panic!("tshark is missing: `cargo xtask setup` installs it");
     }
     let (_rt, addr) = serve();
-    let path = PathBuf::from(std::env::temp_dir())
-        .join(format!("roce-events-{}.pcapng", std::process::id()));
+    let path = std::env::temp_dir().join(format!("roce-events-{}.pcapng", std::process::id()));
     struct Remove(PathBuf);
     impl Drop for Remove {
         fn drop(&mut self) {
