@@ -69,18 +69,6 @@ fn errors<'a>(findings: &'a [Finding], check: &str) -> Vec<&'a Finding> {
         .collect()
 }
 
-/// The MTU of `dev` as `ip link` reports it.
-fn mtu_of(ns: &Netns, dev: &str) -> u32 {
-    let out = ns.ip_ok(&["-o", "link", "show", "dev", dev]);
-    let mut words = out.split_whitespace();
-    words
-        .by_ref()
-        .find(|w| *w == "mtu")
-        .and_then(|_| words.next())
-        .and_then(|m| m.parse().ok())
-        .unwrap_or_else(|| panic!("no MTU in {out}"))
-}
-
 /// A veth pair `va`/`vb` in `ns`, both up at `mtu`.
 fn veth(ns: &Netns, mtu: &str) {
     ns.ip_ok(&[
@@ -105,7 +93,7 @@ fn veth_below_the_required_mtu_is_an_error_and_fix_sets_it() {
     assert_eq!(mtu[0].expected, "MTU >= 9000 (RoCE path MTU 4096)");
     assert_eq!(mtu[0].fix, "ip link set dev va mtu 9000");
     // Without --fix nothing on the host changed.
-    assert_eq!(mtu_of(&ns, "va"), 1500);
+    assert_eq!(ns.link_mtu("va"), 1500);
 
     let out = check_in(&ns, &["check", "--iface", "va", "--mtu", "9000", "--fix"]);
     let stdout = text(&out.stdout);
@@ -114,9 +102,9 @@ fn veth_below_the_required_mtu_is_an_error_and_fix_sets_it() {
         stdout.contains("changed: mtu va: mtu 1500 -> 9000"),
         "{stdout}"
     );
-    assert_eq!(mtu_of(&ns, "va"), 9000);
+    assert_eq!(ns.link_mtu("va"), 9000);
     // Only the interface asked about.
-    assert_eq!(mtu_of(&ns, "vb"), 1500);
+    assert_eq!(ns.link_mtu("vb"), 1500);
 
     let (f, code) = findings_in(&ns, &["--iface", "va", "--mtu", "9000"]);
     assert_eq!(code, 0, "{f:?}");
@@ -231,15 +219,15 @@ fn vxlan_headroom_over_ipv4_and_ipv6_underlays() {
         "dev",
         "ul",
     ]);
-    assert_eq!(mtu_of(&ns, "vx4"), 8950);
-    assert_eq!(mtu_of(&ns, "vx6"), 8930);
+    assert_eq!(ns.link_mtu("vx4"), 8950);
+    assert_eq!(ns.link_mtu("vx6"), 8930);
     let (f, code) = findings_in(&ns, &["--iface", "vx4", "--iface", "vx6", "--mtu", "8900"]);
     assert_eq!(code, 0, "{f:?}");
     assert!(errors(&f, "vxlan_overhead").is_empty());
 
     // The trap: the underlay lowered after the devices were made; they keep their MTU.
     ns.ip_ok(&["link", "set", "ul", "mtu", "1500"]);
-    assert_eq!(mtu_of(&ns, "vx4"), 8950);
+    assert_eq!(ns.link_mtu("vx4"), 8950);
     let (f, code) = findings_in(&ns, &["--iface", "vx4", "--iface", "vx6", "--mtu", "8900"]);
     assert_eq!(code, 1);
     let v = errors(&f, "vxlan_overhead");
@@ -330,7 +318,7 @@ fn vxlan_without_dev_is_checked_against_the_route_to_its_remote() {
         "{}",
         text(&out.stdout)
     );
-    assert_eq!(mtu_of(&ns, "ul"), 1500);
+    assert_eq!(ns.link_mtu("ul"), 1500);
     let out = check_in(
         &ns,
         &[
@@ -338,7 +326,7 @@ fn vxlan_without_dev_is_checked_against_the_route_to_its_remote() {
         ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
-    assert_eq!(mtu_of(&ns, "ul"), 9050);
+    assert_eq!(ns.link_mtu("ul"), 9050);
 }
 
 #[test]
@@ -400,7 +388,7 @@ fn without_privilege_the_audit_reads_and_fix_names_the_capability_it_needs() {
         "{stdout}"
     );
     assert!(stdout.contains("MTU 1500 (RoCE path MTU 1024)"), "{stdout}");
-    assert_eq!(mtu_of(&ns, "va"), 1500);
+    assert_eq!(ns.link_mtu("va"), 1500);
 }
 
 /// A fixture tree laid out as an mlx5 host's /sys (tests/fixtures/sysfs).
@@ -487,38 +475,19 @@ fn rnic_knobs_from_a_sysfs_fixture_one_finding_each_with_its_fix() {
     );
 }
 
-/// A file in the temporary directory, removed on drop.
-struct TempFile(std::path::PathBuf);
-
-impl TempFile {
-    fn new(name: &str, contents: &str) -> TempFile {
-        let p = std::env::temp_dir().join(format!("roce-check-{}-{name}", std::process::id()));
-        std::fs::write(&p, contents).expect("write temp file");
-        TempFile(p)
-    }
-    fn path(&self) -> &str {
-        self.0.to_str().expect("UTF-8 path")
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 #[test]
 fn bad_input_exits_2_with_a_message_naming_it() {
     require_root!();
     let ns = new_ns();
     veth(&ns, "1500");
-    let wrong_type = TempFile::new("type.toml", "interfaces = [\"va\"]\nmtu = \"big\"\n");
-    let bad_peer = TempFile::new(
+    let wrong_type =
+        roce_testkit::temp::TempFile::new("type.toml", "interfaces = [\"va\"]\nmtu = \"big\"\n");
+    let bad_peer = roce_testkit::temp::TempFile::new(
         "peer.toml",
         "peers = [\"198.18.0.2\", \"not-an-address\"]\n",
     );
-    let bad_mtu = TempFile::new("mtu.toml", "mtu = 40\n");
-    let bad_pmtu = TempFile::new("pmtu.toml", "default_pmtu = 4000\n");
+    let bad_mtu = roce_testkit::temp::TempFile::new("mtu.toml", "mtu = 40\n");
+    let bad_pmtu = roce_testkit::temp::TempFile::new("pmtu.toml", "default_pmtu = 4000\n");
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--iface", "nosuch0"], "no such interface: nosuch0"),
         (
@@ -548,19 +517,19 @@ fn bad_input_exits_2_with_a_message_naming_it() {
             "/nonexistent/host.toml",
         ),
         (
-            vec!["--config", wrong_type.path()],
+            vec!["--config", wrong_type.arg()],
             ":2:7: invalid type: string \"big\", expected u32",
         ),
         (
-            vec!["--config", bad_peer.path()],
+            vec!["--config", bad_peer.arg()],
             "peers: \"not-an-address\" is not an IPv4 or IPv6 address",
         ),
         (
-            vec!["--config", bad_mtu.path()],
+            vec!["--config", bad_mtu.arg()],
             ":1:7: mtu: 40 is out of range (68 to 65535)",
         ),
         (
-            vec!["--config", bad_pmtu.path()],
+            vec!["--config", bad_pmtu.arg()],
             "4000 is not an InfiniBand MTU",
         ),
     ];
@@ -582,7 +551,7 @@ fn bad_input_exits_2_with_a_message_naming_it() {
         );
     }
     // Nothing was changed by any of them.
-    assert_eq!(mtu_of(&ns, "va"), 1500);
+    assert_eq!(ns.link_mtu("va"), 1500);
 }
 
 #[test]
@@ -594,14 +563,8 @@ fn a_sysfs_knob_with_garbage_is_a_finding_naming_the_file() {
     ]);
     ns.ip_ok(&["link", "set", "eth1", "up"]);
     // A minimal tree: the ECN knobs of eth1, the CNP DSCP garbage.
-    let root = std::env::temp_dir().join(format!("roce-check-sysfs-{}", std::process::id()));
-    struct RemoveDir(std::path::PathBuf);
-    impl Drop for RemoveDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _guard = RemoveDir(root.clone());
+    let dir = roce_testkit::temp::TempDir::new("sysfs");
+    let root = dir.path().to_path_buf();
     let ecn = root.join("class/net/eth1/ecn");
     for side in ["roce_np", "roce_rp"] {
         std::fs::create_dir_all(ecn.join(side).join("enable")).unwrap();

@@ -194,31 +194,6 @@ fn send_roce(b: &Netns, count: u32, dest_qp: u32) -> u16 {
     .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// A file in the temporary directory, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str, contents: &str) -> TempFile {
-        let path = std::env::temp_dir().join(format!(
-            "roce-agent-cli-{}-{}-{name}",
-            std::process::id(),
-            FILE_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&path, contents).expect("write temp file");
-        TempFile(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().expect("UTF-8 temp path")
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 #[test]
 fn run_help_shows_iface_and_listen() {
     let out = agent(&["run", "--help"]);
@@ -277,30 +252,33 @@ fn flows_without_an_agent_is_a_clear_error() {
 fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
     require_root!();
     let ns = new_ns();
-    let file = TempFile::new(
+    let file = roce_testkit::temp::TempFile::new(
         "bad.toml",
         "# comment\nlisten = \"127.0.0.1:9473\"\ndefault_pmtu = 1500\n",
     );
     let out = ns
-        .cmd(BIN, &["run", "--config", file.path(), "--iface", "lo"])
+        .cmd(BIN, &["run", "--config", file.arg(), "--iface", "lo"])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(
-        err.contains(&format!("{}:3:16: default_pmtu", file.path())),
+        err.contains(&format!("{}:3:16: default_pmtu", file.arg())),
         "{err}"
     );
     assert!(!has_xdp(&ns, "lo"));
 
-    let file = TempFile::new("syntax.toml", "interfaces = [\"lo\"\nroce_port = 4791\n");
+    let file = roce_testkit::temp::TempFile::new(
+        "syntax.toml",
+        "interfaces = [\"lo\"\nroce_port = 4791\n",
+    );
     let out = ns
-        .cmd(BIN, &["run", "--config", file.path()])
+        .cmd(BIN, &["run", "--config", file.arg()])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let err = text(&out.stderr);
-    assert!(err.contains(&format!("{}:2:1: ", file.path())), "{err}");
+    assert!(err.contains(&format!("{}:2:1: ", file.arg())), "{err}");
     assert!(!has_xdp(&ns, "lo"));
 }
 
@@ -513,18 +491,6 @@ fn attach_failure_on_a_later_interface_detaches_the_earlier_ones() {
     assert_eq!(first.terminate().code(), Some(0), "{}", first.log());
 }
 
-/// The MTU of `dev` in `ns` as `ip link` reports it.
-fn mtu_of(ns: &Netns, dev: &str) -> u32 {
-    let out = ns.ip_ok(&["-o", "link", "show", "dev", dev]);
-    let mut words = out.split_whitespace();
-    words
-        .by_ref()
-        .find(|w| *w == "mtu")
-        .and_then(|_| words.next())
-        .and_then(|m| m.parse().ok())
-        .unwrap_or_else(|| panic!("no MTU in {out}"))
-}
-
 /// `GET /findings` of the agent at `api` in `ns`.
 fn findings(ns: &Netns, api: &str) -> Vec<roce_agent::audit::Finding> {
     let api = api.to_string();
@@ -568,7 +534,7 @@ fn enforce_mode_sets_a_drifted_mtu_back_and_audit_mode_reports_it() {
     pair.a.ip_ok(&["link", "set", "va", "mtu", "1500"]);
     let changed = Instant::now();
     let deadline = changed + Duration::from_secs_f64(interval * 2.0 + 0.5);
-    while mtu_of(&pair.a, "va") != 9000 {
+    while pair.a.link_mtu("va") != 9000 {
         assert!(
             Instant::now() < deadline,
             "MTU not set back within two intervals:\n{}",
@@ -626,7 +592,7 @@ fn enforce_mode_sets_a_drifted_mtu_back_and_audit_mode_reports_it() {
     assert_eq!(f.found, "MTU 1500 (RoCE path MTU 1024)");
     assert_eq!(f.expected, "MTU >= 9000 (RoCE path MTU 4096)");
     std::thread::sleep(Duration::from_secs_f64(interval * 2.0));
-    assert_eq!(mtu_of(&pair.a, "va"), 1500, "audit mode changed the MTU");
+    assert_eq!(pair.a.link_mtu("va"), 1500, "audit mode changed the MTU");
     assert!(agent.log().contains("audit finding"), "{}", agent.log());
     assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
 }

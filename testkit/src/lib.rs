@@ -9,6 +9,7 @@
 //!   and the flow-table oracle built on tshark.
 //! - [`tshark`]: running `tshark -T fields` and splitting what it prints.
 //! - [`sock`]: an integer socket option, binding to a device, pinning to a CPU.
+//! - [`temp`]: temporary files and directories removed when dropped.
 //!
 //! The BPF_PROG_TEST_RUN wrapper stays in the agent (`roce_agent::testrun`): its
 //! `analyze --engine kernel` runs captures through it in production.
@@ -18,4 +19,5 @@ pub mod gen;
 pub mod lab;
 pub mod netns;
 pub mod sock;
+pub mod temp;
 pub mod tshark;

@@ -176,6 +176,18 @@ impl Netns {
         }
     }
 
+    /// The MTU of `dev` as `ip link` reports it (a test step: panics when it cannot).
+    pub fn link_mtu(&self, dev: &str) -> u32 {
+        let out = self.ip_ok(&["-o", "link", "show", "dev", dev]);
+        let mut words = out.split_whitespace();
+        words
+            .by_ref()
+            .find(|w| *w == "mtu")
+            .and_then(|_| words.next())
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("no MTU in {out}"))
+    }
+
     /// `program args...` inside the namespace without the caller's RUST_LOG, so the
     /// program logs at its own default level.
     pub fn cmd(&self, program: &str, args: &[&str]) -> Command {

@@ -19,7 +19,6 @@
 //! (veth, vxlan, bridges, lo) answer EOPNOTSUPP: [`DcbError::Unsupported`].
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -595,27 +594,6 @@ fn check_name(ifname: &str) -> Result<(), DcbError> {
     Ok(())
 }
 
-fn set_receive_timeout(socket: &Socket, timeout: Duration) -> io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: setsockopt on an open socket, with a timeval and its exact size.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 fn no_reply() -> DcbError {
     DcbError::Io(io::Error::new(
         io::ErrorKind::TimedOut,
@@ -633,7 +611,7 @@ fn exchange<T>(
 ) -> Result<T, DcbError> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     socket.bind_auto()?;
-    set_receive_timeout(&socket, REPLY_TIMEOUT)?;
+    super::link::set_receive_timeout(&socket, REPLY_TIMEOUT)?;
     socket.send_to(request, &SocketAddr::new(0, 0), 0)?;
     let deadline = Instant::now() + REPLY_TIMEOUT;
     let mut buf: Vec<u8> = Vec::with_capacity(RECEIVE_BUFFER);

@@ -258,7 +258,8 @@ fn family(addr: IpAddr) -> AddressFamily {
     }
 }
 
-fn set_receive_timeout(socket: &Socket, timeout: Duration) -> std::io::Result<()> {
+/// SO_RCVTIMEO on a netlink socket: no request can hang (dcbnl uses it too).
+pub(super) fn set_receive_timeout(socket: &Socket, timeout: Duration) -> std::io::Result<()> {
     let tv = libc::timeval {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_usec: timeout.subsec_micros() as libc::suseconds_t,
