@@ -974,9 +974,20 @@ fn plan(state: &DcbState, policy: &Policy) -> (Vec<AppRepair>, Option<IeeePfc>) 
 /// CAP_NET_ADMIN. Other DSCPs' entries (the `dcb_app` Warning) are left alone.
 ///
 /// On an error, the changes made before it stay made (a new [`query`] shows them).
-pub fn fix(ifname: &str, state: &DcbState, policy: &Policy) -> Result<Vec<Change>, DcbError> {
-    let (repairs, pfc) = plan(state, policy);
+pub fn fix(ifname: &str, state: &DcbState, policy: &Policy) -> (Vec<Change>, Result<(), DcbError>) {
     let mut changes = Vec::new();
+    // What was changed before a failure is reported too: nothing half-applied unsaid.
+    let result = apply(ifname, state, policy, &mut changes);
+    (changes, result)
+}
+
+fn apply(
+    ifname: &str,
+    state: &DcbState,
+    policy: &Policy,
+    changes: &mut Vec<Change>,
+) -> Result<(), DcbError> {
+    let (repairs, pfc) = plan(state, policy);
     for r in repairs {
         delete_apps(ifname, &r.remove)?;
         if let Some(add) = r.add {
@@ -1000,7 +1011,7 @@ pub fn fix(ifname: &str, state: &DcbState, policy: &Policy) -> Result<Vec<Change
             after: pfc_text(new.enabled),
         });
     }
-    Ok(changes)
+    Ok(())
 }
 
 /// `priority 3`, `priorities 0, 3`, `no entry`.
@@ -1785,8 +1796,7 @@ mod tests {
         assert_eq!(priorities_text(&repairs[0].before), "priorities 0, 3");
         // Nothing to do on a right state.
         assert_eq!(plan(&right(), &Policy::default()), (vec![], None));
-        assert!(fix("eth1", &right(), &Policy::default())
-            .unwrap()
-            .is_empty());
+        let (changes, result) = fix("eth1", &right(), &Policy::default());
+        assert!(changes.is_empty() && result.is_ok());
     }
 }

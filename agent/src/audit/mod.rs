@@ -366,14 +366,15 @@ pub fn fix(opts: &AuditOptions, audit: &Audit) -> Result<Fixed, AuditError> {
     // DCB only where the device has it (a GET that answers).
     for l in &audit.audited {
         if let Ok(state) = dcb::query(&l.name) {
-            match dcb::fix(&l.name, &state, &opts.policy) {
-                Ok(changes) => fixed.changes.extend(changes),
-                Err(e) => fixed.failures.push(FixFailure {
+            let (changes, result) = dcb::fix(&l.name, &state, &opts.policy);
+            fixed.changes.extend(changes);
+            if let Err(e) = result {
+                fixed.failures.push(FixFailure {
                     check: "dcb_app".into(),
                     interface: l.name.clone(),
                     what: "DCB app table / PFC".into(),
                     reason: e.to_string(),
-                }),
+                });
             }
         }
     }
