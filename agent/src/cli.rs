@@ -96,6 +96,9 @@ pub enum Command {
         write access to sysfs, and changes only the interfaces audited.\n\n\
         Exit status: 0 no finding at error level, 1 at least one, 2 the audit could not run.")]
     Check(CheckArgs),
+    /// Live view of a running agent's flows, worst first, refreshed every interval (like top)
+    #[command(after_help = crate::top::AFTER_HELP)]
+    Top(crate::top::TopArgs),
 }
 
 #[derive(Debug, Args)]
@@ -249,6 +252,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Flows(args) => flows(args),
         Command::Analyze(args) => analyze(args),
         Command::Check(args) => crate::check::check(args),
+        Command::Top(args) => crate::top::top(args),
     }
 }
 

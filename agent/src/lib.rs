@@ -19,3 +19,4 @@ pub mod netif;
 pub mod qos;
 pub mod table;
 pub mod testrun;
+pub mod top;
