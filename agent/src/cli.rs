@@ -109,6 +109,9 @@ pub enum Command {
         and a count to stderr. A reader too slow for the event rate loses the oldest events \
         and is told how many.")]
     Events(EventsArgs),
+    /// Live view of a running agent's flows, worst first, refreshed every interval (like top)
+    #[command(after_help = crate::top::AFTER_HELP)]
+    Top(crate::top::TopArgs),
 }
 
 #[derive(Debug, Args)]
@@ -293,6 +296,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Analyze(args) => analyze(args),
         Command::Check(args) => crate::check::check(args),
         Command::Events(args) => events(args),
+        Command::Top(args) => crate::top::top(args),
     }
 }
 

@@ -22,3 +22,4 @@ pub mod rates;
 pub mod table;
 pub mod testrun;
 pub mod throttle;
+pub mod top;
