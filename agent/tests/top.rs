@@ -166,7 +166,7 @@ impl FakeAgent {
                     tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
                 let (_flows_tx, flows) = tokio::sync::watch::channel(Arc::new(doc));
                 let (_findings_tx, findings) = tokio::sync::watch::channel(Arc::new(findings));
-                axum::serve(listener, api::router(flows, findings))
+                axum::serve(listener, api::router(flows, findings, None))
                     .with_graceful_shutdown(async {
                         let _ = stopped.await;
                     })
