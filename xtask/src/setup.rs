@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 pub const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages and a command each provides, to tell whether it is installed.
-const DEBIAN_TOOLS: [(&str, &str); 7] = [
+const DEBIAN_TOOLS: [(&str, &str); 8] = [
     ("tshark", "tshark"),
     ("tcpdump", "tcpdump"),
     ("tcpreplay", "tcpreplay"),
@@ -17,6 +17,8 @@ const DEBIAN_TOOLS: [(&str, &str); 7] = [
     ("bpftool", "bpftool"),
     ("iptables", "iptables"),
     ("ethtool", "ethtool"),
+    // promtool (`check metrics`, `check rules`, `test rules`) comes with the server.
+    ("promtool", "prometheus"),
 ];
 
 fn say(msg: &str) {
@@ -109,7 +111,8 @@ pub fn ensure_rust() -> Result<()> {
     Ok(())
 }
 
-/// tshark, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool from Debian.
+/// tshark, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool, prometheus
+/// (promtool) from Debian.
 pub fn ensure_debian_tools() -> Result<()> {
     let missing: Vec<&str> = DEBIAN_TOOLS
         .iter()
