@@ -1,5 +1,6 @@
 //! The agent's HTTP API (`GET /flows`: the flow [`Document`] as JSON; `GET /findings`:
-//! the last host audit as `check --json` prints it), and the small HTTP client that
+//! the last host audit as `check --json` prints it; `GET /metrics`: the Prometheus text
+//! exposition of both, see [`metrics_router`]), and the small HTTP client that
 //! `roce-agent flows` reads it with.
 
 use std::io::{Read, Write};
@@ -87,6 +88,51 @@ async fn serve_flows(State(s): State<Sources>) -> Response {
 async fn serve_findings(State(s): State<Sources>) -> Response {
     let findings = s.findings.borrow().clone();
     json(&*findings)
+}
+
+/// The state of `GET /metrics`.
+#[derive(Clone)]
+struct MetricsSources {
+    flows: Latest,
+    findings: LatestFindings,
+    exporter: Arc<crate::metrics::Exporter>,
+}
+
+/// `GET /metrics` (Prometheus text format 0.0.4), to merge into [`router`]'s routes:
+/// made at each scrape from the newest document and findings, with the host's RNIC
+/// and PFC counters read then.
+pub fn metrics_router(
+    flows: Latest,
+    findings: LatestFindings,
+    exporter: Arc<crate::metrics::Exporter>,
+) -> Router {
+    Router::new()
+        .route("/metrics", get(serve_metrics))
+        .with_state(MetricsSources {
+            flows,
+            findings,
+            exporter,
+        })
+}
+
+async fn serve_metrics(State(s): State<MetricsSources>) -> Response {
+    let doc = s.flows.borrow().clone();
+    let findings = s.findings.borrow().clone();
+    // sysfs, ioctls, netlink and a pass over every flow: not on an async worker.
+    let made = tokio::task::spawn_blocking(move || s.exporter.render(&doc, &findings.findings));
+    match made.await {
+        Ok(Ok(body)) => {
+            ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "making /metrics failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "metrics failed\n").into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the /metrics task failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "metrics failed\n").into_response()
+        }
+    }
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Response {
@@ -322,6 +368,59 @@ mod tests {
             .unwrap()
             .unwrap_err();
         assert!(matches!(e, ClientError::Status { status: 404, .. }), "{e}");
+        server.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn metrics_are_served_as_text_format_0_0_4() {
+        let mut doc = Document::default();
+        doc.counters.roce = 42;
+        let (_tx, rx) = watch::channel(Arc::new(doc));
+        let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
+        let exporter = Arc::new(crate::metrics::Exporter {
+            host: crate::metrics::HostSources {
+                sysfs_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../tests/fixtures/sysfs/mlx5-good"),
+                interfaces: Vec::new(),
+            },
+            top_flows: 10,
+        });
+        let routes = router(rx.clone(), frx.clone(), None).merge(metrics_router(rx, frx, exporter));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, routes).await });
+        let raw = tokio::task::spawn_blocking(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut raw = Vec::new();
+            s.read_to_end(&mut raw).unwrap();
+            String::from_utf8(raw).unwrap()
+        })
+        .await
+        .unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+            "{head}"
+        );
+        assert!(
+            body.contains("roce_frames_total{ifname=\"all\",class=\"roce\"} 42\n"),
+            "{body}"
+        );
+        assert!(body.contains(
+            "roce_rnic_np_cnp_packets_sent_total{device=\"mlx5_0\",port=\"1\",netdev=\"eth1\"} 18234\n"
+        ));
+        // The other routes are still there.
+        let a = addr.to_string();
+        let flows =
+            tokio::task::spawn_blocking(move || get_body(&a, "/flows", Duration::from_secs(5)))
+                .await
+                .unwrap()
+                .unwrap();
+        assert!(serde_json::from_slice::<Document>(&flows).is_ok());
         server.abort();
     }
 

@@ -201,7 +201,7 @@ pub struct RunArgs {
     /// Interface to attach to (XDP ingress); repeat for more. Replaces `interfaces` of the config file
     #[arg(long = "iface", value_name = "IF")]
     pub iface: Vec<String>,
-    /// Address of the HTTP API (GET /flows) [default: 127.0.0.1:9473, loopback only]
+    /// Address of the HTTP API (GET /flows, /findings, /metrics) [default: 127.0.0.1:9473, loopback only]
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: Option<String>,
     /// TOML configuration file (see configs/*.toml); flags override it
@@ -222,7 +222,7 @@ pub struct RunArgs {
     /// The netdev MTU the --iface interfaces need: audited every interval (GET /findings), and set back through netlink in --mode enforce [default: the config's `mtu`, else 4192]
     #[arg(long, value_name = "BYTES")]
     pub mtu: Option<u32>,
-    /// The directory that stands for /sys in the host audit (fixture trees)
+    /// The directory that stands for /sys in the host audit and the RNIC counters of GET /metrics (fixture trees)
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     pub sysfs_root: PathBuf,
     /// Probe the path MTU (mtu_path) towards the remote end of every flow counted, each peer at most once a minute (the config's `peers` are always probed)
@@ -421,18 +421,35 @@ async fn serve(
         findings_tx,
     ));
 
+    let exporter = Arc::new(crate::metrics::Exporter {
+        host: crate::metrics::HostSources {
+            sysfs_root: sysfs_root.clone(),
+            interfaces: settings
+                .interfaces
+                .iter()
+                .chain(&settings.vteps)
+                .cloned()
+                .collect(),
+        },
+        top_flows: settings.top_flows,
+    });
     // Sampled events from the kernel programs; GET /events subscribes here.
     let events: api::EventSender = None;
+    let routes = api::router(rx.clone(), findings_rx.clone(), events).merge(api::metrics_router(
+        rx,
+        findings_rx,
+        exporter,
+    ));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(async move {
-        axum::serve(listener, api::router(rx, findings_rx, events))
+        axum::serve(listener, routes)
             .with_graceful_shutdown(async {
                 let _ = stop_rx.await;
             })
             .await
     });
-    tracing::info!(listen = %local, interval = ?settings.interval, required_mtu = settings.required_mtu(), enforce_mtu, "serving GET /flows and GET /findings");
+    tracing::info!(listen = %local, interval = ?settings.interval, required_mtu = settings.required_mtu(), enforce_mtu, "serving GET /flows, GET /findings and GET /metrics");
 
     let mut ticker = tokio::time::interval(settings.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -18,6 +18,7 @@
 //! mode = "audit"                 # host DSCP policy on egress of `interfaces`: "audit" | "enforce" (flag: --mode)
 //! vteps = ["eth0"]               # VTEP underlays: inner->outer DSCP/ECN, decap checks (flag: --vtep)
 //! ecn_propagation = "kernel"     # outer ECN on VTEPs: "kernel" (tos inherit) | "rfc6040" (flag: --ecn-propagation)
+//! top_flows = 10                 # GET /metrics: the flows with the most problems get roce_top_flow_* series (0 to 1000)
 //!
 //! [qos]                          # the host DSCP policy (all keys optional)
 //! roce_dscp = 26                 # DSCP of RoCEv2 data
@@ -57,6 +58,10 @@ pub const DEFAULT_PMTU: u32 = 4096;
 pub const MAX_INTERVAL_SECS: f64 = 3600.0;
 /// Shortest interval accepted, in seconds.
 pub const MIN_INTERVAL_SECS: f64 = 0.01;
+/// Flows with the most problems that `GET /metrics` names one by one.
+pub const DEFAULT_TOP_FLOWS: usize = 10;
+/// Largest `top_flows` accepted: each is a handful of series per scrape.
+pub const MAX_TOP_FLOWS: u32 = 1000;
 /// Linux interface names are at most 15 bytes.
 const MAX_IFNAME_LEN: usize = 15;
 
@@ -145,6 +150,8 @@ pub struct FileConfig {
     /// VTEP underlay interfaces.
     pub vteps: Option<Spanned<Vec<Spanned<String>>>>,
     pub ecn_propagation: Option<Spanned<EcnPropagation>>,
+    /// Flows named one by one on `GET /metrics` (`roce_top_flow_*`).
+    pub top_flows: Option<Spanned<u32>>,
     pub qos: Option<QosFile>,
 }
 
@@ -322,6 +329,8 @@ pub struct Settings {
     pub ecn_propagation: EcnPropagation,
     /// DSCPs, lossless set, priority and VTEP tables (POLICY and QOS maps).
     pub policy: Policy,
+    /// The K flows with the most problems that `GET /metrics` names (`roce_top_flow_*`).
+    pub top_flows: usize,
 }
 
 impl Default for Settings {
@@ -339,6 +348,7 @@ impl Default for Settings {
             vteps: Vec::new(),
             ecn_propagation: EcnPropagation::default(),
             policy: Policy::default(),
+            top_flows: DEFAULT_TOP_FLOWS,
         }
     }
 }
@@ -465,6 +475,17 @@ impl Settings {
                     )
                 })?;
                 s.default_pmtu = bytes;
+            }
+            if let Some(k) = &v.top_flows {
+                let top = *k.get_ref();
+                if top > MAX_TOP_FLOWS {
+                    return Err(invalid(
+                        f.origin(k.span()),
+                        "top_flows",
+                        format!("{top} is out of range (0 to {MAX_TOP_FLOWS})"),
+                    ));
+                }
+                s.top_flows = top as usize;
             }
         }
         s.resolve_host(file, flags)?;
@@ -973,6 +994,29 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().starts_with("t.toml:2:"), "{e}");
+    }
+
+    #[test]
+    fn top_flows_defaults_to_ten_and_is_bounded() {
+        let s = Settings::resolve(None, &iface("eth1"), true).unwrap();
+        assert_eq!(s.top_flows, 10);
+        assert_eq!(
+            resolve("top_flows = 0\n", &iface("e")).unwrap().top_flows,
+            0
+        );
+        assert_eq!(
+            resolve("top_flows = 1000\n", &iface("e"))
+                .unwrap()
+                .top_flows,
+            1000
+        );
+        let e = resolve("interval = 1\ntop_flows = 1001\n", &iface("e")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.toml:2:13: top_flows: 1001 is out of range (0 to 1000)"
+        );
+        let e = parse("top_flows = -1\n").unwrap_err();
+        assert!(e.to_string().starts_with("t.toml:1:13: "), "{e}");
     }
 
     #[test]

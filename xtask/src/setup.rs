@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 pub const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages and a command each provides, to tell whether it is installed.
-const DEBIAN_TOOLS: [(&str, &str); 8] = [
+const DEBIAN_TOOLS: [(&str, &str); 9] = [
     ("tshark", "tshark"),
     ("tcpdump", "tcpdump"),
     ("tcpreplay", "tcpreplay"),
@@ -19,6 +19,8 @@ const DEBIAN_TOOLS: [(&str, &str); 8] = [
     ("ethtool", "ethtool"),
     // `roce-agent top`'s terminal test runs it in a tmux pane.
     ("tmux", "tmux"),
+    // promtool (`check metrics`, `check rules`, `test rules`) comes with the server.
+    ("promtool", "prometheus"),
 ];
 
 fn say(msg: &str) {
@@ -111,7 +113,8 @@ pub fn ensure_rust() -> Result<()> {
     Ok(())
 }
 
-/// tshark, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool, tmux from Debian.
+/// tshark, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool, tmux, prometheus
+/// (promtool) from Debian.
 pub fn ensure_debian_tools() -> Result<()> {
     let missing: Vec<&str> = DEBIAN_TOOLS
         .iter()

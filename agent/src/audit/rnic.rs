@@ -5,6 +5,8 @@
 //! Files read, relative to the root:
 //! - `class/infiniband/DEV/ports/N/link_layer` and `.../gid_attrs/ndevs/IDX`: the RDMA
 //!   ports and the netdevs of their GID tables (an unused slot fails to read, EINVAL);
+//! - `class/infiniband/DEV/ports/N/{hw_counters,counters}/*`: the port's counters, for
+//!   `/metrics` ([`read_port_counters`]; named there, in `crate::metrics`);
 //! - `class/net/IF/ecn/roce_np/{enable/P,cnp_dscp,cnp_802p_prio}` and
 //!   `class/net/IF/ecn/roce_rp/enable/P` (P = priority 0..7): the ECN knobs of NVIDIA's
 //!   mlx5 driver as MLNX_OFED / DOCA-OFED ships it. Other NICs, VLAN devices and mainline
@@ -337,6 +339,65 @@ pub fn read_rnic_ports(root: &Path) -> Result<Vec<RnicPort>, RnicError> {
         }
     }
     Ok(ports)
+}
+
+/// Which directory of a port a counter file is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CounterDir {
+    /// `ports/N/hw_counters`: the driver's RoCE counters (CNPs, ECN marks, retries).
+    Hw,
+    /// `ports/N/counters`: the InfiniBand port counters (`port_*_data` in 4-byte words).
+    Port,
+}
+
+impl CounterDir {
+    fn name(self) -> &'static str {
+        match self {
+            CounterDir::Hw => "hw_counters",
+            CounterDir::Port => "counters",
+        }
+    }
+}
+
+/// One counter file of an RDMA port, as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortCounter {
+    pub dir: CounterDir,
+    /// The file name, e.g. `np_cnp_sent`.
+    pub name: String,
+    pub value: u64,
+}
+
+/// The counter files of `port` (`hw_counters/*`, then `counters/*`, each in name
+/// order). A directory that is missing has none; a file that does not read as a
+/// decimal number (some counters fail to read while the port is down) is left out
+/// and logged at debug level, so one bad file never hides the others.
+pub fn read_port_counters(root: &Path, port: &RnicPort) -> Result<Vec<PortCounter>, RnicError> {
+    let port_dir = root.join(format!(
+        "class/infiniband/{}/ports/{}",
+        port.device, port.port
+    ));
+    let mut counters = Vec::new();
+    for dir in [CounterDir::Hw, CounterDir::Port] {
+        let dir_path = port_dir.join(dir.name());
+        let mut names = list_dir(&dir_path)?;
+        names.sort_unstable();
+        for name in names {
+            let path = dir_path.join(&name);
+            if !path.is_file() {
+                continue;
+            }
+            let value = read_text(&path).and_then(|text| {
+                text.parse::<u64>()
+                    .map_err(|_| unreadable(&path, Problem::NotANumber(quoted(&text))))
+            });
+            match value {
+                Ok(value) => counters.push(PortCounter { dir, name, value }),
+                Err(e) => tracing::debug!(error = %e, "RNIC counter left out"),
+            }
+        }
+    }
+    Ok(counters)
 }
 
 /// The netdevs that carry RoCE (those in some RDMA port's GID table), each once, in
