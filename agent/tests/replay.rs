@@ -260,6 +260,8 @@ fn comparable_flows(doc: &Value) -> BTreeMap<String, Value> {
                     "direction",
                     "first_seen_ns",
                     "last_seen_ns",
+                    // Live only: rates over the collector's interval.
+                    "rates",
                     "icrc_errors",
                 ] {
                     o.remove(k);
