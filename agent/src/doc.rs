@@ -33,6 +33,17 @@ pub enum Direction {
     Egress,
 }
 
+impl Direction {
+    /// Which program counted a flow: `tc_egress` sets `KEY_EGRESS`, XDP (ingress) does not.
+    pub fn of_key(key: &FlowKey) -> Direction {
+        if key.egress() {
+            Direction::Egress
+        } else {
+            Direction::Ingress
+        }
+    }
+}
+
 /// An IP address family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -318,9 +329,7 @@ impl Flow {
         let (ifname, direction) = match resolve {
             Some(r) => (
                 Some(r(key.ifindex).unwrap_or_else(|| format!("if#{}", key.ifindex))),
-                // Only XDP (ingress) counts flows today; "egress" comes with the tc
-                // egress program's flow counting.
-                Some(Direction::Ingress),
+                Some(Direction::of_key(key)),
             ),
             None => (None, None),
         };
@@ -380,7 +389,9 @@ impl Document {
 mod tests {
     use super::*;
     use roce_common::counters::{Reason, STATS_LEN};
-    use roce_common::flow::{addr_v4_mapped, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
+    use roce_common::flow::{
+        addr_v4_mapped, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
+    };
 
     fn v4(a: [u8; 4]) -> [u32; 4] {
         addr_v4_mapped(u32::from_ne_bytes(a))
@@ -516,6 +527,28 @@ mod tests {
         assert_eq!(f.family, Family::Ipv6);
         assert_eq!(f.src.to_string(), "fd00::a");
         assert!(f.ifname.is_none() && f.direction.is_none());
+    }
+
+    #[test]
+    fn an_egress_key_is_an_egress_flow_next_to_its_ingress_twin() {
+        let ingress = plain_key([198, 18, 0, 1], [198, 18, 0, 2], 4660, 2);
+        let egress = FlowKey {
+            flags: KEY_EGRESS,
+            ..ingress
+        };
+        let doc = Document::build(
+            vec![(egress, stats(3)), (ingress, stats(2))],
+            &[],
+            Some(&names),
+        );
+        let v = serde_json::to_value(&doc).unwrap();
+        assert_eq!(v["flows"][0]["direction"], "ingress");
+        assert_eq!(v["flows"][0]["packets"], 2);
+        assert_eq!(v["flows"][1]["direction"], "egress");
+        assert_eq!(v["flows"][1]["packets"], 3);
+        assert_eq!(v["flows"][1]["ifname"], "eth1");
+        // The direction bit is no address family: the addresses still read as IPv4.
+        assert_eq!(v["flows"][1]["src"], "198.18.0.1");
     }
 
     #[test]

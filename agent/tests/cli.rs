@@ -175,9 +175,21 @@ impl Drop for Agent {
 /// Sends `count` RC SEND_ONLY packets (BTH + ICRC) to 198.18.0.1:4791 from
 /// namespace `b` with DSCP 26 / ECT(0); returns the UDP source port.
 fn send_roce(b: &Netns, count: u32, dest_qp: u32) -> u16 {
-    b.enter(|| {
-        let sock = UdpSocket::bind("198.18.0.2:0").expect("bind in namespace b");
-        let tos = (26 << 2) | 0b10;
+    send_roce_from(
+        b,
+        "198.18.0.2",
+        "198.18.0.1",
+        (26 << 2) | 0b10,
+        count,
+        dest_qp,
+    )
+}
+
+/// Sends `count` RC SEND_ONLY packets (BTH + ICRC) from `src` in namespace `ns` to
+/// `dst`:4791 with TOS `tos`, PSNs 0, 1, ...; returns the UDP source port.
+fn send_roce_from(ns: &Netns, src: &str, dst: &str, tos: i32, count: u32, dest_qp: u32) -> u16 {
+    ns.enter(|| {
+        let sock = UdpSocket::bind(format!("{src}:0")).expect("bind in the namespace");
         set_int_option(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos)
             .unwrap_or_else(|e| panic!("IP_TOS: {e}"));
         for psn in 0..count {
@@ -187,11 +199,40 @@ fn send_roce(b: &Netns, count: u32, dest_qp: u32) -> u16 {
             bth[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes()); // default P_Key
             bth[4..8].copy_from_slice(&(dest_qp & 0x00FF_FFFF).to_be_bytes());
             bth[8..12].copy_from_slice(&(psn & 0x00FF_FFFF).to_be_bytes());
-            sock.send_to(&bth, "198.18.0.1:4791").expect("send");
+            sock.send_to(&bth, format!("{dst}:4791")).expect("send");
         }
         sock.local_addr().expect("local address").port()
     })
     .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// Polls `flows --json` in `ns` until `done` holds for the document, or panics after
+/// 10 seconds with the last document and the agent's log.
+fn wait_for_flows(
+    agent: &Agent,
+    ns: &Netns,
+    api: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = ns
+            .cmd(BIN, &["flows", "--json", "--api", api])
+            .output()
+            .expect("flows --json");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        if done(&v) {
+            let _: Document = serde_json::from_value(v.clone()).expect("a flow document");
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "flows never got there: {v}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
@@ -419,6 +460,82 @@ fn agent_in_a_namespace_serves_flows_and_detaches_on_sigterm() {
         pair.a.ip_ok(&["link", "show", "dev", "va"])
     );
     assert!(agent.log().contains("detached"), "{}", agent.log());
+}
+
+#[test]
+fn roce_sent_from_the_agents_namespace_is_an_egress_flow_with_the_dscp_enforce_wrote() {
+    require_root!();
+    let pair = Pair::new();
+    let api = "127.0.0.1:9476";
+    let mut agent = Agent::start(
+        &pair.a,
+        &[
+            "run",
+            "--iface",
+            "va",
+            "--listen",
+            api,
+            "--interval",
+            "0.1",
+            "--mode",
+            "enforce",
+        ],
+    );
+    agent.wait_ready(&pair.a, api);
+
+    // DSCP 10 / ECT(0) from the socket; enforce rewrites RoCE data to DSCP 26 on va's
+    // egress, and the egress flow counts what left.
+    let sport = send_roce_from(
+        &pair.a,
+        "198.18.0.1",
+        "198.18.0.2",
+        (10 << 2) | 0b10,
+        7,
+        0x77,
+    );
+    let json = wait_for_flows(&agent, &pair.a, api, |v| {
+        v["flows"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["packets"] == 7))
+    });
+    let egress: Vec<&serde_json::Value> = json["flows"]
+        .as_array()
+        .expect("flows array")
+        .iter()
+        .filter(|f| f["direction"] == "egress")
+        .collect();
+    assert_eq!(egress.len(), 1, "{json}");
+    let f = egress[0];
+    assert_eq!(f["ifname"], "va");
+    assert_eq!(f["src"], "198.18.0.1");
+    assert_eq!(f["dst"], "198.18.0.2");
+    assert_eq!(f["sport"], sport);
+    assert_eq!(f["dest_qp"], 0x77);
+    assert_eq!(f["packets"], 7);
+    // 14 Ethernet + 20 IPv4 + 8 UDP + 12 BTH + 4 ICRC.
+    assert_eq!(f["bytes"], 7 * 58);
+    assert_eq!(
+        f["ecn"],
+        serde_json::json!({"not_ect": 0, "ect1": 0, "ect0": 7, "ce": 0})
+    );
+    assert_eq!(f["last_dscp"], 26, "the DSCP as written: {f}");
+    assert_eq!(f["psn_gaps"], 0);
+    // Egress frames are not in the class counters (those count what XDP saw arrive).
+    assert_eq!(json["counters"]["roce"], 0, "{json}");
+    assert_eq!(json["counters"]["qos"]["roce_rewritten"], 7, "{json}");
+
+    let out = pair
+        .a
+        .cmd(BIN, &["flows", "--api", api])
+        .output()
+        .expect("flows");
+    assert!(
+        text(&out.stdout).contains("va/out"),
+        "{}",
+        text(&out.stdout)
+    );
+    let st = agent.terminate();
+    assert_eq!(st.code(), Some(0), "{}", agent.log());
 }
 
 #[test]

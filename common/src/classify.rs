@@ -37,8 +37,13 @@ pub struct Parsed {
     /// UDP length of the RoCE datagram, as its header declares it.
     pub udp_len: u16,
     pub bth: Bth,
-    /// AETH syndrome, when the opcode carries one and it was present.
-    pub syndrome: Option<u8>,
+    /// AETH syndrome when `has_syndrome` (0 otherwise); see [`Parsed::syndrome`].
+    /// Plain fields written on every path, like `Layers::roce`: with an `Option`,
+    /// LLVM computed the syndrome class from an unset stack slot on paths without
+    /// one, which the verifier rejects (a packet pointer had been spilled there).
+    pub aeth_syndrome: u8,
+    /// The opcode carries an AETH and its syndrome was in the frame.
+    pub has_syndrome: bool,
     /// RETH DMA length of a READ request.
     pub read_len: u32,
     /// An AETH or RETH that counting needs was cut off.
@@ -46,6 +51,12 @@ pub struct Parsed {
 }
 
 impl Parsed {
+    /// The AETH syndrome, when the opcode carries one and it was present.
+    #[inline(always)]
+    pub fn syndrome(&self) -> Option<u8> {
+        self.has_syndrome.then_some(self.aeth_syndrome)
+    }
+
     pub fn class(&self) -> Class {
         if self.tunnelled {
             Class::RoceInVxlan
@@ -55,6 +66,9 @@ impl Parsed {
     }
 
     /// Payload bytes of the RoCE packet (after extension headers, before pad and ICRC).
+    // Inlined: called from both kernel programs, LLVM would otherwise make it a BPF
+    // subprogram taking `&Parsed`, which forces the whole Parsed onto the stack.
+    #[inline(always)]
     pub fn payload_len(&self) -> u32 {
         let overhead = (UDP_HLEN + BTH_LEN + bth::ext_headers_len(self.bth.opcode) + bth::ICRC_LEN)
             as u32
@@ -611,7 +625,10 @@ fn parse_roce<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> Result<P
     let ext = off + BTH_LEN;
     if bth::has_aeth(bth.opcode) {
         match q.u8_at(ext) {
-            Some(s) => parsed.syndrome = Some(s),
+            Some(s) => {
+                parsed.aeth_syndrome = s;
+                parsed.has_syndrome = true;
+            }
             None => parsed.ext_truncated = true,
         }
     } else if bth.opcode & 0x1F == bth::op::READ_REQUEST && bth::is_tracked_request(bth.opcode) {
@@ -720,7 +737,10 @@ mod tests {
         assert_eq!(p.key.dest_qp, 0x12_3456);
         assert_eq!(p.key.src, addr_v4_mapped(u32::from_ne_bytes([10, 0, 0, 1])));
         assert_eq!((p.outer_tos, p.sport, p.udp_len), (106, 0xC000, 8 + 20));
-        assert_eq!((p.bth.opcode, p.bth.psn, p.syndrome), (0x11, 7, Some(0x61)));
+        assert_eq!(
+            (p.bth.opcode, p.bth.psn, p.syndrome()),
+            (0x11, 7, Some(0x61))
+        );
         assert!(!p.ext_truncated);
     }
 
@@ -824,7 +844,7 @@ mod tests {
         let Outcome::Flow(p) = run(&g) else {
             panic!("{:?}", run(&g))
         };
-        assert_eq!((p.udp_len, p.syndrome, p.ext_truncated), (20, None, true));
+        assert_eq!((p.udp_len, p.syndrome(), p.ext_truncated), (20, None, true));
     }
 
     #[test]
@@ -836,7 +856,7 @@ mod tests {
         let Outcome::Flow(p) = run(&g) else {
             panic!("{:?}", run(&g))
         };
-        assert_eq!((p.syndrome, p.ext_truncated), (None, true));
+        assert_eq!((p.syndrome(), p.ext_truncated), (None, true));
         // Ending inside the BTH: not RoCE.
         for len in 8..20 {
             set16(&mut g, 38, len);
@@ -852,7 +872,7 @@ mod tests {
         let Outcome::Flow(p) = run(&g) else {
             panic!("{:?}", run(&g))
         };
-        assert_eq!((p.syndrome, p.udp_len), (Some(0x61), 1000));
+        assert_eq!((p.syndrome(), p.udp_len), (Some(0x61), 1000));
     }
 
     #[test]

@@ -8,6 +8,9 @@ use crate::psn;
 pub const KEY_OUTER_V6: u32 = 1 << 0;
 pub const KEY_INNER_V6: u32 = 1 << 1;
 pub const KEY_TUNNELLED: u32 = 1 << 2;
+/// Counted on egress (tc) rather than on ingress (XDP): the same queue pair seen
+/// leaving an interface is another flow than it arriving.
+pub const KEY_EGRESS: u32 = 1 << 3;
 
 /// One direction of one queue pair, as seen on one interface.
 /// Addresses are four raw (network-order) words; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d).
@@ -25,7 +28,7 @@ pub struct FlowKey {
     /// BTH destination QP.
     pub dest_qp: u32,
     pub ifindex: u32,
-    /// `KEY_*` bits: address families, tunnelled.
+    /// `KEY_*` bits: address families, tunnelled, direction.
     pub flags: u32,
 }
 
@@ -38,6 +41,10 @@ impl FlowKey {
     }
     pub fn inner_v6(&self) -> bool {
         self.flags & KEY_INNER_V6 != 0
+    }
+    /// Counted by the tc egress program (false: by XDP, on ingress).
+    pub fn egress(&self) -> bool {
+        self.flags & KEY_EGRESS != 0
     }
 }
 
@@ -93,8 +100,8 @@ impl FlowStats {
         if bth::is_cnp(opcode) {
             self.cnps += 1;
         } else if bth::is_acknowledge(opcode) {
-            if let Some(s) = p.syndrome {
-                match bth::syndrome_class(s) {
+            if p.has_syndrome {
+                match bth::syndrome_class(p.aeth_syndrome) {
                     SyndromeClass::Ack => self.acks += 1,
                     SyndromeClass::RnrNak => self.rnr_naks += 1,
                     SyndromeClass::Nak => self.naks += 1,

@@ -47,6 +47,14 @@ impl IfaceQos {
     pub fn is_off(&self) -> bool {
         self.host == HOST_OFF && self.vtep == 0
     }
+
+    /// The host policy applies (audit or enforce): one of the agent's `--iface`
+    /// interfaces, whose egress RoCE flows `tc_egress` counts as XDP counts its ingress
+    /// ones. A VTEP-only underlay has no XDP program, so it counts neither direction.
+    #[inline(always)]
+    pub fn counts_flows(&self) -> bool {
+        self.host != HOST_OFF
+    }
 }
 
 impl DscpEntry {
@@ -282,6 +290,8 @@ pub struct Action {
     pub priority: Option<u32>,
     /// True in enforce mode and on VTEPs; false in audit mode (count, change nothing).
     pub enforce: bool,
+    /// The frame is RoCEv2 (plain or in VXLAN: a whole BTH behind the RoCE port).
+    pub roce: bool,
 }
 
 impl Action {
@@ -293,6 +303,7 @@ impl Action {
         new_tos: 0,
         priority: None,
         enforce: false,
+        roce: false,
     };
 
     /// The TOS byte changes.
@@ -353,7 +364,7 @@ pub fn decide<P: Packet, T: DscpTable>(
     table: &T,
     iface: &IfaceQos,
 ) -> Action {
-    if iface.host == HOST_OFF && iface.vtep == 0 {
+    if iface.is_off() {
         return Action::UNTOUCHED;
     }
     let layers = walk(p, cfg).layers;
@@ -372,6 +383,7 @@ pub fn decide<P: Packet, T: DscpTable>(
         new_tos: old,
         priority: None,
         enforce: iface.host == HOST_ENFORCE,
+        roce,
     };
     if iface.vtep != 0 {
         if let Some(inner_tos) = inner_tos {

@@ -1,18 +1,23 @@
 //! The tc programs: `tc_egress` (host DSCP policy, VTEP inner->outer propagation, skb
-//! priority) and `tc_ingress` (decapsulation-side checks). The decision is
-//! `roce_common::policy`; this file only reads the maps, makes the headers readable,
-//! writes what the decision says and counts it. Never drops: every path returns
-//! TC_NEXT, so later programs on the hook still run.
+//! priority, and the egress RoCE flows of the `--iface` interfaces) and `tc_ingress`
+//! (decapsulation-side checks). The decision is `roce_common::policy`; this file only
+//! reads the maps, makes the headers readable, writes what the decision says and
+//! counts it. Never drops: every path returns TC_NEXT, so later programs on the hook
+//! still run.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::macros::classifier;
 use aya_ebpf::programs::TcContext;
+use roce_common::classify::{classify, Outcome};
+use roce_common::config::RuntimeConfig;
 use roce_common::counters::{STAT_TC_PULL_FAILED, STAT_TC_WRITE_FAILED};
+use roce_common::flow::KEY_EGRESS;
 use roce_common::packet::Packet;
 use roce_common::policy::{
     action_stats, csum_replace16, decap_check, decap_stats, decide, tos_word, Action, VtepStats,
 };
 
+use crate::flow::count_on_flow;
 use crate::maps::{bump, iface_qos, qos_config, runtime_config, PolicyMap, VTEPS};
 use crate::packet::KernelPacket;
 
@@ -67,7 +72,8 @@ fn pull_headers(ctx: &TcContext) -> bool {
 
 #[inline(always)]
 fn egress(ctx: &TcContext) {
-    let Some(iface) = iface_qos(ifindex(ctx)) else {
+    let ifindex = ifindex(ctx);
+    let Some(iface) = iface_qos(ifindex) else {
         return;
     };
     if !pull_headers(ctx) {
@@ -86,6 +92,28 @@ fn egress(ctx: &TcContext) {
     }
     for s in action_stats(&action).into_iter().flatten() {
         bump(s);
+    }
+    if action.roce && iface.counts_flows() {
+        count_egress(ctx, &pkt, &cfg, ifindex);
+    }
+}
+
+/// Counts a RoCE frame leaving an `--iface` interface on its egress flow. It walks
+/// the frame a second time, after the rewrite: the flow counts what leaves the wire
+/// (the outer TOS as written, so `last_dscp` is the DSCP the host really sends), and
+/// the decision's walk and this one stay apart (one walk kept for both spilled its
+/// layers and the flow past the 512-byte stack).
+#[inline(always)]
+fn count_egress(ctx: &TcContext, pkt: &KernelPacket, cfg: &RuntimeConfig, ifindex: u32) {
+    if let Outcome::Flow(parsed) = classify(pkt, cfg) {
+        // skb->len: the whole frame from the Ethernet header on, linear or not.
+        count_on_flow(
+            &parsed,
+            ifindex,
+            KEY_EGRESS,
+            ctx.len(),
+            cfg.default_pmtu_log2,
+        );
     }
 }
 

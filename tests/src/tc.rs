@@ -5,8 +5,11 @@
 //! BPF_PROG_TEST_RUN gives the skb the loopback device of the caller's namespace
 //! (ifindex 1): the harness configures the policy for that interface.
 
+use std::collections::BTreeMap;
+
 use roce_agent::loader::{load, LoadOptions, Loaded, TC_EGRESS, TC_INGRESS};
 use roce_agent::testrun::{test_run, TestRun};
+use roce_common::flow::{FlowKey, FlowStats};
 use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats};
 
 use crate::harness::pin_to_current_cpu;
@@ -125,6 +128,14 @@ impl TcHarness {
         match self.loaded.stats() {
             Ok(v) => v,
             Err(e) => panic!("reading STATS: {e}"),
+        }
+    }
+
+    /// Every flow in FLOWS (both directions) with CPUs merged, sorted by key.
+    pub fn flows(&self) -> BTreeMap<FlowKey, FlowStats> {
+        match self.loaded.flows() {
+            Ok(v) => v.into_iter().collect(),
+            Err(e) => panic!("reading FLOWS: {e}"),
         }
     }
 

@@ -2,20 +2,26 @@
 //! `roce_common::policy`: every TOS value x IPv4/IPv6 x plain/VXLAN x every interface
 //! mode. Output bytes equal the reference's, the IPv4 header checksum equals one
 //! computed from scratch, length and ICRC stay, skb->priority comes back through the
-//! `__sk_buff` context, and STATS hold exactly what the reference counted. Needs root.
+//! `__sk_buff` context, and STATS hold exactly what the reference counted. The egress
+//! flows `tc_egress` counts equal the reference classifier's flows of the bytes the
+//! reference policy wrote (what leaves the wire). Needs root.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use roce_common::counters::*;
+use roce_common::flow::{FlowKey, FlowStats, KEY_EGRESS};
 use roce_common::packet::SlicePacket;
 use roce_common::policy::{
     action_stats, apply, decap_check, decap_stats, ipv4_checksum, DscpEntry, IfaceQos, Kind,
     Policy, VtepStats, ECN_KERNEL, ECN_RFC6040, ENTRY_LOSSLESS, HOST_AUDIT, HOST_ENFORCE, HOST_OFF,
 };
+use roce_common::reference::ReferenceTable;
 use roce_common::wire::{ETH_HLEN, ETH_P_IPV4};
 use roce_testkit::frame::{cnp, roce_frame, udp_frame, vxlan_frame, Eth, RoceMsg, L3};
+use roce_tests::expect::{key, tunnel_key, untimed, Counts};
 use roce_tests::hex;
-use roce_tests::tc::{TcHarness, TC_NEXT};
+use roce_tests::tc::{TcHarness, TC_NEXT, TEST_RUN_IFINDEX};
 
 const PRIO_IN: u32 = 0x1234;
 
@@ -107,11 +113,28 @@ fn assert_ipv4_checksum_from_scratch(f: &[u8], context: &str) {
     assert_eq!(stored, ipv4_checksum(&h), "{context}: IPv4 header checksum");
 }
 
+/// What the reference expects after a run: QoS STATS, and the egress flows.
+struct Expected {
+    stats: Vec<u64>,
+    flows: BTreeMap<FlowKey, FlowStats>,
+}
+
+/// The kernel's flows without timestamps.
+fn untimed_flows(h: &TcHarness) -> BTreeMap<FlowKey, FlowStats> {
+    h.flows()
+        .into_iter()
+        .map(|(k, v)| (k, untimed(v)))
+        .collect()
+}
+
 /// Runs every frame of every TOS through `tc_egress` on an interface in `mode`, and
 /// checks bytes, checksum, length, ICRC, priority and verdict against the reference.
-/// Returns the STATS the reference expects.
-fn run_all(h: &mut TcHarness, policy: &Policy, mode: IfaceQos, label: &str) -> Vec<u64> {
+/// Returns the STATS and the egress flows the reference expects: the reference
+/// classifier's flows of the bytes the reference policy left (keys marked egress), on
+/// interfaces where the host policy applies.
+fn run_all(h: &mut TcHarness, policy: &Policy, mode: IfaceQos, label: &str) -> Expected {
     let mut want = vec![0u64; STATS_LEN as usize];
+    let mut reference = ReferenceTable::new(policy.config);
     for v6 in [false, true] {
         for tos in 0..=255u8 {
             for (name, frame) in frames(v6, tos) {
@@ -142,10 +165,21 @@ fn run_all(h: &mut TcHarness, policy: &Policy, mode: IfaceQos, label: &str) -> V
                 for s in action_stats(&action).into_iter().flatten() {
                     want[s as usize] += 1;
                 }
+                if mode.counts_flows() {
+                    reference.process(&expected, TEST_RUN_IFINDEX, 0);
+                }
             }
         }
     }
-    want
+    let flows = reference
+        .flows
+        .into_iter()
+        .map(|(mut k, v)| {
+            k.flags |= KEY_EGRESS;
+            (k, untimed(v))
+        })
+        .collect();
+    Expected { stats: want, flows }
 }
 
 fn qos_stats(v: &[u64]) -> Vec<(&'static str, u64)> {
@@ -164,7 +198,24 @@ fn every_tos_family_encapsulation_and_mode_matches_the_reference_bytes_priority_
         h.set_iface(mode);
         let want = run_all(&mut h, &policy, mode, label);
         let got = h.stats();
-        assert_eq!(qos_stats(&got), qos_stats(&want), "{label}: QoS counters");
+        assert_eq!(
+            qos_stats(&got),
+            qos_stats(&want.stats),
+            "{label}: QoS counters"
+        );
+        let flows = untimed_flows(&h);
+        assert!(
+            flows == want.flows,
+            "{label}: egress flows differ\n  kernel:    {flows:#?}\n  reference: {:#?}",
+            want.flows
+        );
+        assert_eq!(
+            got[STAT_FLOW_CREATED as usize],
+            want.flows.len() as u64,
+            "{label}"
+        );
+        // Egress frames have no class counters: `counters` stays what XDP saw.
+        assert!(got[..STAT_FLOW_CREATED as usize].iter().all(|&n| n == 0));
     }
 }
 
@@ -192,7 +243,8 @@ fn a_policy_from_config_is_what_the_datapath_applies() {
         h.reset();
         h.set_iface(mode);
         let want = run_all(&mut h, &policy, mode, label);
-        assert_eq!(qos_stats(&h.stats()), qos_stats(&want), "{label}");
+        assert_eq!(qos_stats(&h.stats()), qos_stats(&want.stats), "{label}");
+        assert!(untimed_flows(&h) == want.flows, "{label}: egress flows");
     }
 }
 
@@ -409,4 +461,191 @@ fn interfaces_beyond_the_direct_array_are_configured_through_the_hash() {
     );
     assert_eq!(on_lo, udp, "loopback is not configured");
     assert_eq!(after, udp, "removed again");
+}
+
+// ---------------------------------------------------------------------------------
+// Egress flows
+
+const QP: u32 = 0x1234;
+const CNP_QP: u32 = 0x77;
+const SPORT: u16 = 0xC000;
+
+fn egress_key(k: FlowKey) -> FlowKey {
+    FlowKey {
+        flags: k.flags | KEY_EGRESS,
+        ..k
+    }
+}
+
+/// Plain IPv4 RoCE with DSCP 10 (which enforce rewrites to 26) and ECN `ecn`.
+fn dscp10(ecn: u8) -> L3 {
+    l3(false, false, (10 << 2) | ecn)
+}
+
+/// A data flow's packets leaving the host: ECT(0), a CE, a PSN gap (3 and 4 missing),
+/// ECT(1) on a NAK, an RNR NAK; and a CNP on another QP.
+fn egress_frames() -> (Vec<Vec<u8>>, Vec<u8>) {
+    let eth = Eth::default();
+    let data = vec![
+        roce_frame(&eth, &dscp10(2), SPORT, &RoceMsg::write_only(QP, 1, 64)),
+        roce_frame(&eth, &dscp10(3), SPORT, &RoceMsg::write_only(QP, 2, 64)),
+        roce_frame(&eth, &dscp10(2), SPORT, &RoceMsg::write_only(QP, 5, 64)),
+        roce_frame(&eth, &dscp10(1), SPORT, &RoceMsg::ack(QP, 5, 0x60)),
+        roce_frame(&eth, &dscp10(2), SPORT, &RoceMsg::ack(QP, 5, 0x23)),
+    ];
+    let c = roce_frame(&eth, &dscp10(1), SPORT, &cnp(CNP_QP));
+    (data, c)
+}
+
+/// The counts of `egress_frames` with the DSCPs the data and the CNP left with.
+fn egress_counts(
+    data: &[Vec<u8>],
+    c: &[u8],
+    data_dscp: u8,
+    cnp_dscp: u8,
+) -> Vec<(FlowKey, Counts)> {
+    let data_counts = Counts {
+        packets: 5,
+        bytes: data.iter().map(|f| f.len() as u64).sum(),
+        ecn: [0, 1, 3, 1],
+        naks: 1,
+        rnr_naks: 1,
+        psn_gaps: 1,
+        sport: SPORT,
+        last_dscp: data_dscp,
+        ..Counts::default()
+    };
+    let cnp_counts = Counts {
+        packets: 1,
+        bytes: c.len() as u64,
+        ecn: [0, 1, 0, 0],
+        cnps: 1,
+        sport: SPORT,
+        last_dscp: cnp_dscp,
+        ..Counts::default()
+    };
+    vec![
+        (egress_key(key(&dscp10(0), QP)), data_counts),
+        (egress_key(key(&dscp10(0), CNP_QP)), cnp_counts),
+    ]
+}
+
+fn flow_counts(h: &TcHarness) -> BTreeMap<FlowKey, Counts> {
+    h.flows()
+        .iter()
+        .map(|(k, v)| (*k, Counts::from(v)))
+        .collect()
+}
+
+#[test]
+fn roce_leaving_an_enforce_interface_counts_on_an_egress_flow_with_the_dscp_as_written() {
+    let policy = Policy::default();
+    let mut h = TcHarness::load(&policy, iface(HOST_ENFORCE, 0, ECN_KERNEL));
+    let (data, c) = egress_frames();
+    for f in data.iter().chain([&c]) {
+        let out = h.egress(f, PRIO_IN);
+        assert_eq!(out.retval, TC_NEXT);
+        assert_eq!(out.data.len(), f.len());
+    }
+    // Data leaves with DSCP 26, the CNP with 48: that is what the flows show; the ECN
+    // codepoints are the ones sent (enforce never changes them).
+    let want: BTreeMap<_, _> = egress_counts(&data, &c, 26, 48).into_iter().collect();
+    assert_eq!(flow_counts(&h), want);
+    let s = h.stats();
+    assert_eq!(s[STAT_FLOW_CREATED as usize], 2);
+    assert_eq!(s[STAT_QOS_ROCE_REWRITTEN as usize], 6);
+}
+
+#[test]
+fn audit_mode_counts_egress_flows_with_the_dscp_unchanged() {
+    let policy = Policy::default();
+    let mut h = TcHarness::load(&policy, iface(HOST_AUDIT, 0, ECN_KERNEL));
+    let (data, c) = egress_frames();
+    for f in data.iter().chain([&c]) {
+        assert_eq!(&h.egress(f, PRIO_IN).data, f);
+    }
+    let want: BTreeMap<_, _> = egress_counts(&data, &c, 10, 10).into_iter().collect();
+    assert_eq!(flow_counts(&h), want);
+    assert_eq!(h.stats()[STAT_QOS_AUDIT_ROCE_REWRITE as usize], 6);
+}
+
+#[test]
+fn vtep_only_underlays_and_unconfigured_interfaces_count_no_flow() {
+    let policy = Policy::default();
+    let (data, c) = egress_frames();
+    for mode in [
+        iface(HOST_OFF, 0, ECN_KERNEL),
+        iface(HOST_OFF, 1, ECN_KERNEL),
+    ] {
+        let mut h = TcHarness::load(&policy, mode);
+        for f in data.iter().chain([&c]) {
+            h.egress(f, PRIO_IN);
+        }
+        assert!(h.flows().is_empty(), "{mode:?}");
+        assert_eq!(h.stats()[STAT_FLOW_CREATED as usize], 0);
+    }
+}
+
+#[test]
+fn a_vxlan_flow_leaving_counts_outer_ecn_as_written_and_inner_ecn_as_carried() {
+    // VTEP + enforce: the outer TOS is rewritten from the inner one (ECN included).
+    let policy = Policy::default();
+    let mut h = TcHarness::load(&policy, iface(HOST_ENFORCE, 1, ECN_RFC6040));
+    let eth = Eth::default();
+    let inner_l3 = l3(false, true, (26 << 2) | 3);
+    let outer_l3 = l3(false, false, 0);
+    let inner = roce_frame(&eth, &inner_l3, SPORT, &RoceMsg::write_only(QP, 9, 32));
+    let f = vxlan_frame(&eth, &outer_l3, 0xD000, 5001, &inner);
+    let out = h.egress(&f, PRIO_IN);
+    assert_eq!(
+        out.data[15],
+        (26 << 2) | 3,
+        "outer TOS from the inner (RFC 6040)"
+    );
+    let mut ecn = [0; 4];
+    ecn[3] = 1;
+    let want = Counts {
+        packets: 1,
+        bytes: f.len() as u64,
+        ecn,
+        inner_ecn: ecn,
+        sport: SPORT,
+        last_dscp: 26,
+        ..Counts::default()
+    };
+    let k = egress_key(tunnel_key(&outer_l3, 5001, &inner_l3, QP));
+    assert_eq!(flow_counts(&h), BTreeMap::from([(k, want)]));
+}
+
+#[test]
+fn one_frame_in_and_out_is_two_flows_and_one_frame_in_the_class_counters() {
+    // XDP counts the frame arriving (and its class), tc_egress the frame leaving: the
+    // flows differ by direction, and `counters` (STATS classes) counts the frame once.
+    let policy = Policy::default();
+    let mut h = TcHarness::load(&policy, iface(HOST_AUDIT, 0, ECN_KERNEL));
+    let (data, _) = egress_frames();
+    let f = &data[0];
+    h.egress(f, PRIO_IN);
+    let fd = match h.loaded_mut().xdp_fd() {
+        Ok(fd) => fd,
+        Err(e) => panic!("{e}"),
+    };
+    let run = roce_agent::testrun::TestRun {
+        data: f,
+        repeat: 1,
+        ..Default::default()
+    };
+    if let Err(e) = roce_agent::testrun::test_run(fd, &run) {
+        panic!("XDP test run: {e}");
+    }
+    let flows = h.flows();
+    let ingress = key(&dscp10(0), QP);
+    assert_eq!(
+        flows.keys().copied().collect::<Vec<_>>(),
+        vec![ingress, egress_key(ingress)]
+    );
+    assert!(flows.values().all(|s| s.packets == 1 && s.last_dscp == 10));
+    let s = h.stats();
+    assert_eq!(s[class_index(Class::Roce) as usize], 1);
+    assert_eq!(s[STAT_FLOW_CREATED as usize], 2);
 }

@@ -1,0 +1,53 @@
+//! Counting one RoCE packet on its flow in FLOWS: shared by `xdp_classify` (ingress)
+//! and `tc_egress` (egress), so both directions follow the same counting rules
+//! (`FlowStats::record`).
+
+use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
+use roce_common::classify::Parsed;
+use roce_common::counters::{STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED};
+use roce_common::flow::{FlowKey, FlowStats};
+
+use crate::maps::{bump, FLOWS};
+
+/// A zeroed value to insert new flows with, kept off the 512-byte stack.
+static EMPTY_FLOW: FlowStats = unsafe { core::mem::zeroed() };
+
+/// Counts `parsed` (a frame of `frame_len` bytes) on the flow of its key seen on
+/// `ifindex`, with `direction` (0 or `KEY_EGRESS`) added to the key's flags.
+#[inline(always)]
+pub fn count_on_flow(
+    parsed: &Parsed,
+    ifindex: u32,
+    direction: u32,
+    frame_len: u32,
+    default_pmtu_log2: u8,
+) {
+    let mut key: FlowKey = parsed.key;
+    key.ifindex = ifindex;
+    key.flags |= direction;
+    let stats = match FLOWS.get_ptr_mut(&key) {
+        Some(s) => s,
+        None => {
+            if FLOWS.insert(&key, &EMPTY_FLOW, BPF_NOEXIST as u64).is_ok() {
+                bump(STAT_FLOW_CREATED);
+            }
+            match FLOWS.get_ptr_mut(&key) {
+                Some(s) => s,
+                None => {
+                    bump(STAT_FLOW_INSERT_FAILED);
+                    return;
+                }
+            }
+        }
+    };
+    // SAFETY: a per-CPU value of this CPU; coarse clock (ms resolution is plenty, and cheap).
+    unsafe {
+        (*stats).record(
+            parsed,
+            frame_len,
+            bpf_ktime_get_coarse_ns(),
+            default_pmtu_log2,
+        )
+    };
+}
