@@ -1090,7 +1090,7 @@ mod tests {
         assert_eq!(p.key.flags, KEY_OUTER_V6);
         assert_eq!((p.key.src, p.key.dst), (raw6(v6(1)), raw6(v6(2))));
         assert_eq!(
-            (p.syndrome, p.outer_tos, p.key.dest_qp),
+            (p.syndrome(), p.outer_tos, p.key.dest_qp),
             (Some(0x61), 0x6B, 0x10)
         );
     }
@@ -1241,7 +1241,7 @@ mod tests {
                 );
                 assert_eq!(p.bth.pkey, 0xFFFF);
                 assert_eq!(p.payload_len() as usize, len, "opcode {op:#04x}");
-                assert_eq!(p.syndrome, bth::has_aeth(op).then_some(0x20));
+                assert_eq!(p.syndrome(), bth::has_aeth(op).then_some(0x20));
                 let read = op & 0x1F == 0x0C && op & 0xE0 != 0x20;
                 assert_eq!(
                     p.read_len,
