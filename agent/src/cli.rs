@@ -228,6 +228,9 @@ pub struct RunArgs {
     /// Probe the path MTU (mtu_path) towards the remote end of every flow counted, each peer at most once a minute (the config's `peers` are always probed)
     #[arg(long)]
     pub probe_flow_peers: bool,
+    /// Sampled events (GET /events): keep 1 in N of each kind (CE, CNP, NAK, RNR NAK, PSN gap) per CPU, at most 100 per CPU per 100 ms; 0 emits none [default: the config's `events_sample`, else 1]
+    #[arg(long, value_name = "N")]
+    pub events_sample: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -312,6 +315,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ecn_propagation: args.ecn_propagation,
         mtu: args.mtu,
         peers: Vec::new(),
+        events_sample: args.events_sample,
     };
     let settings = Settings::resolve(file.as_ref(), &flags, true)?;
 
@@ -434,7 +438,7 @@ async fn serve(
         top_flows: settings.top_flows,
     });
     // Sampled events from the kernel programs; GET /events subscribes here.
-    let events: api::EventSender = None;
+    let events: api::EventSender = start_events(collector.loaded_mut(), &settings);
     let routes = api::router(rx.clone(), findings_rx.clone(), events).merge(api::metrics_router(
         rx,
         findings_rx,
@@ -497,6 +501,31 @@ async fn serve(
                 server.abort();
             }
             Ok(())
+        }
+    }
+}
+
+/// Starts the reader of the kernel's sampled events (None when `events_sample` is 0,
+/// or when the reader cannot start: flows, QoS and the audit go on without events).
+fn start_events(loaded: &mut loader::Loaded, settings: &Settings) -> api::EventSender {
+    let sample = settings.events_sample;
+    if sample == roce_common::event::EVENTS_OFF {
+        tracing::info!("events_sample is 0: no sampled events");
+        return None;
+    }
+    let resolve: crate::events_reader::Resolver = Arc::new(netif::name_of);
+    match crate::events_reader::spawn(loaded, resolve) {
+        Ok(sender) => {
+            tracing::info!(
+                sample,
+                per_cpu_per_100ms = roce_common::event::EVENTS_PER_CPU_PER_WINDOW,
+                "sampled events: reading the EVENTS ring buffer"
+            );
+            Some(sender)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "sampled events unavailable; flow counting goes on");
+            None
         }
     }
 }

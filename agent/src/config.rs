@@ -19,6 +19,7 @@
 //! vteps = ["eth0"]               # VTEP underlays: inner->outer DSCP/ECN, decap checks (flag: --vtep)
 //! ecn_propagation = "kernel"     # outer ECN on VTEPs: "kernel" (tos inherit) | "rfc6040" (flag: --ecn-propagation)
 //! top_flows = 10                 # GET /metrics: the flows with the most problems get roce_top_flow_* series (0 to 1000)
+//! events_sample = 1              # sampled events: 1 in N of each kind per CPU, rate-limited; 0 emits none (flag: --events-sample)
 //!
 //! [qos]                          # the host DSCP policy (all keys optional)
 //! roce_dscp = 26                 # DSCP of RoCEv2 data
@@ -62,6 +63,10 @@ pub const MIN_INTERVAL_SECS: f64 = 0.01;
 pub const DEFAULT_TOP_FLOWS: usize = 10;
 /// Largest `top_flows` accepted: each is a handful of series per scrape.
 pub const MAX_TOP_FLOWS: u32 = 1000;
+/// Sampled events: 1 in this many of each kind per CPU (README, "Sampled events").
+pub const DEFAULT_EVENTS_SAMPLE: u32 = 1;
+/// Largest `events_sample` accepted (0, no events, is the smallest).
+pub const MAX_EVENTS_SAMPLE: u32 = 1_000_000;
 /// Linux interface names are at most 15 bytes.
 const MAX_IFNAME_LEN: usize = 15;
 
@@ -152,6 +157,8 @@ pub struct FileConfig {
     pub ecn_propagation: Option<Spanned<EcnPropagation>>,
     /// Flows named one by one on `GET /metrics` (`roce_top_flow_*`).
     pub top_flows: Option<Spanned<u32>>,
+    /// Sampled events: 1 in N of each kind (0: none).
+    pub events_sample: Option<Spanned<u32>>,
     pub qos: Option<QosFile>,
 }
 
@@ -303,6 +310,8 @@ pub struct Overrides {
     pub ecn_propagation: Option<EcnPropagation>,
     pub mtu: Option<u32>,
     pub peers: Vec<std::net::IpAddr>,
+    /// `--events-sample`.
+    pub events_sample: Option<u32>,
 }
 
 /// The configuration the agent runs with: defaults, then the file, then the flags.
@@ -320,7 +329,7 @@ pub struct Settings {
     pub mtu: Option<u32>,
     /// Hosts whose path `check` probes.
     pub peers: Vec<std::net::IpAddr>,
-    /// What the kernel programs read from CONFIG.
+    /// What the kernel programs read from CONFIG (but `events_sample`, below).
     pub runtime: RuntimeConfig,
     /// Host DSCP policy mode on egress of `interfaces`.
     pub mode: HostMode,
@@ -331,6 +340,10 @@ pub struct Settings {
     pub policy: Policy,
     /// The K flows with the most problems that `GET /metrics` names (`roce_top_flow_*`).
     pub top_flows: usize,
+    /// Sampled events: 1 in N of each kind per CPU (0: none). Apart from `runtime`,
+    /// whose default (no events) is what a loader without a reader wants: `load_options`
+    /// puts it in.
+    pub events_sample: u32,
 }
 
 impl Default for Settings {
@@ -349,6 +362,7 @@ impl Default for Settings {
             ecn_propagation: EcnPropagation::default(),
             policy: Policy::default(),
             top_flows: DEFAULT_TOP_FLOWS,
+            events_sample: DEFAULT_EVENTS_SAMPLE,
         }
     }
 }
@@ -487,6 +501,15 @@ impl Settings {
                 }
                 s.top_flows = top as usize;
             }
+        }
+        if let Some(n) = flags.events_sample {
+            s.events_sample = check_events_sample(n)
+                .map_err(|m| invalid(Origin::Flag("--events-sample"), "events_sample", m))?;
+        } else if let Some((f, n)) =
+            file.and_then(|f| f.values.events_sample.as_ref().map(|n| (f, n)))
+        {
+            s.events_sample = check_events_sample(*n.get_ref())
+                .map_err(|m| invalid(f.origin(n.span()), "events_sample", m))?;
         }
         s.resolve_host(file, flags)?;
         s.resolve_qos(file, flags)?;
@@ -655,7 +678,11 @@ impl Settings {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             flows_max_entries: self.flows_map_size,
-            config: self.runtime,
+            config: RuntimeConfig {
+                events_sample: self.events_sample,
+                ..self.runtime
+            },
+            ..LoadOptions::default()
         }
     }
 }
@@ -714,6 +741,15 @@ fn check_mtu(mtu: u32) -> Result<u32, String> {
     }
 }
 
+fn check_events_sample(n: u32) -> Result<u32, String> {
+    if n > MAX_EVENTS_SAMPLE {
+        return Err(format!(
+            "{n} is out of range (0 to {MAX_EVENTS_SAMPLE}; 0 emits no events)"
+        ));
+    }
+    Ok(n)
+}
+
 fn check_port(port: u16) -> Result<u16, String> {
     if port == 0 {
         return Err("port 0 is not a valid UDP destination port".to_string());
@@ -749,6 +785,7 @@ mod tests {
         assert_eq!(s.interval, Duration::from_secs(1));
         assert_eq!(s.flows_map_size, 65536);
         assert_eq!(s.runtime, RuntimeConfig::default());
+        assert_eq!(s.events_sample, 1);
         assert_eq!(s.default_pmtu, 4096);
     }
 
@@ -994,6 +1031,36 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().starts_with("t.toml:2:"), "{e}");
+    }
+
+    #[test]
+    fn events_sample_defaults_to_one_the_flag_wins_and_it_is_bounded() {
+        let s = resolve("", &iface("e")).unwrap();
+        assert_eq!(s.events_sample, 1);
+        assert_eq!(s.load_options().config.events_sample, 1);
+        let s = resolve("events_sample = 0\n", &iface("e")).unwrap();
+        assert_eq!(s.load_options().config.events_sample, 0);
+        let flag = Overrides {
+            events_sample: Some(1000),
+            ..iface("e")
+        };
+        let s = resolve("events_sample = 10\n", &flag).unwrap();
+        assert_eq!(s.events_sample, 1000);
+        let e = resolve("interval = 1\nevents_sample = 1000001\n", &iface("e")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.toml:2:17: events_sample: 1000001 is out of range (0 to 1000000; 0 emits no events)"
+        );
+        let flag = Overrides {
+            events_sample: Some(2_000_000),
+            ..iface("e")
+        };
+        let e = resolve("", &flag).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("--events-sample: 2000000 is out of range"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -194,7 +194,65 @@ pub struct Counters {
     /// Added: what the tc QoS programs did (all zero when none is attached, and in `analyze`).
     #[serde(default)]
     pub qos: QosCounters,
+    /// Added: sampled events written for `GET /events`, by kind (all zero when events
+    /// are off, and in `analyze`).
+    #[serde(default)]
+    pub events: EventCounters,
+    /// Added: sampled events lost, by reason (`rate_limit`, `ring_full`).
+    #[serde(default)]
+    pub events_dropped: EventDropCounters,
 }
+
+/// Declares a struct of counters from one list of STATS counters in `roce_common`
+/// (`for_each_*_counter!`): a field per counter (its JSON name), filled from its index.
+macro_rules! stat_counters_struct {
+    ($(#[$sm:meta])* $S:ident; $( $(#[$m:meta])* $konst:ident => $name:ident ),* $(,)?) => {
+        $(#[$sm])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(default)]
+        pub struct $S {
+            $( $(#[$m])* pub $name: u64, )*
+        }
+
+        impl $S {
+            pub fn from_stats(stats: &[u64]) -> $S {
+                use roce_common::counters::*;
+                let at = |i: u32| stats.get(i as usize).copied().unwrap_or(0);
+                $S { $( $name: at($konst), )* }
+            }
+
+            /// The counters by name (metric labels, logs).
+            pub fn named(&self) -> BTreeMap<&'static str, u64> {
+                BTreeMap::from([$( (stringify!($name), self.$name) ),*])
+            }
+
+            pub fn total(&self) -> u64 {
+                0 $( + self.$name )*
+            }
+        }
+    };
+}
+
+macro_rules! event_counters_struct {
+    ($($t:tt)*) => {
+        stat_counters_struct! {
+            /// Sampled events written into the EVENTS ring, by kind (`counters.events`).
+            EventCounters; $($t)*
+        }
+    };
+}
+roce_common::for_each_event_counter!(event_counters_struct);
+
+macro_rules! event_drop_counters_struct {
+    ($($t:tt)*) => {
+        stat_counters_struct! {
+            /// Sampled events lost, by reason (`counters.events_dropped`); events the
+            /// sampling left out are not lost and not counted.
+            EventDropCounters; $($t)*
+        }
+    };
+}
+roce_common::for_each_event_drop_counter!(event_drop_counters_struct);
 
 /// Declares [`QosCounters`] from the one list of QoS counters in `roce_common`:
 /// a field per counter (its JSON name), filled from its STATS index.
@@ -288,6 +346,8 @@ impl Counters {
             flow_insert_failed: at(STAT_FLOW_INSERT_FAILED),
             flows_evicted: created.saturating_sub(present as u64),
             qos: QosCounters::from_stats(stats),
+            events: EventCounters::from_stats(stats),
+            events_dropped: EventDropCounters::from_stats(stats),
         }
     }
 
@@ -549,6 +609,34 @@ mod tests {
         assert_eq!(v["flows"][1]["ifname"], "eth1");
         // The direction bit is no address family: the addresses still read as IPv4.
         assert_eq!(v["flows"][1]["src"], "198.18.0.1");
+    }
+
+    #[test]
+    fn event_counters_come_from_their_stats_entries_by_name() {
+        use roce_common::counters::{
+            STAT_EVENTS_CE, STAT_EVENTS_DROPPED_RING_FULL, STAT_EVENTS_PSN_GAP,
+        };
+        let mut raw = vec![0u64; STATS_LEN as usize];
+        raw[STAT_EVENTS_CE as usize] = 4;
+        raw[STAT_EVENTS_PSN_GAP as usize] = 2;
+        raw[STAT_EVENTS_DROPPED_RING_FULL as usize] = 1;
+        let doc = Document::build(vec![], &raw, None);
+        let v = serde_json::to_value(&doc).unwrap();
+        assert_eq!(
+            v["counters"]["events"],
+            serde_json::json!({"ce": 4, "cnp": 0, "nak": 0, "rnr_nak": 0, "psn_gap": 2})
+        );
+        assert_eq!(
+            v["counters"]["events_dropped"],
+            serde_json::json!({"rate_limit": 0, "ring_full": 1})
+        );
+        assert_eq!(doc.counters.events.total(), 6);
+        // A document without them (an older agent) reads as zero.
+        let old: Counters = serde_json::from_str(
+            r#"{"roce":0,"roce_in_vxlan":0,"vxlan_other":0,"other_udp":0,"other_ip":0,"non_ip":0,"parse_errors":{}}"#,
+        )
+        .unwrap();
+        assert_eq!(old.events, EventCounters::default());
     }
 
     #[test]

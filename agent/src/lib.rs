@@ -14,6 +14,7 @@ pub mod config;
 pub mod doc;
 pub mod ethtool;
 pub mod events;
+pub mod events_reader;
 pub mod finding;
 pub mod loader;
 pub mod metrics;

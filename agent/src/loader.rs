@@ -1,21 +1,27 @@
-//! Loading the kernel object, filling CONFIG, attaching XDP, and reading FLOWS/STATS.
-//! Loading, attaching and reading are separate steps; links detach when dropped.
+//! Loading the kernel object, filling CONFIG, attaching XDP, and reading FLOWS/STATS
+//! (the EVENTS ring buffer is taken out by `events_reader`). Loading, attaching and
+//! reading are separate steps; links detach when dropped.
 
 use std::os::fd::{AsFd, BorrowedFd};
 
-use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{
+    Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues, ProgramArray,
+    RingBuf,
+};
 use aya::programs::xdp::XdpLinkId;
 use aya::programs::{Program, ProgramError, SchedClassifier, Xdp, XdpMode};
 use aya::Ebpf;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::STATS_LEN;
+use roce_common::event::EVENTS_RING_BYTES;
 use roce_common::flow::{FlowKey, FlowStats};
 use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats, IFACE_DIRECT};
 
 use roce_common::names::map;
 pub use roce_common::names::program::{
-    TC_BASELINE, TC_EGRESS, TC_INGRESS, XDP_BASELINE, XDP_CLASSIFY as XDP_PROGRAM,
+    TC_BASELINE, TC_EGRESS, TC_EGRESS_FLOWS, TC_INGRESS, XDP_BASELINE, XDP_CLASSIFY as XDP_PROGRAM,
 };
+use roce_common::names::tail::TC_TAIL_EGRESS_FLOWS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -33,6 +39,11 @@ pub enum LoadError {
     },
     #[error("the eBPF object has no {0}")]
     Missing(&'static str),
+    #[error("duplicating the file descriptor of {name}: {source}")]
+    Fd {
+        name: &'static str,
+        source: std::io::Error,
+    },
     #[error("interface {0} does not exist")]
     NoInterface(String),
 }
@@ -42,6 +53,8 @@ pub enum LoadError {
 pub struct LoadOptions {
     pub flows_max_entries: u32,
     pub config: RuntimeConfig,
+    /// Bytes of the EVENTS ring buffer: a power of two, a whole number of pages.
+    pub events_ring_bytes: u32,
 }
 
 impl Default for LoadOptions {
@@ -49,6 +62,7 @@ impl Default for LoadOptions {
         LoadOptions {
             flows_max_entries: 65536,
             config: RuntimeConfig::default(),
+            events_ring_bytes: EVENTS_RING_BYTES,
         }
     }
 }
@@ -121,11 +135,13 @@ pub struct Loaded {
     attached: Vec<(String, XdpLinkId)>,
 }
 
-/// Loads the object built from `ebpf/`, writes CONFIG and loads `xdp_classify`
-/// (not attached yet).
+/// Loads the object built from `ebpf/`, writes CONFIG, loads `xdp_classify` (not
+/// attached yet) and `tc_egress_flows` (never attached: `tc_egress` tail-calls it
+/// through TC_TAIL, filled here).
 pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
     let mut ebpf = aya::EbpfLoader::new()
         .map_max_entries(map::FLOWS, opts.flows_max_entries)
+        .map_max_entries(map::EVENTS, opts.events_ring_bytes)
         .load(crate::EBPF_OBJECT)?;
     let mut config: Array<&mut MapData, RuntimeConfig> = typed_map_mut(&mut ebpf, map::CONFIG)?;
     config
@@ -133,6 +149,19 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
         .map_err(map_error(map::CONFIG))?;
     let prog: &mut Xdp = typed_program_mut(&mut ebpf, XDP_PROGRAM)?;
     prog.load().map_err(program_error(XDP_PROGRAM))?;
+    let flows: &mut SchedClassifier = typed_program_mut(&mut ebpf, TC_EGRESS_FLOWS)?;
+    flows.load().map_err(program_error(TC_EGRESS_FLOWS))?;
+    let flows_fd = flows
+        .fd()
+        .map_err(program_error(TC_EGRESS_FLOWS))?
+        .try_clone()
+        .map_err(|source| LoadError::Fd {
+            name: TC_EGRESS_FLOWS,
+            source,
+        })?;
+    let mut tail: ProgramArray<&mut MapData> = typed_map_mut(&mut ebpf, map::TC_TAIL)?;
+    tail.set(TC_TAIL_EGRESS_FLOWS, &flows_fd, 0)
+        .map_err(map_error(map::TC_TAIL))?;
     Ok(Loaded {
         ebpf,
         attached: Vec::new(),
@@ -323,6 +352,25 @@ impl Loaded {
             let _ = vteps.remove(&k);
         }
         Ok(())
+    }
+
+    /// Writes CONFIG: the programs read it on their next packet (e.g. a new
+    /// `events_sample`).
+    pub fn set_config(&mut self, config: &RuntimeConfig) -> Result<(), LoadError> {
+        let mut map: Array<&mut MapData, RuntimeConfig> =
+            typed_map_mut(&mut self.ebpf, map::CONFIG)?;
+        map.set(0, *config, 0).map_err(map_error(map::CONFIG))
+    }
+
+    /// Takes the EVENTS ring buffer out of the object, for its one reader
+    /// (`events_reader`). The programs keep writing into it; a second call finds it
+    /// gone (`LoadError::Missing`).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, LoadError> {
+        let map = self
+            .ebpf
+            .take_map(map::EVENTS)
+            .ok_or(LoadError::Missing(map::EVENTS))?;
+        RingBuf::try_from(map).map_err(map_error(map::EVENTS))
     }
 
     /// The names of the object's maps and programs (sorted), to check them against

@@ -58,30 +58,17 @@ pub struct EventCounts {
     pub dropped: BTreeMap<String, u64>,
 }
 
-/// The sampled-event counters of `counters`, or None while the document has no
-/// `counters.events` (the events pipeline adds it, with `counters.events_dropped`).
-///
-/// Integration point: the fields are read by name from the document's JSON form, so
-/// this works unchanged once they land as maps of name -> count; when they are typed
-/// fields, a direct read may replace this function (its tests say what it must give).
+/// The sampled-event counters of `counters` (`counters.events` by kind,
+/// `counters.events_dropped` by reason; zero when the agent has events off).
 pub fn event_counts(counters: &crate::doc::Counters) -> Option<EventCounts> {
-    serde_json::to_value(counters)
-        .ok()
-        .and_then(|json| event_counts_of(&json))
-}
-
-fn event_counts_of(counters: &serde_json::Value) -> Option<EventCounts> {
-    let map = |key: &str| -> Option<BTreeMap<String, u64>> {
-        counters.get(key)?.as_object().map(|o| {
-            o.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
-                .collect()
-        })
+    let owned = |m: BTreeMap<&'static str, u64>| {
+        m.into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect::<BTreeMap<String, u64>>()
     };
-    let by_kind = map("events")?;
     Some(EventCounts {
-        by_kind,
-        dropped: map("events_dropped").unwrap_or_default(),
+        by_kind: owned(counters.events.named()),
+        dropped: owned(counters.events_dropped.named()),
     })
 }
 
@@ -1248,17 +1235,20 @@ mod tests {
     }
 
     #[test]
-    fn event_counters_are_read_when_the_document_has_them() {
-        let json = serde_json::json!({
-            "roce": 1,
-            "events": {"ce": 4, "cnp": 2},
-            "events_dropped": {"rate_limit": 1}
-        });
-        let events = event_counts_of(&json).unwrap();
+    fn event_counters_are_read_from_the_document() {
+        let mut counters = Counters::default();
+        counters.events.ce = 4;
+        counters.events.cnp = 2;
+        counters.events_dropped.rate_limit = 1;
+        let events = event_counts(&counters).unwrap();
         assert_eq!(events.by_kind["ce"], 4);
+        assert_eq!(events.by_kind["psn_gap"], 0);
         assert_eq!(events.dropped["rate_limit"], 1);
-        assert!(event_counts_of(&serde_json::json!({"roce": 1})).is_none());
-        assert!(event_counts(&Counters::default()).is_none());
+        assert_eq!(events.dropped["ring_full"], 0);
+        // Every kind and reason, zero or not: the series exist from the start.
+        let zero = event_counts(&Counters::default()).unwrap();
+        assert_eq!(zero.by_kind.len(), 5);
+        assert_eq!(zero.dropped.len(), 2);
         let doc = Document::default();
         let text = encode(&Inputs {
             events: Some(&events),

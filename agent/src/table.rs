@@ -150,6 +150,13 @@ pub fn counters_line(doc: &Document) -> String {
     if c.flow_insert_failed > 0 {
         let _ = write!(s, "; flow inserts failed {}", c.flow_insert_failed);
     }
+    let (events, dropped) = (c.events.total(), c.events_dropped.total());
+    if events > 0 || dropped > 0 {
+        let _ = write!(s, "; events {events}");
+        if dropped > 0 {
+            let _ = write!(s, " (dropped {dropped})");
+        }
+    }
     s
 }
 

@@ -463,6 +463,127 @@ fn agent_in_a_namespace_serves_flows_and_detaches_on_sigterm() {
 }
 
 #[test]
+fn ce_marked_roce_in_and_out_comes_out_of_get_events_and_the_event_counters() {
+    require_root!();
+    let pair = Pair::new();
+    let api = "127.0.0.1:9478";
+    let mut agent = Agent::start(
+        &pair.a,
+        &[
+            "run",
+            "--iface",
+            "va",
+            "--listen",
+            api,
+            "--interval",
+            "0.1",
+            "--events-sample",
+            "1",
+        ],
+    );
+    agent.wait_ready(&pair.a, api);
+    // GET /events streams what is published after the request: follow first, and
+    // send probes (QP 0x999) until the follower shows one, so it surely listens.
+    let mut follower = pair
+        .a
+        .cmd(BIN, &["events", "--json", "--duration", "8", "--api", api])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("roce-agent events");
+    let stdout = follower.stdout.take().expect("piped stdout");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<serde_json::Value>();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let v = serde_json::from_str(&line).expect("a JSON line");
+            if lines_tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let ce = (26 << 2) | 0b11;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut probes = 0;
+    loop {
+        send_roce_from(&pair.b, "198.18.0.2", "198.18.0.1", ce, 1, 0x999);
+        probes += 1;
+        if lines.recv_timeout(Duration::from_millis(200)).is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no event reached `roce-agent events`:\n{}",
+            agent.log()
+        );
+    }
+    // CE-marked RoCE arriving on va (XDP) and leaving it (tc_egress).
+    let sport_in = send_roce_from(&pair.b, "198.18.0.2", "198.18.0.1", ce, 5, 0x1234);
+    let sport_out = send_roce_from(&pair.a, "198.18.0.1", "198.18.0.2", ce, 3, 0x77);
+    let mut events = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while events.len() < 8 && Instant::now() < deadline {
+        if let Ok(v) = lines.recv_timeout(Duration::from_millis(100)) {
+            if v["dest_qp"] != 0x999 {
+                events.push(v);
+            }
+        }
+    }
+    let _ = follower.kill();
+    let _ = follower.wait();
+    drop(lines);
+    let _ = reader.join();
+    let of = |dir: &str| -> Vec<&serde_json::Value> {
+        events.iter().filter(|e| e["direction"] == dir).collect()
+    };
+    let (ingress, egress) = (of("ingress"), of("egress"));
+    assert_eq!(
+        (ingress.len(), egress.len()),
+        (5, 3),
+        "{events:#?}\n{}",
+        agent.log()
+    );
+    for (i, e) in ingress.iter().enumerate() {
+        assert_eq!(e["ifname"], "va");
+        assert_eq!(e["kind"], "ce");
+        assert_eq!(
+            (&e["src"], &e["dst"]),
+            (&"198.18.0.2".into(), &"198.18.0.1".into())
+        );
+        assert_eq!(e["sport"], sport_in);
+        assert_eq!(e["dest_qp"], 0x1234);
+        assert_eq!(e["opcode"], 4);
+        assert_eq!(e["psn"], i);
+        assert_eq!((&e["dscp"], &e["ecn"]), (&26.into(), &"ce".into()));
+        assert_eq!(e["sample"], 1);
+        // 14 Ethernet + 20 IPv4 + 8 UDP + 12 BTH + 4 ICRC, all captured.
+        assert_eq!(e["packet_len"], 58);
+        assert_eq!(e["packet"].as_str().map(str::len), Some(2 * 58));
+        assert!(e["time_unix_ns"].as_u64().is_some_and(|t| t > 0));
+    }
+    for e in &egress {
+        assert_eq!((&e["ifname"], &e["kind"]), (&"va".into(), &"ce".into()));
+        assert_eq!(
+            (&e["src"], &e["sport"]),
+            (&"198.18.0.1".into(), &sport_out.into())
+        );
+        assert_eq!(e["dest_qp"], 0x77);
+    }
+    let json = wait_for_flows(&agent, &pair.a, api, |v| {
+        v["counters"]["events"]["ce"] == 8 + probes
+    });
+    assert_eq!(
+        json["counters"]["events_dropped"],
+        serde_json::json!({"rate_limit": 0, "ring_full": 0})
+    );
+    let st = agent.terminate();
+    assert_eq!(st.code(), Some(0), "{}", agent.log());
+}
+
+#[test]
 fn roce_sent_from_the_agents_namespace_is_an_egress_flow_with_the_dscp_enforce_wrote() {
     require_root!();
     let pair = Pair::new();

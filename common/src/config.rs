@@ -1,5 +1,6 @@
 //! The CONFIG map's single entry: what the agent tells the kernel programs.
 
+use crate::event::EVENTS_OFF;
 use crate::wire::{DEFAULT_ROCE_PORT, DEFAULT_VXLAN_PORT};
 
 /// Path MTU (log2) assumed for READ requests until a flow's own is learnt: 4096.
@@ -13,9 +14,11 @@ pub struct RuntimeConfig {
     /// log2 of the default path MTU (8..=12).
     pub default_pmtu_log2: u8,
     pub _pad: [u8; 3],
-    /// Reserved for flags (sampling, direction) added by later features.
+    /// Reserved for flags added by later features.
     pub flags: u32,
-    pub _pad2: u32,
+    /// Sampled events: 1 in this many of each kind per CPU is written to the EVENTS
+    /// ring (`event::EVENTS_OFF`, 0: none, the default here; `run --events-sample`).
+    pub events_sample: u32,
 }
 
 impl Default for RuntimeConfig {
@@ -26,7 +29,7 @@ impl Default for RuntimeConfig {
             default_pmtu_log2: DEFAULT_PMTU_LOG2,
             _pad: [0; 3],
             flags: 0,
-            _pad2: 0,
+            events_sample: EVENTS_OFF,
         }
     }
 }

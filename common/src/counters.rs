@@ -1,5 +1,6 @@
 //! Indices of the STATS per-CPU array: one per traffic class, one per reason a
-//! packet could not be parsed as far as its BTH, and the flow-table pressure counters.
+//! packet could not be parsed as far as its BTH, the flow-table pressure counters, the
+//! host QoS counters and the sampled-event counters.
 //! The names are what `/flows` and `/metrics` show; never reuse an index for another meaning.
 
 /// An enum, its names and its count from one list: the names are what `/flows` and
@@ -139,6 +140,39 @@ macro_rules! for_each_qos_counter {
     };
 }
 
+/// The sampled-event counters (see `event`), after the QoS counters: events written
+/// into the EVENTS ring, by kind. Declared once like the others; the names are the
+/// kinds' names (`counters.events` of the document, `roce_events_total{kind}`), in the
+/// order of the `event::EVENT_*` kinds. Append only.
+#[macro_export]
+macro_rules! for_each_event_counter {
+    ($callback:ident) => {
+        $callback! {
+            /// Events of packets with CE in the outer or inner header.
+            STAT_EVENTS_CE => ce,
+            STAT_EVENTS_CNP => cnp,
+            STAT_EVENTS_NAK => nak,
+            STAT_EVENTS_RNR_NAK => rnr_nak,
+            STAT_EVENTS_PSN_GAP => psn_gap,
+        }
+    };
+}
+
+/// Sampled events lost, by reason, after the event counters (`counters.events_dropped`,
+/// `roce_events_dropped_total{reason}`). Events the sampling left out are not lost:
+/// they are not counted at all. Append only.
+#[macro_export]
+macro_rules! for_each_event_drop_counter {
+    ($callback:ident) => {
+        $callback! {
+            /// Over the per-CPU rate limit (`event::EVENTS_PER_CPU_PER_WINDOW`).
+            STAT_EVENTS_DROPPED_RATE_LIMIT => rate_limit,
+            /// bpf_ringbuf_reserve failed: the agent had not read the ring in time.
+            STAT_EVENTS_DROPPED_RING_FULL => ring_full,
+        }
+    };
+}
+
 macro_rules! flow_table_indices {
     ($($t:tt)*) => { stat_indices!(STAT_REASON_BASE + REASON_COUNT as u32; $($t)*); };
 }
@@ -149,6 +183,16 @@ macro_rules! qos_indices {
 }
 for_each_qos_counter!(qos_indices);
 
+macro_rules! event_indices {
+    ($($t:tt)*) => { stat_indices!(STAT_TC_WRITE_FAILED + 1; $($t)*); };
+}
+for_each_event_counter!(event_indices);
+
+macro_rules! event_drop_indices {
+    ($($t:tt)*) => { stat_indices!(STAT_EVENTS_PSN_GAP + 1; $($t)*); };
+}
+for_each_event_drop_counter!(event_drop_indices);
+
 macro_rules! flow_table_names {
     ($($t:tt)*) => { stat_names!(STAT_NAMES_OTHER; $($t)*); };
 }
@@ -158,6 +202,22 @@ macro_rules! qos_names {
     ($($t:tt)*) => { stat_names!(STAT_NAMES_QOS; $($t)*); };
 }
 for_each_qos_counter!(qos_names);
+
+macro_rules! event_names {
+    ($($t:tt)*) => { stat_names!(STAT_NAMES_EVENTS; $($t)*); };
+}
+for_each_event_counter!(event_names);
+
+macro_rules! event_drop_names {
+    ($($t:tt)*) => { stat_names!(STAT_NAMES_EVENTS_DROPPED; $($t)*); };
+}
+for_each_event_drop_counter!(event_drop_names);
+
+/// The `events` counter of event kind `kind` (`event::EVENT_*`).
+#[inline(always)]
+pub fn event_index(kind: u8) -> u32 {
+    STAT_EVENTS_CE + kind as u32
+}
 
 #[inline(always)]
 pub fn class_index(c: Class) -> u32 {
@@ -210,6 +270,35 @@ mod tests {
         assert_eq!(
             REASON_NAMES[Reason::TruncatedExtHeader as usize],
             "truncated_ext_header"
+        );
+        // Event counters after the QoS ones, then the drop reasons.
+        assert_eq!(STAT_EVENTS_CE, STAT_TC_WRITE_FAILED + 1);
+        assert_eq!(STAT_EVENTS_CE, 50);
+        assert_eq!(STAT_EVENTS_DROPPED_RATE_LIMIT, STAT_EVENTS_PSN_GAP + 1);
+        const { assert!(STAT_EVENTS_DROPPED_RING_FULL < STATS_LEN) };
+    }
+
+    #[test]
+    fn event_counters_follow_the_event_kinds() {
+        use crate::event::*;
+        let kinds = [
+            (EVENT_CE, "ce"),
+            (EVENT_CNP, "cnp"),
+            (EVENT_NAK, "nak"),
+            (EVENT_RNR_NAK, "rnr_nak"),
+            (EVENT_PSN_GAP, "psn_gap"),
+        ];
+        assert_eq!(STAT_NAMES_EVENTS.len(), EVENT_KIND_COUNT);
+        for (i, (kind, name)) in kinds.into_iter().enumerate() {
+            assert_eq!(kind as usize, i);
+            assert_eq!(STAT_NAMES_EVENTS[i], (event_index(kind), name));
+        }
+        assert_eq!(
+            STAT_NAMES_EVENTS_DROPPED,
+            &[
+                (STAT_EVENTS_DROPPED_RATE_LIMIT, "rate_limit"),
+                (STAT_EVENTS_DROPPED_RING_FULL, "ring_full")
+            ]
         );
     }
 }

@@ -2,7 +2,9 @@
 
 use crate::bth::{self, SyndromeClass};
 use crate::classify::Parsed;
+use crate::event::{Trouble, EVENT_CNP, EVENT_NAK, EVENT_NONE, EVENT_PSN_GAP, EVENT_RNR_NAK};
 use crate::psn;
+use crate::wire::ECN_CE;
 
 /// `FlowKey::flags` bits.
 pub const KEY_OUTER_V6: u32 = 1 << 0;
@@ -81,9 +83,17 @@ pub struct FlowStats {
 }
 
 impl FlowStats {
-    /// Counts one packet of `frame_len` bytes at time `now_ns` on this flow.
+    /// Counts one packet of `frame_len` bytes at time `now_ns` on this flow, and says
+    /// what trouble it showed (the sampled events: CE in either header, CNP, NAK, RNR
+    /// NAK, PSN gap).
     #[inline(always)]
-    pub fn record(&mut self, p: &Parsed, frame_len: u32, now_ns: u64, default_pmtu_log2: u8) {
+    pub fn record(
+        &mut self,
+        p: &Parsed,
+        frame_len: u32,
+        now_ns: u64,
+        default_pmtu_log2: u8,
+    ) -> Trouble {
         if self.packets == 0 {
             self.first_seen_ns = now_ns;
         }
@@ -92,25 +102,39 @@ impl FlowStats {
         self.last_seen_ns = now_ns;
         self.sport = p.sport;
         self.last_dscp = p.outer_tos >> 2;
-        self.ecn[(p.outer_tos & 3) as usize] += 1;
+        let outer_ecn = p.outer_tos & 3;
+        self.ecn[outer_ecn as usize] += 1;
+        let mut ce = outer_ecn == ECN_CE;
         if p.tunnelled {
-            self.inner_ecn[(p.inner_tos & 3) as usize] += 1;
+            let inner_ecn = p.inner_tos & 3;
+            self.inner_ecn[inner_ecn as usize] += 1;
+            ce |= inner_ecn == ECN_CE;
         }
+        let mut kind = EVENT_NONE;
         let opcode = p.bth.opcode;
         if bth::is_cnp(opcode) {
             self.cnps += 1;
+            kind = EVENT_CNP;
         } else if bth::is_acknowledge(opcode) {
             if p.has_syndrome {
                 match bth::syndrome_class(p.aeth_syndrome) {
                     SyndromeClass::Ack => self.acks += 1,
-                    SyndromeClass::RnrNak => self.rnr_naks += 1,
-                    SyndromeClass::Nak => self.naks += 1,
+                    SyndromeClass::RnrNak => {
+                        self.rnr_naks += 1;
+                        kind = EVENT_RNR_NAK;
+                    }
+                    SyndromeClass::Nak => {
+                        self.naks += 1;
+                        kind = EVENT_NAK;
+                    }
                     SyndromeClass::Reserved => {}
                 }
             }
         } else if bth::is_tracked_request(opcode) && self.psn.observe(p, default_pmtu_log2) {
             self.psn_gaps += 1;
+            kind = EVENT_PSN_GAP;
         }
+        Trouble { ce, kind }
     }
 
     /// Adds another CPU's (or another table's) counters of the same flow.
@@ -150,6 +174,52 @@ mod tests {
     fn layout_is_whole_words() {
         assert_eq!(core::mem::size_of::<FlowKey>(), 80);
         assert_eq!(core::mem::size_of::<FlowStats>() % 8, 0);
+    }
+
+    fn packet(opcode: u8, psn: u32, outer_tos: u8) -> Parsed {
+        let mut p = Parsed::default();
+        p.bth.opcode = opcode;
+        p.bth.psn = psn;
+        p.outer_tos = outer_tos;
+        p
+    }
+
+    #[test]
+    fn record_says_what_trouble_a_packet_showed() {
+        use crate::event::{EVENT_CNP, EVENT_NAK, EVENT_NONE, EVENT_PSN_GAP, EVENT_RNR_NAK};
+        let mut f = FlowStats::default();
+        let t = |ce, kind| Trouble { ce, kind };
+        // RC WRITE ONLY (0x0a) in order, ECT(0): nothing; CE: ce.
+        assert_eq!(f.record(&packet(0x0a, 1, 0x6a), 60, 0, 12), Trouble::NONE);
+        assert_eq!(
+            f.record(&packet(0x0a, 2, 0x6b), 60, 0, 12),
+            t(true, EVENT_NONE)
+        );
+        // A PSN ahead of the expected one, with CE: both.
+        assert_eq!(
+            f.record(&packet(0x0a, 9, 0x6b), 60, 0, 12),
+            t(true, EVENT_PSN_GAP)
+        );
+        assert_eq!(
+            f.record(&packet(0x81, 0, 0xc2), 60, 0, 12),
+            t(false, EVENT_CNP)
+        );
+        let mut ack = packet(0x11, 3, 0x6a);
+        ack.has_syndrome = true;
+        for (syndrome, kind) in [(0x1f, EVENT_NONE), (0x21, EVENT_RNR_NAK), (0x60, EVENT_NAK)] {
+            ack.aeth_syndrome = syndrome;
+            assert_eq!(f.record(&ack, 60, 0, 12), t(false, kind), "{syndrome:#x}");
+        }
+        // Inner CE of a tunnelled packet is CE too.
+        let mut inner = packet(0x0a, 3, 0x6a);
+        inner.tunnelled = true;
+        inner.inner_tos = 0x03;
+        let mut g = FlowStats::default();
+        assert_eq!(g.record(&inner, 60, 0, 12), t(true, EVENT_NONE));
+        assert_eq!(
+            (f.psn_gaps, f.cnps, f.naks, f.rnr_naks, f.acks),
+            (1, 1, 1, 1, 1)
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod bth;
 pub mod classify;
 pub mod config;
 pub mod counters;
+pub mod event;
 pub mod flow;
 pub mod icrc;
 pub mod names;
@@ -32,4 +33,5 @@ mod pod {
     unsafe impl aya::Pod for crate::policy::IfaceQos {}
     unsafe impl aya::Pod for crate::policy::VtepKey {}
     unsafe impl aya::Pod for crate::policy::VtepStats {}
+    unsafe impl aya::Pod for crate::event::EventRecord {}
 }

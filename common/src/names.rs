@@ -21,9 +21,16 @@ pub mod map {
     pub const IFACE_QOS: &str = "IFACE_QOS";
     /// Remote VTEP -> per-CPU decapsulation counters.
     pub const VTEPS: &str = "VTEPS";
+    /// Ring buffer of sampled events (`event::EventRecord`).
+    pub const EVENTS: &str = "EVENTS";
+    /// Per-CPU sampling countdowns and rate-limit window of the events.
+    pub const EVENT_BUDGET: &str = "EVENT_BUDGET";
+
+    /// Programs `tc_egress` tail-calls (`tail`).
+    pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 11] = [
         FLOWS,
         STATS,
         CONFIG,
@@ -32,6 +39,9 @@ pub mod map {
         IFACE_QOS_DIRECT,
         IFACE_QOS,
         VTEPS,
+        EVENTS,
+        EVENT_BUDGET,
+        TC_TAIL,
     ];
 }
 
@@ -43,17 +53,28 @@ pub mod program {
     pub const XDP_BASELINE: &str = "xdp_baseline";
     /// Host DSCP policy and VTEP propagation on egress.
     pub const TC_EGRESS: &str = "tc_egress";
+    /// Egress flows and their events, tail-called by `tc_egress` (never attached).
+    pub const TC_EGRESS_FLOWS: &str = "tc_egress_flows";
     /// Decapsulation-side checks on VTEP underlays.
     pub const TC_INGRESS: &str = "tc_ingress";
     /// An empty tc program: the benchmarks' baseline.
     pub const TC_BASELINE: &str = "tc_baseline";
 
     /// Every program of the object.
-    pub const ALL: [&str; 5] = [
+    pub const ALL: [&str; 6] = [
         XDP_CLASSIFY,
         XDP_BASELINE,
         TC_EGRESS,
+        TC_EGRESS_FLOWS,
         TC_INGRESS,
         TC_BASELINE,
     ];
+}
+
+/// Slots of the TC_TAIL program array.
+pub mod tail {
+    /// `program::TC_EGRESS_FLOWS`.
+    pub const TC_TAIL_EGRESS_FLOWS: u32 = 0;
+    /// Slots in TC_TAIL.
+    pub const TC_TAIL_LEN: u32 = 1;
 }

@@ -1,10 +1,11 @@
 //! The maps shared with the agent. Their names are declared once in `roce_common::names` (a test checks them against this object).
 
 use aya_ebpf::macros::map;
-use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray};
+use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray};
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::STATS_LEN;
 use roce_common::flow::{FlowKey, FlowStats};
+pub use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN};
 use roce_common::policy::{
     DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
@@ -73,6 +74,10 @@ pub fn iface_qos(ifindex: u32) -> Option<IfaceQos> {
         Some(q)
     }
 }
+
+/// Programs `tc_egress` tail-calls, filled by the agent when it loads the object.
+#[map]
+pub static TC_TAIL: ProgramArray = ProgramArray::with_max_entries(TC_TAIL_LEN, 0);
 
 /// Decapsulation-side counters per remote VTEP (outer source address).
 #[map]

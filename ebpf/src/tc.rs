@@ -1,6 +1,7 @@
 //! The tc programs: `tc_egress` (host DSCP policy, VTEP inner->outer propagation, skb
 //! priority, and the egress RoCE flows of the `--iface` interfaces) and `tc_ingress`
-//! (decapsulation-side checks). The decision is `roce_common::policy`; this file only
+//! (decapsulation-side checks), and `tc_egress_flows`, which `tc_egress` tail-calls to
+//! count the flow. The decision is `roce_common::policy`; this file only
 //! reads the maps, makes the headers readable, writes what the decision says and
 //! counts it. Never drops: every path returns TC_NEXT, so later programs on the hook
 //! still run.
@@ -9,7 +10,6 @@ use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::macros::classifier;
 use aya_ebpf::programs::TcContext;
 use roce_common::classify::{classify, Outcome};
-use roce_common::config::RuntimeConfig;
 use roce_common::counters::{STAT_TC_PULL_FAILED, STAT_TC_WRITE_FAILED};
 use roce_common::flow::KEY_EGRESS;
 use roce_common::packet::Packet;
@@ -18,7 +18,9 @@ use roce_common::policy::{
 };
 
 use crate::flow::count_on_flow;
-use crate::maps::{bump, iface_qos, qos_config, runtime_config, PolicyMap, VTEPS};
+use crate::maps::{
+    bump, iface_qos, qos_config, runtime_config, PolicyMap, TC_TAIL, TC_TAIL_EGRESS_FLOWS, VTEPS,
+};
 use crate::packet::KernelPacket;
 
 /// TCX_NEXT, which is also TC_ACT_UNSPEC for clsact direct-action filters: "carry on
@@ -34,6 +36,17 @@ static EMPTY_VTEP: VtepStats = unsafe { core::mem::zeroed() };
 #[classifier]
 pub fn tc_egress(ctx: TcContext) -> i32 {
     egress(&ctx);
+    TC_NEXT
+}
+
+/// The egress flows: `tc_egress` tail-calls it for a RoCE frame leaving an `--iface`
+/// interface (after its rewrite). A program of its own so that the verifier checks the
+/// flow counting and its events apart from the policy: in one program each path
+/// through the decision's walk multiplied those through the flow's, close to the
+/// verifier's 1M-instruction limit.
+#[classifier]
+pub fn tc_egress_flows(ctx: TcContext) -> i32 {
+    count_egress(&ctx);
     TC_NEXT
 }
 
@@ -94,26 +107,23 @@ fn egress(ctx: &TcContext) {
         bump(s);
     }
     if action.roce && iface.counts_flows() {
-        count_egress(ctx, &pkt, &cfg, ifindex);
+        // SAFETY: the context of this program, passed on as the kernel expects. On
+        // success it does not return: tc_egress_flows returns TC_NEXT in its place;
+        // should the slot be empty, the frame just goes on uncounted.
+        unsafe { TC_TAIL.tail_call(ctx, TC_TAIL_EGRESS_FLOWS) };
     }
 }
 
 /// Counts a RoCE frame leaving an `--iface` interface on its egress flow. It walks
-/// the frame a second time, after the rewrite: the flow counts what leaves the wire
-/// (the outer TOS as written, so `last_dscp` is the DSCP the host really sends), and
-/// the decision's walk and this one stay apart (one walk kept for both spilled its
-/// layers and the flow past the 512-byte stack).
+/// the frame after `tc_egress` wrote it: the flow counts what leaves the wire (the
+/// outer TOS as written, so `last_dscp` is the DSCP the host really sends).
 #[inline(always)]
-fn count_egress(ctx: &TcContext, pkt: &KernelPacket, cfg: &RuntimeConfig, ifindex: u32) {
-    if let Outcome::Flow(parsed) = classify(pkt, cfg) {
+fn count_egress(ctx: &TcContext) {
+    let cfg = runtime_config();
+    let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
+    if let Outcome::Flow(parsed) = classify(&pkt, &cfg) {
         // skb->len: the whole frame from the Ethernet header on, linear or not.
-        count_on_flow(
-            &parsed,
-            ifindex,
-            KEY_EGRESS,
-            ctx.len(),
-            cfg.default_pmtu_log2,
-        );
+        count_on_flow(ctx, &parsed, ifindex(ctx), KEY_EGRESS, ctx.len(), &cfg);
     }
 }
 

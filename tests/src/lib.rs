@@ -1,7 +1,8 @@
 //! Shared helpers of the integration tests: a BPF_PROG_TEST_RUN harness around the
-//! real XDP program, expected-value builders (flow keys, STATS vectors), comparison
+//! real XDP program (and one that reads the EVENTS ring), expected-value builders (flow keys, STATS vectors), comparison
 //! with the reference classifier, and a small pcap reader.
 
+pub mod events;
 pub mod expect;
 pub mod harness;
 pub mod pcap;

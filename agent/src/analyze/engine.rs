@@ -95,7 +95,15 @@ impl Counter {
         Ok(match engine {
             Engine::Reference => Counter::Reference(Box::new(ReferenceTable::new(opts.config))),
             Engine::Kernel => {
-                let loaded = loader::load(opts)?;
+                // No ring-buffer reader here: the program emits no events.
+                let opts = LoadOptions {
+                    config: RuntimeConfig {
+                        events_sample: roce_common::event::EVENTS_OFF,
+                        ..opts.config
+                    },
+                    ..*opts
+                };
+                let loaded = loader::load(&opts)?;
                 Counter::Kernel {
                     loaded: Box::new(loaded),
                     short: 0,

@@ -10,11 +10,13 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::BorrowedFd;
 
 use anyhow::{Context, Result};
+use aya::maps::{MapData, RingBuf};
 use clap::Parser;
 use roce_agent::config::{HostMode, Settings};
 use roce_agent::loader::{self, LoadOptions};
 use roce_agent::qos::{self, TcMechanism};
 use roce_agent::testrun::{test_run, TestRun};
+use roce_common::config::RuntimeConfig;
 use roce_common::policy::{IfaceQos, Policy, ECN_KERNEL, HOST_ENFORCE};
 use roce_testkit::frame::{self, Eth, RoceMsg, L3};
 use roce_testkit::lab::{in_namespace, Lab, LabOptions};
@@ -49,6 +51,10 @@ struct Args {
     /// Frames of the same capture that tshark decodes (0: all).
     #[arg(long, default_value_t = 0)]
     analyze_tshark_frames: u64,
+    /// Sampled events in the measured programs: 1 in N of each kind (0: off, as
+    /// `analyze` and the tests load them; `run` defaults to 1).
+    #[arg(long, default_value_t = 0)]
+    events_sample: u32,
 }
 
 /// One packet kind to measure, with the added cost the project aims for.
@@ -76,12 +82,19 @@ fn cases() -> Vec<Case> {
         Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2),
     );
     let roce_v6 = frame::roce_frame(&eth, &v6.with_tos(106), 0xC000, &write);
+    // The same packet with CE: an event of each kind it shows, sampled.
+    let roce_v4_ce = frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(107), 0xC000, &write);
     let udp = frame::udp_frame(&eth, &L3::v4(a4, b4), 40000, 53, &[0u8; 64]);
     let tcp = frame::ip_frame(&eth, &L3::v4(a4, b4), 6, &[0u8; 40]);
     vec![
         Case {
             name: "xdp_roce_ipv4",
             frame: roce_v4,
+            target_added_ns: 15.0,
+        },
+        Case {
+            name: "xdp_roce_ipv4_ce",
+            frame: roce_v4_ce,
             target_added_ns: 15.0,
         },
         Case {
@@ -182,6 +195,13 @@ fn tc_cases() -> Vec<TcCase> {
             rewrites: false,
         },
         TcCase {
+            name: "tc_egress_roce_ipv4_ce_kept",
+            frame: frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(107), 0xC000, &write),
+            iface: enforce,
+            program: loader::TC_EGRESS,
+            rewrites: false,
+        },
+        TcCase {
             name: "tc_egress_intruder_ipv4_remarked",
             frame: intruder.clone(),
             iface: enforce,
@@ -259,14 +279,36 @@ fn median_f(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// What the measured programs are loaded with (`--events-sample`).
+fn load_options(args: &Args) -> LoadOptions {
+    LoadOptions {
+        config: RuntimeConfig {
+            events_sample: args.events_sample,
+            ..RuntimeConfig::default()
+        },
+        ..LoadOptions::default()
+    }
+}
+
+/// Empties the EVENTS ring between measurements, so that a full ring never changes
+/// what is measured.
+fn drain(ring: &mut Option<RingBuf<MapData>>) {
+    if let Some(r) = ring.as_mut() {
+        while r.next().is_some() {}
+    }
+}
+
 fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
     let mut loaded =
-        loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
+        loader::load(&load_options(args)).context("loading the eBPF programs (root needed)")?;
+    loaded.tc_fd(loader::TC_EGRESS)?;
+    let mut ring = Some(loaded.take_events()?);
     loaded.set_policy(&Policy::default())?;
     for case in tc_cases() {
         loaded.set_iface_qos(1, Some(case.iface))?;
         let (mut ours, mut base) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
+            drain(&mut ring);
             base.push(tc_ns(
                 loaded.tc_fd(loader::TC_BASELINE)?,
                 &case.frame,
@@ -292,6 +334,7 @@ fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
                     "fresh_input": case.rewrites,
                     "repeat": args.repeat,
                     "rounds": rounds,
+                    "events_sample": args.events_sample,
                 })
             );
         } else {
@@ -452,7 +495,8 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let rounds = args.rounds.max(1);
     let mut loaded =
-        loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
+        loader::load(&load_options(&args)).context("loading the eBPF programs (root needed)")?;
+    let mut ring = Some(loaded.take_events()?);
     if !args.json {
         println!(
             "{:<20} {:>10} {:>10} {:>9} {:>8}",
@@ -463,6 +507,7 @@ fn main() -> Result<()> {
         let (mut ours, mut base) = (Vec::new(), Vec::new());
         // Interleave the two programs so that drift in the machine hits both alike.
         for _ in 0..rounds {
+            drain(&mut ring);
             base.push(ns_per_packet(
                 loaded.baseline_xdp_fd()?,
                 &case.frame,
@@ -483,6 +528,7 @@ fn main() -> Result<()> {
                     "target_added_ns": case.target_added_ns,
                     "repeat": args.repeat,
                     "rounds": rounds,
+                    "events_sample": args.events_sample,
                 })
             );
         } else {

@@ -1,0 +1,331 @@
+//! The reader of the EVENTS ring buffer: each record the kernel programs wrote
+//! (`roce_common::event::EventRecord`, one sampled CE, CNP, NAK, RNR NAK or PSN gap)
+//! becomes an [`Event`] published on a broadcast channel, which `GET /events`
+//! subscribes to. The reader never waits for a subscriber: a slow one loses the oldest
+//! events (the broadcast drops them and the subscriber learns how many), an absent one
+//! costs nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aya::maps::{MapData, RingBuf};
+use roce_common::event::EventRecord;
+use roce_common::flow::FlowKey;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::broadcast;
+
+use crate::doc::{key_addr, Direction, Family};
+use crate::events::{ecn_name, hex, monotonic_to_unix_offset_ns, Event, EventKind};
+use crate::loader::{LoadError, Loaded};
+
+/// Events the broadcast holds for a subscriber that reads slower than they come.
+pub const EVENTS_CHANNEL_CAPACITY: usize = 4096;
+
+/// How long an interface name is trusted (interfaces come, go and get renamed).
+const IFNAME_TTL: Duration = Duration::from_secs(1);
+
+/// Interface index -> name, as the collector resolves them (`netif::name_of`).
+pub type Resolver = Arc<dyn Fn(u32) -> Option<String> + Send + Sync>;
+
+/// Why the reader could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EventsError {
+    #[error("taking the EVENTS ring buffer: {0}")]
+    Load(#[from] Box<LoadError>),
+    #[error("the events reader must be started inside a tokio runtime")]
+    NoRuntime,
+    #[error("registering the EVENTS ring buffer with the runtime: {0}")]
+    Register(#[source] std::io::Error),
+}
+
+/// Takes the EVENTS ring buffer out of `loaded`, starts a task that turns its records
+/// into [`Event`]s, and returns the sender they are published on: subscribe to it
+/// (`Sender::subscribe`) to receive them. Must be called inside a tokio runtime; the
+/// task lives as long as the runtime.
+pub fn spawn(
+    loaded: &mut Loaded,
+    resolve: Resolver,
+) -> Result<broadcast::Sender<Arc<Event>>, EventsError> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(EventsError::NoRuntime);
+    }
+    let ring = loaded.take_events().map_err(Box::new)?;
+    // tokio 1.54 deprecates AsyncFd::new / with_interest for `register*`, which is
+    // unsafe because the fd must stay open and the same while registered.
+    // SAFETY: the RingBuf owns its MapData, whose fd stays open and unchanged until the
+    // RingBuf (moved into the AsyncFd) is dropped; as_raw_fd always returns it.
+    let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+        .map_err(|e| EventsError::Register(e.into_parts().1))?;
+    let (tx, _) = broadcast::channel(EVENTS_CHANNEL_CAPACITY);
+    let reader = Reader {
+        names: IfnameCache::new(resolve),
+        tx: tx.clone(),
+        read: 0,
+        malformed: 0,
+    };
+    tokio::spawn(reader.run(ring));
+    Ok(tx)
+}
+
+/// The record in the bytes of one ring-buffer item; None when they are too short.
+pub fn decode(bytes: &[u8]) -> Option<EventRecord> {
+    if bytes.len() < size_of::<EventRecord>() {
+        return None;
+    }
+    // SAFETY: at least size_of::<EventRecord>() bytes; EventRecord is plain integers
+    // (any bit pattern is a value), read unaligned.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<EventRecord>()) })
+}
+
+/// The event of one record, seen on `ifname`; None for a kind this agent does not know.
+/// `unix_offset_ns` is the wall clock minus the monotonic clock (0: `time_unix_ns`
+/// unknown).
+pub fn event_from_record(rec: &EventRecord, ifname: String, unix_offset_ns: i128) -> Option<Event> {
+    let kind = *EventKind::ALL.get(rec.kind as usize)?;
+    let key: &FlowKey = &rec.key;
+    let tunnelled = key.tunnelled();
+    let family = |v6: bool| if v6 { Family::Ipv6 } else { Family::Ipv4 };
+    let time_unix_ns = if unix_offset_ns == 0 {
+        0
+    } else {
+        u64::try_from(rec.ts_ns as i128 + unix_offset_ns).unwrap_or(0)
+    };
+    Some(Event {
+        ts_ns: rec.ts_ns,
+        ifname,
+        direction: Direction::of_key(key),
+        kind,
+        family: family(key.outer_v6()),
+        src: key_addr(&key.src, key.outer_v6()),
+        dst: key_addr(&key.dst, key.outer_v6()),
+        sport: rec.sport,
+        vni: tunnelled.then_some(key.vni),
+        inner_family: tunnelled.then(|| family(key.inner_v6())),
+        inner_src: tunnelled.then(|| key_addr(&key.inner_src, key.inner_v6())),
+        inner_dst: tunnelled.then(|| key_addr(&key.inner_dst, key.inner_v6())),
+        dest_qp: key.dest_qp,
+        opcode: rec.opcode,
+        psn: rec.psn,
+        dscp: rec.dscp(),
+        ecn: ecn_name(rec.ecn()).to_string(),
+        inner_ecn: tunnelled.then(|| ecn_name(rec.inner_ecn()).to_string()),
+        sample: rec.sample,
+        packet_len: rec.frame_len,
+        packet: hex(rec.packet()),
+        time_unix_ns,
+    })
+}
+
+/// The task's state.
+struct Reader {
+    names: IfnameCache,
+    tx: broadcast::Sender<Arc<Event>>,
+    /// Records read, and those that were not events (short, unknown kind).
+    read: u64,
+    malformed: u64,
+}
+
+impl Reader {
+    async fn run(mut self, mut ring: AsyncFd<RingBuf<MapData>>) {
+        loop {
+            let mut guard = match ring.readable_mut().await {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting on the EVENTS ring buffer failed: no more events");
+                    return;
+                }
+            };
+            self.drain(guard.get_inner_mut());
+            // Cleared only if no wakeup came in since the guard was taken (tokio
+            // compares readiness ticks), so a record committed meanwhile is not missed.
+            guard.clear_ready();
+        }
+    }
+
+    /// Reads every record in the ring now; returns how many.
+    fn drain(&mut self, ring: &mut RingBuf<MapData>) -> usize {
+        let offset = monotonic_to_unix_offset_ns();
+        let mut n = 0;
+        while let Some(item) = ring.next() {
+            n += 1;
+            let Some(rec) = decode(&item) else {
+                self.malformed += 1;
+                continue;
+            };
+            drop(item);
+            let ifname = self.names.name(rec.ifindex());
+            match event_from_record(&rec, ifname, offset) {
+                // An error only says that nobody subscribes right now.
+                Some(ev) => {
+                    let _ = self.tx.send(Arc::new(ev));
+                }
+                None => self.malformed += 1,
+            }
+        }
+        self.read += n as u64;
+        if n > 0 {
+            tracing::trace!(
+                records = n,
+                read = self.read,
+                malformed = self.malformed,
+                subscribers = self.tx.receiver_count(),
+                "events read"
+            );
+        }
+        n
+    }
+}
+
+/// Interface names by index, each resolved again after `IFNAME_TTL`.
+struct IfnameCache {
+    resolve: Resolver,
+    names: HashMap<u32, (String, Instant)>,
+}
+
+impl IfnameCache {
+    fn new(resolve: Resolver) -> Self {
+        IfnameCache {
+            resolve,
+            names: HashMap::new(),
+        }
+    }
+
+    /// The name of `ifindex`, or `if#N` as the flows document writes an unknown one.
+    fn name(&mut self, ifindex: u32) -> String {
+        let now = Instant::now();
+        if let Some((name, at)) = self.names.get(&ifindex) {
+            if now.duration_since(*at) < IFNAME_TTL {
+                return name.clone();
+            }
+        }
+        let name = (self.resolve)(ifindex).unwrap_or_else(|| format!("if#{ifindex}"));
+        self.names.insert(ifindex, (name.clone(), now));
+        name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_common::counters::STAT_NAMES_EVENTS;
+    use roce_common::event::{EVENT_CE, EVENT_PACKET_BYTES, EVENT_PSN_GAP};
+    use roce_common::flow::{addr_v4_mapped, KEY_EGRESS, KEY_INNER_V6, KEY_TUNNELLED};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    fn v4(a: [u8; 4]) -> [u32; 4] {
+        addr_v4_mapped(u32::from_ne_bytes(a))
+    }
+
+    fn record(kind: u8) -> EventRecord {
+        let mut packet = [0u8; EVENT_PACKET_BYTES];
+        packet[..4].copy_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+        EventRecord {
+            ts_ns: 1_000,
+            key: FlowKey {
+                src: v4([198, 18, 0, 1]),
+                dst: v4([198, 18, 0, 2]),
+                dest_qp: 0x1234,
+                ifindex: 7,
+                ..FlowKey::default()
+            },
+            psn: 42,
+            frame_len: 4,
+            sample: 10,
+            sport: 49152,
+            kind,
+            opcode: 0x0a,
+            outer_tos: (26 << 2) | 3,
+            inner_tos: 0,
+            captured: 4,
+            _pad: [0; 5],
+            packet,
+        }
+    }
+
+    #[test]
+    fn kinds_are_in_the_kernels_order() {
+        for (i, kind) in EventKind::ALL.iter().enumerate() {
+            assert_eq!(kind.name(), STAT_NAMES_EVENTS[i].1);
+        }
+    }
+
+    #[test]
+    fn a_plain_ce_record_becomes_the_documented_event() {
+        let ev = event_from_record(&record(EVENT_CE), "eth1".into(), 5).unwrap();
+        let v = serde_json::to_value(&ev).unwrap();
+        assert_eq!(v["ts_ns"], 1000);
+        assert_eq!(v["time_unix_ns"], 1005);
+        assert_eq!(v["ifname"], "eth1");
+        assert_eq!(v["direction"], "ingress");
+        assert_eq!(v["kind"], "ce");
+        assert_eq!(v["family"], "ipv4");
+        assert_eq!(v["src"], "198.18.0.1");
+        assert_eq!(v["dst"], "198.18.0.2");
+        assert_eq!(v["sport"], 49152);
+        assert!(v["vni"].is_null() && v["inner_family"].is_null() && v["inner_ecn"].is_null());
+        assert_eq!(v["dest_qp"], 0x1234);
+        assert_eq!(v["opcode"], 10);
+        assert_eq!(v["psn"], 42);
+        assert_eq!(v["dscp"], 26);
+        assert_eq!(v["ecn"], "ce");
+        assert_eq!(v["sample"], 10);
+        assert_eq!(v["packet_len"], 4);
+        assert_eq!(v["packet"], "deadbeef");
+    }
+
+    #[test]
+    fn a_tunnelled_egress_record_names_its_inner_layer() {
+        let mut rec = record(EVENT_PSN_GAP);
+        rec.key.flags = KEY_TUNNELLED | KEY_INNER_V6 | KEY_EGRESS;
+        rec.key.vni = 5001;
+        rec.key.inner_src = [
+            u32::from_ne_bytes([0x20, 0x01, 0x0d, 0xb8]),
+            0,
+            0,
+            1u32.to_be(),
+        ];
+        rec.inner_tos = 2;
+        let ev = event_from_record(&rec, "eth0".into(), 0).unwrap();
+        assert_eq!(ev.kind, EventKind::PsnGap);
+        assert_eq!(ev.direction, Direction::Egress);
+        assert_eq!(ev.vni, Some(5001));
+        assert_eq!(ev.inner_family, Some(Family::Ipv6));
+        assert_eq!(
+            ev.inner_src.map(|a| a.to_string()).as_deref(),
+            Some("2001:db8::1")
+        );
+        assert_eq!(ev.inner_ecn.as_deref(), Some("ect0"));
+        assert_eq!(ev.time_unix_ns, 0);
+    }
+
+    #[test]
+    fn unknown_kinds_and_short_items_are_no_events() {
+        assert!(event_from_record(&record(9), "x".into(), 0).is_none());
+        assert!(decode(&[0u8; 16]).is_none());
+        let rec = record(EVENT_CE);
+        // SAFETY: the bytes of a plain-integer struct.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&rec as *const EventRecord).cast::<u8>(),
+                size_of::<EventRecord>(),
+            )
+        };
+        assert_eq!(decode(bytes), Some(rec));
+    }
+
+    #[test]
+    fn interface_names_are_cached_for_a_second_and_unknown_ones_are_numbered() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counted = calls.clone();
+        let mut names = IfnameCache::new(Arc::new(move |i| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            (i == 7).then(|| "eth1".to_string())
+        }));
+        assert_eq!(names.name(7), "eth1");
+        assert_eq!(names.name(7), "eth1");
+        assert_eq!(names.name(9), "if#9");
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
+}
