@@ -634,7 +634,7 @@ impl Snapshot {
         let dropped = self.family(
             "roce_events_dropped",
             Kind::Counter,
-            "Events not delivered, by reason (sampling rate limit, full ring buffer, slow reader).",
+            "Sampled events lost in the kernel, by reason: rate_limit (over the per-CPU rate limit), ring_full (the ring buffer was full). A slow GET /events reader is told what it lost instead.",
         );
         for (reason, v) in &events.dropped {
             dropped
