@@ -55,6 +55,10 @@ struct Args {
     /// `analyze` and the tests load them; `run` defaults to 1).
     #[arg(long, default_value_t = 0)]
     events_sample: u32,
+    /// The cost of events: `xdp_classify` with events 1 in N against the same program
+    /// with events off, interleaved in this run, on clean and CE-marked RoCE (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    events_cost_sample: u32,
 }
 
 /// One packet kind to measure, with the added cost the project aims for.
@@ -296,6 +300,71 @@ fn drain(ring: &mut Option<RingBuf<MapData>>) {
     if let Some(r) = ring.as_mut() {
         while r.next().is_some() {}
     }
+}
+
+/// What events cost `xdp_classify`: the same loaded program and maps with CONFIG's
+/// `events_sample` switched between 0 (off) and N before each measurement, the same
+/// frame through both, interleaved and in alternating order (the machine's drift and
+/// any order effect hit both alike).
+fn bench_events_cost(args: &Args, rounds: usize) -> Result<()> {
+    let n = args.events_cost_sample;
+    let config = |events_sample| RuntimeConfig {
+        events_sample,
+        ..RuntimeConfig::default()
+    };
+    let mut loaded =
+        loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
+    let mut ring = Some(loaded.take_events()?);
+    if !args.json {
+        println!(
+            "{:<34} {:>10} {:>10} {:>9}",
+            format!("events 1 in {n} (xdp)"),
+            "ns/pkt",
+            "off",
+            "added"
+        );
+    }
+    let by_name = |name: &str| cases().into_iter().find(|c| c.name == name);
+    for name in ["xdp_roce_ipv4", "xdp_roce_ipv4_ce", "xdp_roce_in_vxlan"] {
+        let Some(case) = by_name(name) else {
+            continue;
+        };
+        let (mut ours, mut base) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            for on in [round % 2 == 0, round % 2 != 0] {
+                drain(&mut ring);
+                loaded.set_config(&config(if on { n } else { 0 }))?;
+                let ns = ns_per_packet(loaded.xdp_fd()?, &case.frame, args.repeat)?;
+                if on {
+                    ours.push(ns);
+                } else {
+                    base.push(ns);
+                }
+            }
+        }
+        let (ns, baseline) = (median(ours), median(base));
+        let label = format!("{name}_events_1_in_{n}");
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "name": label,
+                    "ns_per_packet": ns,
+                    "baseline_ns_per_packet": baseline,
+                    "added_ns": ns - baseline,
+                    "baseline": "the same program with events off",
+                    "repeat": args.repeat,
+                    "rounds": rounds,
+                })
+            );
+        } else {
+            println!(
+                "{label:<34} {ns:>10.0} {baseline:>10.0} {:>9.0}",
+                ns - baseline
+            );
+        }
+    }
+    Ok(())
 }
 
 fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
@@ -541,6 +610,9 @@ fn main() -> Result<()> {
                 format!("<= {}", case.target_added_ns)
             );
         }
+    }
+    if args.events_cost_sample > 0 {
+        bench_events_cost(&args, rounds)?;
     }
     if !args.json {
         println!(
