@@ -14,7 +14,7 @@ use aya::Ebpf;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::STATS_LEN;
 use roce_common::event::EVENTS_RING_BYTES;
-use roce_common::flow::{FlowKey, FlowStats};
+use roce_common::flow::{FlowKey, FlowKey4, FlowStats};
 use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats, IFACE_DIRECT};
 
 use roce_common::names::map;
@@ -141,6 +141,7 @@ pub struct Loaded {
 pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
     let mut ebpf = aya::EbpfLoader::new()
         .map_max_entries(map::FLOWS, opts.flows_max_entries)
+        .map_max_entries(map::FLOWS4, opts.flows_max_entries)
         .map_max_entries(map::EVENTS, opts.events_ring_bytes)
         .load(crate::EBPF_OBJECT)?;
     let mut config: Array<&mut MapData, RuntimeConfig> = typed_map_mut(&mut ebpf, map::CONFIG)?;
@@ -221,15 +222,18 @@ impl Loaded {
         }
     }
 
-    fn flows_map(&self) -> Result<PerCpuHashMap<&MapData, FlowKey, FlowStats>, LoadError> {
-        typed_map(&self.ebpf, map::FLOWS)
-    }
-
-    /// Every flow in FLOWS with its CPUs merged.
+    /// Every flow of FLOWS4 and FLOWS with its CPUs merged, under its wide key.
     pub fn flows(&self) -> Result<Vec<(FlowKey, FlowStats)>, LoadError> {
-        let map = self.flows_map()?;
         let mut out = Vec::new();
-        for entry in map.iter() {
+        let compact: PerCpuHashMap<&MapData, FlowKey4, FlowStats> =
+            typed_map(&self.ebpf, map::FLOWS4)?;
+        for entry in compact.iter() {
+            let (key, per_cpu) = entry.map_err(map_error(map::FLOWS4))?;
+            out.push((key.widen(), merge_cpus(&per_cpu)));
+        }
+        let wide: PerCpuHashMap<&MapData, FlowKey, FlowStats> =
+            typed_map(&self.ebpf, map::FLOWS)?;
+        for entry in wide.iter() {
             let (key, per_cpu) = entry.map_err(map_error(map::FLOWS))?;
             out.push((key, merge_cpus(&per_cpu)));
         }
@@ -249,18 +253,8 @@ impl Loaded {
 
     /// Empties FLOWS and zeroes STATS (tests run many cases through one load).
     pub fn reset(&mut self) -> Result<(), LoadError> {
-        let keys: Vec<FlowKey> = {
-            let map = self.flows_map()?;
-            map.keys().filter_map(Result::ok).collect()
-        };
-        {
-            let mut flows: PerCpuHashMap<&mut MapData, FlowKey, FlowStats> =
-                typed_map_mut(&mut self.ebpf, map::FLOWS)?;
-            for k in keys {
-                // An LRU entry may already be gone; that is what we want anyway.
-                let _ = flows.remove(&k);
-            }
-        }
+        self.empty_flow_map::<FlowKey4>(map::FLOWS4)?;
+        self.empty_flow_map::<FlowKey>(map::FLOWS)?;
         let cpus = aya::util::nr_cpus()
             .map_err(|(_, e)| MapError::IoError(e))
             .map_err(map_error(map::STATS))?;
@@ -381,6 +375,23 @@ impl Loaded {
         maps.sort();
         programs.sort();
         (maps, programs)
+    }
+}
+
+impl Loaded {
+    /// Removes every entry of one flow map.
+    fn empty_flow_map<K: aya::Pod>(&mut self, name: &'static str) -> Result<(), LoadError> {
+        let keys: Vec<K> = {
+            let map: PerCpuHashMap<&MapData, K, FlowStats> = typed_map(&self.ebpf, name)?;
+            map.keys().filter_map(Result::ok).collect()
+        };
+        let mut flows: PerCpuHashMap<&mut MapData, K, FlowStats> =
+            typed_map_mut(&mut self.ebpf, name)?;
+        for k in keys {
+            // An LRU entry may already be gone; that is what we want anyway.
+            let _ = flows.remove(&k);
+        }
+        Ok(())
     }
 }
 

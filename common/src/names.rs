@@ -5,8 +5,10 @@
 
 /// Map names (`ebpf/src/maps.rs`).
 pub mod map {
-    /// Flow key -> per-CPU FlowStats (XDP).
+    /// Wide flow key (IPv6 or tunnelled) -> per-CPU FlowStats.
     pub const FLOWS: &str = "FLOWS";
+    /// Compact key of a plain IPv4 flow (`flow::FlowKey4`) -> per-CPU FlowStats.
+    pub const FLOWS4: &str = "FLOWS4";
     /// Per-CPU counters by index (`counters`).
     pub const STATS: &str = "STATS";
     /// The single RuntimeConfig entry.
@@ -30,8 +32,9 @@ pub mod map {
     pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         FLOWS,
+        FLOWS4,
         STATS,
         CONFIG,
         POLICY,

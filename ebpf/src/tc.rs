@@ -11,7 +11,6 @@ use aya_ebpf::macros::classifier;
 use aya_ebpf::programs::TcContext;
 use roce_common::classify::{classify, Outcome};
 use roce_common::counters::{STAT_TC_PULL_FAILED, STAT_TC_WRITE_FAILED};
-use roce_common::flow::KEY_EGRESS;
 use roce_common::packet::Packet;
 use roce_common::policy::{
     action_stats, csum_replace16, decap_check, decap_stats, decide, tos_word, Action, VtepStats,
@@ -123,7 +122,7 @@ fn count_egress(ctx: &TcContext) {
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
     if let Outcome::Flow(parsed) = classify(&pkt, &cfg) {
         // skb->len: the whole frame from the Ethernet header on, linear or not.
-        count_on_flow(ctx, &parsed, ifindex(ctx), KEY_EGRESS, ctx.len(), &cfg);
+        count_on_flow(ctx, &parsed, ifindex(ctx), true, ctx.len(), &cfg);
     }
 }
 
