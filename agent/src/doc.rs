@@ -110,6 +110,11 @@ pub struct Flow {
     pub naks: u64,
     pub rnr_naks: u64,
     pub psn_gaps: u64,
+    /// Added, present only when true: the flow's requests were counted on more than
+    /// one CPU (RSS or RPS spreading one queue pair), each CPU with its own PSN state,
+    /// so `psn_gaps` may include false gaps.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub psn_split: bool,
     /// Outer DSCP of the last packet.
     pub last_dscp: u8,
     /// Added: when the flow's first and last packets were counted, in ns of the
@@ -414,6 +419,7 @@ impl Flow {
             naks: st.naks,
             rnr_naks: st.rnr_naks,
             psn_gaps: st.psn_gaps,
+            psn_split: st.psn.split(),
             last_dscp: st.last_dscp,
             first_seen_ns: st.first_seen_ns,
             last_seen_ns: st.last_seen_ns,

@@ -231,8 +231,7 @@ impl Loaded {
             let (key, per_cpu) = entry.map_err(map_error(map::FLOWS4))?;
             out.push((key.widen(), merge_cpus(&per_cpu)));
         }
-        let wide: PerCpuHashMap<&MapData, FlowKey, FlowStats> =
-            typed_map(&self.ebpf, map::FLOWS)?;
+        let wide: PerCpuHashMap<&MapData, FlowKey, FlowStats> = typed_map(&self.ebpf, map::FLOWS)?;
         for entry in wide.iter() {
             let (key, per_cpu) = entry.map_err(map_error(map::FLOWS))?;
             out.push((key, merge_cpus(&per_cpu)));

@@ -191,6 +191,7 @@ mod tests {
             naks: 3,
             rnr_naks: 4,
             psn_gaps: 5,
+            psn_split: false,
             last_dscp: 26,
             first_seen_ns: 0,
             last_seen_ns: 0,

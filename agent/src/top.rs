@@ -1015,6 +1015,7 @@ mod tests {
             naks: 0,
             rnr_naks: 0,
             psn_gaps: 0,
+            psn_split: false,
             last_dscp: 26,
             first_seen_ns: 0,
             last_seen_ns: 0,

@@ -18,7 +18,7 @@ use crate::bth::{self, Bth, BTH_LEN, XRCETH_LEN};
 use crate::config::RuntimeConfig;
 use crate::counters::{Class, Reason};
 use crate::flow::{addr_v4_mapped, FlowKey, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
-use crate::packet::Packet;
+use crate::packet::{Header, Packet};
 use crate::wire::*;
 
 /// A RoCEv2 packet parsed as far as its BTH (and the AETH/RETH that counting needs).
@@ -113,11 +113,12 @@ pub struct IpLayer {
 #[inline(always)]
 pub fn ip_addresses<P: Packet>(p: &P, ip: &IpLayer) -> Option<([u32; 4], [u32; 4])> {
     if ip.v6 {
-        Some((p.addr6_at(ip.l3 + 8)?, p.addr6_at(ip.l3 + 24)?))
+        let h = p.header(ip.l3, IPV6_HLEN)?;
+        let addr = |k| [h.raw32(k), h.raw32(k + 4), h.raw32(k + 8), h.raw32(k + 12)];
+        Some((addr(8), addr(24)))
     } else {
-        let src = p.raw32_at(ip.l3 + 12)?;
-        let dst = p.raw32_at(ip.l3 + 16)?;
-        Some((addr_v4_mapped(src), addr_v4_mapped(dst)))
+        let h = p.header(ip.l3, IPV4_MIN_HLEN)?;
+        Some((addr_v4_mapped(h.raw32(12)), addr_v4_mapped(h.raw32(16))))
     }
 }
 
@@ -188,6 +189,16 @@ impl<'a, P: Packet> Within<'a, P> {
 }
 
 impl<P: Packet> Packet for Within<'_, P> {
+    type Header = P::Header;
+
+    #[inline(always)]
+    fn header(&self, off: usize, n: usize) -> Option<P::Header> {
+        if !self.fits(off, n) {
+            return None;
+        }
+        self.p.header(off, n)
+    }
+
     #[inline(always)]
     fn len(&self) -> usize {
         self.end
@@ -286,19 +297,10 @@ fn parse_udp<'a, P: Packet>(
     l4: usize,
     r: &Reasons,
 ) -> Result<Udp<'a, P>, Reason> {
-    // The whole header first (its last field), then the others.
-    if q.be16_at(l4 + 6).is_none() {
-        return Err(r.udp);
-    }
-    let Some(len) = q.be16_at(l4 + 4) else {
+    let Some(h) = q.header(l4, UDP_HLEN) else {
         return Err(r.udp);
     };
-    let Some(dport) = q.be16_at(l4 + 2) else {
-        return Err(r.udp);
-    };
-    let Some(sport) = q.be16_at(l4) else {
-        return Err(r.udp);
-    };
+    let (sport, dport, len) = (h.be16(0), h.be16(2), h.be16(4));
     // A length shorter than the header itself: the datagram ends inside its header.
     if (len as usize) < UDP_HLEN {
         return Err(r.udp);
@@ -322,19 +324,19 @@ pub fn walk<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Walk {
 #[inline(always)]
 fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outcome {
     let frame = Within::new(p);
-    let mut ethertype = match frame.be16_at(12) {
-        Some(t) => t,
-        None => return Outcome::Malformed(Reason::TruncatedEth),
+    let Some(eth) = frame.header(0, ETH_HLEN) else {
+        return Outcome::Malformed(Reason::TruncatedEth);
     };
+    let mut ethertype = eth.be16(12);
     let mut off = ETH_HLEN;
     for _ in 0..MAX_VLAN_TAGS {
         if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
             break;
         }
-        ethertype = match frame.be16_at(off + 2) {
-            Some(t) => t,
-            None => return Outcome::Malformed(Reason::TruncatedVlan),
+        let Some(tag) = frame.header(off, VLAN_HLEN) else {
+            return Outcome::Malformed(Reason::TruncatedVlan);
         };
+        ethertype = tag.be16(2);
         off += VLAN_HLEN;
     }
     if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
@@ -378,19 +380,17 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outc
     // VXLAN (RFC 7348): flags, 3 reserved, VNI, 1 reserved.
     let q = udp.rest;
     let vx = outer.l4 + UDP_HLEN;
-    let Some(vni_word) = q.be32_at(vx + 4) else {
+    let Some(vxlan) = q.header(vx, VXLAN_HLEN) else {
         return Outcome::Malformed(Reason::TruncatedVxlan);
     };
-    let Some(vx_flags) = q.u8_at(vx) else {
-        return Outcome::Malformed(Reason::TruncatedVxlan);
-    };
+    let (vx_flags, vni_word) = (vxlan.u8(0), vxlan.be32(4));
     if vx_flags & VXLAN_FLAG_I == 0 {
         // The Linux VXLAN driver drops these too.
         return Outcome::Malformed(Reason::BadVxlanFlags);
     }
     let inner_eth = vx + VXLAN_HLEN;
     layers.inner_eth = Some(inner_eth);
-    let Some(inner_type) = q.be16_at(inner_eth + 12) else {
+    let Some(inner_type) = q.header(inner_eth, ETH_HLEN).map(|h| h.be16(12)) else {
         return Outcome::Malformed(Reason::TruncatedInnerEth);
     };
     let inner = match parse_ip(&q, inner_eth + ETH_HLEN, inner_type, &INNER) {
@@ -484,26 +484,13 @@ fn parse_ipv4<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
     if hlen < IPV4_MIN_HLEN {
         return IpStep::Bad(r.ihl);
     }
-    // Fixed fields first, then the options: checking the deeper, variable offset first
-    // lets the compiler drop the fixed checks, which the verifier cannot follow. Reads
-    // are one after another, each with its own early return: evaluated together, the
-    // compiler merges their checks into flags that the verifier cannot follow either.
-    // The addresses' last word: the whole fixed header is there.
-    if q.raw32_at(off + 16).is_none() {
-        return IpStep::Bad(r.ipv4);
-    }
-    let Some(proto) = q.u8_at(off + 9) else {
+    // The fixed header in one check, then the options: checking the deeper, variable
+    // offset first lets the compiler drop the fixed check, which the verifier cannot
+    // follow.
+    let Some(h) = q.header(off, IPV4_MIN_HLEN) else {
         return IpStep::Bad(r.ipv4);
     };
-    let Some(frag) = q.be16_at(off + 6) else {
-        return IpStep::Bad(r.ipv4);
-    };
-    let Some(total) = q.be16_at(off + 2) else {
-        return IpStep::Bad(r.ipv4);
-    };
-    let Some(tos) = q.u8_at(off + 1) else {
-        return IpStep::Bad(r.ipv4);
-    };
+    let (tos, total, frag, proto) = (h.u8(1), h.be16(2), h.be16(6), h.u8(9));
     // A total length shorter than the header: the datagram ends inside its header.
     if (total as usize) < hlen {
         return IpStep::Bad(r.ipv4);
@@ -527,19 +514,10 @@ fn parse_ipv4<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
 
 #[inline(always)]
 fn parse_ipv6<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
-    // The destination address's last word: the whole fixed header is there.
-    if q.raw32_at(off + 36).is_none() {
-        return IpStep::Bad(r.ipv6);
-    }
-    let Some(next) = q.u8_at(off + 6) else {
+    let Some(h) = q.header(off, IPV6_HLEN) else {
         return IpStep::Bad(r.ipv6);
     };
-    let Some(payload) = q.be16_at(off + 4) else {
-        return IpStep::Bad(r.ipv6);
-    };
-    let Some(w0) = q.be32_at(off) else {
-        return IpStep::Bad(r.ipv6);
-    };
+    let (w0, payload, next) = (h.be32(0), h.be16(4), h.u8(6));
     if w0 >> 28 != 6 {
         return IpStep::Bad(Reason::BadIpVersion);
     }
@@ -556,13 +534,11 @@ fn parse_ipv6<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         match proto {
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
-                let Some(len) = datagram.u8_at(l4 + 1) else {
+                let Some(ext) = datagram.header(l4, 2) else {
                     return IpStep::Bad(r.ext);
                 };
-                let Some(n) = datagram.u8_at(l4) else {
-                    return IpStep::Bad(r.ext);
-                };
-                proto = n;
+                let len = ext.u8(1);
+                proto = ext.u8(0);
                 l4 += (len as usize + 1) * 8;
                 // The whole header must be there (as IPv4 options must): a frame cut
                 // inside it is a truncated extension header, not a truncated UDP header.
@@ -571,20 +547,14 @@ fn parse_ipv6<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
                 }
             }
             IPPROTO_FRAGMENT => {
-                // Its last word first: the whole 8-byte header must be there.
-                if datagram.be32_at(l4 + 4).is_none() {
-                    return IpStep::Bad(r.ext);
-                }
-                let Some(frag) = datagram.be16_at(l4 + 2) else {
+                // The whole 8-byte header must be there.
+                let Some(ext) = datagram.header(l4, 8) else {
                     return IpStep::Bad(r.ext);
                 };
-                let Some(n) = datagram.u8_at(l4) else {
-                    return IpStep::Bad(r.ext);
-                };
-                if frag & 0xFFF8 != 0 {
+                if ext.be16(2) & 0xFFF8 != 0 {
                     return IpStep::Bad(r.frag6);
                 }
-                proto = n;
+                proto = ext.u8(0);
                 l4 += 8;
             }
             _ => break,
@@ -608,16 +578,10 @@ fn parse_ipv6<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
 
 #[inline(always)]
 fn parse_roce<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> Result<Parsed, Reason> {
-    let Some(w2) = q.be32_at(off + 8) else {
+    let Some(h) = q.header(off, BTH_LEN) else {
         return Err(r.bth);
     };
-    let Some(w1) = q.be32_at(off + 4) else {
-        return Err(r.bth);
-    };
-    let Some(w0) = q.be32_at(off) else {
-        return Err(r.bth);
-    };
-    let bth = Bth::from_words(w0, w1, w2);
+    let bth = Bth::from_words(h.be32(0), h.be32(4), h.be32(8));
     let mut parsed = Parsed {
         bth,
         ..Parsed::default()

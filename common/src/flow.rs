@@ -132,27 +132,41 @@ pub struct FlowStats {
     pub sport: u16,
     /// Outer DSCP of the last packet.
     pub last_dscp: u8,
-    pub _pad: [u8; 5],
+    pub _pad: u8,
+    /// The clock tick (jiffies, low 32 bits, in the kernel) `last_seen_ns` was read
+    /// in: the clock is read again only when the tick changed (see `record`).
+    pub seen_tick: u32,
 }
 
 impl FlowStats {
-    /// Counts one packet of `frame_len` bytes at time `now_ns` on this flow, and says
-    /// what trouble it showed (the sampled events: CE in either header, CNP, NAK, RNR
-    /// NAK, PSN gap).
+    /// Counts one packet of `frame_len` bytes on this flow, and says what trouble it
+    /// showed (the sampled events: CE in either header, CNP, NAK, RNR NAK, PSN gap).
+    ///
+    /// `tick` is a cheap clock (the kernel's jiffies) and `now_ns` reads the clock that
+    /// first/last seen are kept in; it is called only for a flow's first packet and when
+    /// the tick changed since the flow's last one. The coarse clock it stands for moves
+    /// only once a tick, so this saves its helper call on all other packets (about a
+    /// tenth of the XDP program's time, BENCHMARKS.md).
     #[inline(always)]
     pub fn record(
         &mut self,
         p: &Parsed,
         frame_len: u32,
-        now_ns: u64,
+        tick: u32,
+        now_ns: impl FnOnce() -> u64,
         default_pmtu_log2: u8,
     ) -> Trouble {
         if self.packets == 0 {
-            self.first_seen_ns = now_ns;
+            let now = now_ns();
+            self.first_seen_ns = now;
+            self.last_seen_ns = now;
+            self.seen_tick = tick;
+        } else if tick != self.seen_tick {
+            self.last_seen_ns = now_ns();
+            self.seen_tick = tick;
         }
         self.packets += 1;
         self.bytes += frame_len as u64;
-        self.last_seen_ns = now_ns;
         self.sport = p.sport;
         self.last_dscp = p.outer_tos >> 2;
         let outer_ecn = p.outer_tos & 3;
@@ -195,6 +209,9 @@ impl FlowStats {
         if o.packets == 0 {
             return;
         }
+        let split = self.psn.split()
+            || o.psn.split()
+            || (self.packets != 0 && self.psn.tracked() && o.psn.tracked());
         let newer = o.last_seen_ns >= self.last_seen_ns || self.packets == 0;
         if self.packets == 0 || o.first_seen_ns < self.first_seen_ns {
             self.first_seen_ns = o.first_seen_ns;
@@ -215,6 +232,9 @@ impl FlowStats {
             self.sport = o.sport;
             self.last_dscp = o.last_dscp;
             self.psn = o.psn;
+        }
+        if split {
+            self.psn.mark_split();
         }
     }
 }
@@ -264,36 +284,67 @@ mod tests {
         let mut f = FlowStats::default();
         let t = |ce, kind| Trouble { ce, kind };
         // RC WRITE ONLY (0x0a) in order, ECT(0): nothing; CE: ce.
-        assert_eq!(f.record(&packet(0x0a, 1, 0x6a), 60, 0, 12), Trouble::NONE);
         assert_eq!(
-            f.record(&packet(0x0a, 2, 0x6b), 60, 0, 12),
+            f.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12),
+            Trouble::NONE
+        );
+        assert_eq!(
+            f.record(&packet(0x0a, 2, 0x6b), 60, 0, || 0, 12),
             t(true, EVENT_NONE)
         );
         // A PSN ahead of the expected one, with CE: both.
         assert_eq!(
-            f.record(&packet(0x0a, 9, 0x6b), 60, 0, 12),
+            f.record(&packet(0x0a, 9, 0x6b), 60, 0, || 0, 12),
             t(true, EVENT_PSN_GAP)
         );
         assert_eq!(
-            f.record(&packet(0x81, 0, 0xc2), 60, 0, 12),
+            f.record(&packet(0x81, 0, 0xc2), 60, 0, || 0, 12),
             t(false, EVENT_CNP)
         );
         let mut ack = packet(0x11, 3, 0x6a);
         ack.has_syndrome = true;
         for (syndrome, kind) in [(0x1f, EVENT_NONE), (0x21, EVENT_RNR_NAK), (0x60, EVENT_NAK)] {
             ack.aeth_syndrome = syndrome;
-            assert_eq!(f.record(&ack, 60, 0, 12), t(false, kind), "{syndrome:#x}");
+            assert_eq!(
+                f.record(&ack, 60, 0, || 0, 12),
+                t(false, kind),
+                "{syndrome:#x}"
+            );
         }
         // Inner CE of a tunnelled packet is CE too.
         let mut inner = packet(0x0a, 3, 0x6a);
         inner.tunnelled = true;
         inner.inner_tos = 0x03;
         let mut g = FlowStats::default();
-        assert_eq!(g.record(&inner, 60, 0, 12), t(true, EVENT_NONE));
+        assert_eq!(g.record(&inner, 60, 0, || 0, 12), t(true, EVENT_NONE));
         assert_eq!(
             (f.psn_gaps, f.cnps, f.naks, f.rnr_naks, f.acks),
             (1, 1, 1, 1, 1)
         );
+    }
+
+    #[test]
+    fn merging_two_cpus_that_tracked_requests_marks_the_psn_state_split() {
+        let mut one = FlowStats::default();
+        let mut other = FlowStats::default();
+        // PSNs 1, 2 on one CPU, 3 on the other, 4 on the first again: a false gap there.
+        one.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12);
+        one.record(&packet(0x0a, 2, 0x6a), 60, 0, || 0, 12);
+        other.record(&packet(0x0a, 3, 0x6a), 60, 0, || 0, 12);
+        one.record(&packet(0x0a, 4, 0x6a), 60, 0, || 0, 12);
+        let mut merged = FlowStats::default();
+        merged.merge(&one);
+        assert!(!merged.psn.split(), "one CPU is not split");
+        merged.merge(&other);
+        assert!(merged.psn.split());
+        assert_eq!((merged.packets, merged.psn_gaps), (4, 1));
+        // A CPU that saw only ACKs or CNPs of the flow tracked nothing: not split.
+        let mut acks = FlowStats::default();
+        acks.record(&packet(0x81, 0, 0x6a), 60, 0, || 0, 12);
+        let mut merged = FlowStats::default();
+        merged.merge(&one);
+        merged.merge(&acks);
+        assert!(!merged.psn.split());
     }
 
     #[test]

@@ -6,8 +6,29 @@
 
 use crate::wire::MAX_PARSE_OFFSET;
 
+/// A header whose whole length was checked once: its fields are read with no check
+/// of their own (BENCHMARKS.md, issue 15: one bounds check per header instead of one
+/// per field took most of the parser's cost away). A field beyond the checked length
+/// reads as zero; every call site reads constant offsets inside a constant length, so
+/// the compiler removes that test.
+pub trait Header: Copy {
+    fn u8(&self, k: usize) -> u8;
+    /// A big-endian 16-bit field.
+    fn be16(&self, k: usize) -> u16;
+    /// A big-endian 32-bit field.
+    fn be32(&self, k: usize) -> u32;
+    /// Four bytes as they lie in memory.
+    fn raw32(&self, k: usize) -> u32;
+}
+
 /// Read access to the bytes of one frame, starting at the Ethernet header.
 pub trait Packet {
+    type Header: Header;
+
+    /// The `n` bytes at `off` as a header, when the frame holds them all (`n` is a
+    /// constant at every call: the kernel's verifier needs a constant range).
+    fn header(&self, off: usize, n: usize) -> Option<Self::Header>;
+
     /// Frame length in bytes.
     fn len(&self) -> usize;
     fn u8_at(&self, off: usize) -> Option<u8>;
@@ -54,7 +75,51 @@ impl SlicePacket<'_> {
     }
 }
 
-impl Packet for SlicePacket<'_> {
+/// A header of a [`SlicePacket`].
+#[derive(Clone, Copy, Debug)]
+pub struct SliceHeader<'a>(&'a [u8]);
+
+impl SliceHeader<'_> {
+    #[inline(always)]
+    fn bytes<const N: usize>(&self, k: usize) -> [u8; N] {
+        let mut out = [0u8; N];
+        if let Some(b) = self.0.get(k..k + N) {
+            out.copy_from_slice(b);
+        }
+        out
+    }
+}
+
+impl Header for SliceHeader<'_> {
+    #[inline(always)]
+    fn u8(&self, k: usize) -> u8 {
+        self.0.get(k).copied().unwrap_or(0)
+    }
+    #[inline(always)]
+    fn be16(&self, k: usize) -> u16 {
+        u16::from_be_bytes(self.bytes(k))
+    }
+    #[inline(always)]
+    fn be32(&self, k: usize) -> u32 {
+        u32::from_be_bytes(self.bytes(k))
+    }
+    #[inline(always)]
+    fn raw32(&self, k: usize) -> u32 {
+        u32::from_ne_bytes(self.bytes(k))
+    }
+}
+
+impl<'a> Packet for SlicePacket<'a> {
+    type Header = SliceHeader<'a>;
+
+    #[inline(always)]
+    fn header(&self, off: usize, n: usize) -> Option<SliceHeader<'a>> {
+        if off > MAX_PARSE_OFFSET {
+            return None;
+        }
+        self.0.get(off..off.checked_add(n)?).map(SliceHeader)
+    }
+
     fn len(&self) -> usize {
         self.0.len()
     }

@@ -15,6 +15,10 @@ pub const PSN_HALF: u32 = 0x0080_0000;
 
 const VALID: u8 = 1;
 const PENDING_READ: u8 = 2;
+/// Set by `FlowStats::merge` (user side, never by the kernel): requests of the flow
+/// were tracked on more than one CPU, each with its own state, so a CPU that missed
+/// the requests another one saw counts a false gap (RSS or RPS spreading one flow).
+const SPLIT: u8 = 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,6 +33,21 @@ pub struct PsnState {
     pub pmtu_log2: u8,
     pub flags: u8,
     pub _pad: [u8; 2],
+}
+
+impl PsnState {
+    /// Requests of the flow were tracked in this state.
+    pub fn tracked(&self) -> bool {
+        self.flags & VALID != 0
+    }
+    /// Merged from the states of more than one CPU: the flow's gap count may hold
+    /// false gaps.
+    pub fn split(&self) -> bool {
+        self.flags & SPLIT != 0
+    }
+    pub(crate) fn mark_split(&mut self) {
+        self.flags |= SPLIT;
+    }
 }
 
 /// PSNs that a READ of `len` bytes uses at a path MTU of 2^`log2`.

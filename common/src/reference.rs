@@ -16,6 +16,8 @@ pub struct ReferenceTable {
     pub config: RuntimeConfig,
     pub flows: HashMap<FlowKey, FlowStats>,
     pub stats: [u64; STATS_LEN as usize],
+    /// The tick `FlowStats::record` is given: one per frame.
+    tick: u32,
 }
 
 impl ReferenceTable {
@@ -24,6 +26,7 @@ impl ReferenceTable {
             config,
             flows: HashMap::new(),
             stats: [0; STATS_LEN as usize],
+            tick: 0,
         }
     }
 
@@ -44,7 +47,15 @@ impl ReferenceTable {
                 self.stats[crate::counters::STAT_FLOW_CREATED as usize] += 1;
                 FlowStats::default()
             });
-            entry.record(p, frame.len() as u32, now_ns, self.config.default_pmtu_log2);
+            // Every frame its own tick: first/last seen are exact here.
+            self.tick = self.tick.wrapping_add(1);
+            entry.record(
+                p,
+                frame.len() as u32,
+                self.tick,
+                || now_ns,
+                self.config.default_pmtu_log2,
+            );
         }
         walk
     }

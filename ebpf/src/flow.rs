@@ -4,7 +4,7 @@
 //! flows live in FLOWS4 under the 16-byte key, the others in FLOWS under the wide one.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
+use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use aya_ebpf::maps::LruPerCpuHashMap;
 use roce_common::classify::Parsed;
 use roce_common::config::RuntimeConfig;
@@ -45,7 +45,14 @@ pub fn count_on_flow<C: FrameHead>(
         let trouble = unsafe { record(stats, parsed, frame_len, cfg) };
         if !trouble.is_none() && cfg.events_sample != EVENTS_OFF {
             // Rare (sampled events): the wide key is built only here.
-            emit(ctx, trouble, &key.widen(), parsed, frame_len, cfg.events_sample);
+            emit(
+                ctx,
+                trouble,
+                &key.widen(),
+                parsed,
+                frame_len,
+                cfg.events_sample,
+            );
         }
     } else {
         let mut key: FlowKey = parsed.key;
@@ -80,7 +87,8 @@ fn flow_entry<K>(map: &LruPerCpuHashMap<K, FlowStats>, key: &K) -> Option<*mut F
     s
 }
 
-/// Counts on a flow's value with the coarse clock (ms resolution is plenty, and cheap).
+/// Counts on a flow's value; first/last seen from the coarse clock (ms resolution is
+/// plenty).
 ///
 /// # Safety
 /// `stats` is this CPU's value of a per-CPU map, valid for this program run.
@@ -91,12 +99,15 @@ unsafe fn record(
     frame_len: u32,
     cfg: &RuntimeConfig,
 ) -> Trouble {
-    // SAFETY: the caller's promise; the clock helper takes no arguments.
+    // SAFETY: the caller's promise; the clock helpers take no arguments. The
+    // verifier inlines bpf_jiffies64 (a load); the coarse clock is a real call, made
+    // only when the tick moved.
     unsafe {
         (*stats).record(
             parsed,
             frame_len,
-            bpf_ktime_get_coarse_ns(),
+            bpf_jiffies64() as u32,
+            || bpf_ktime_get_coarse_ns(),
             cfg.default_pmtu_log2,
         )
     }

@@ -3,7 +3,7 @@
 
 use core::mem::size_of;
 
-use roce_common::packet::Packet;
+use roce_common::packet::{Header, Packet};
 use roce_common::wire::MAX_PARSE_OFFSET;
 
 pub struct KernelPacket {
@@ -53,7 +53,60 @@ impl KernelPacket {
     }
 }
 
+/// A header of a [`KernelPacket`]: `n` bytes at `p`, checked against `data_end` once.
+#[derive(Clone, Copy)]
+pub struct KernelHeader {
+    p: usize,
+    n: usize,
+}
+
+impl KernelHeader {
+    #[inline(always)]
+    fn read<T: Copy + Default>(&self, k: usize) -> T {
+        // Constant k and n at every call site: this test folds away.
+        if k + size_of::<T>() > self.n {
+            return T::default();
+        }
+        // SAFETY: p..p + n was checked against data_end in `header`, and k + size <= n.
+        unsafe { *((self.p + k) as *const T) }
+    }
+}
+
+impl Header for KernelHeader {
+    #[inline(always)]
+    fn u8(&self, k: usize) -> u8 {
+        self.read::<u8>(k)
+    }
+    #[inline(always)]
+    fn be16(&self, k: usize) -> u16 {
+        u16::from_be(self.read::<u16>(k))
+    }
+    #[inline(always)]
+    fn be32(&self, k: usize) -> u32 {
+        u32::from_be(self.read::<u32>(k))
+    }
+    #[inline(always)]
+    fn raw32(&self, k: usize) -> u32 {
+        self.read::<u32>(k)
+    }
+}
+
 impl Packet for KernelPacket {
+    type Header = KernelHeader;
+
+    #[inline(always)]
+    fn header(&self, off: usize, n: usize) -> Option<KernelHeader> {
+        if off > MAX_PARSE_OFFSET {
+            return None;
+        }
+        // As in `load`: an opaque p keeps the `+ n` the verifier needs.
+        let p = opaque(self.start + off);
+        if p + n > self.end {
+            return None;
+        }
+        Some(KernelHeader { p, n })
+    }
+
     #[inline(always)]
     fn len(&self) -> usize {
         self.end - self.start

@@ -67,6 +67,7 @@ pub fn tunnel_key(outer: &L3, vni: u32, inner: &L3, dest_qp: u32) -> FlowKey {
 pub fn untimed(mut s: FlowStats) -> FlowStats {
     s.first_seen_ns = 0;
     s.last_seen_ns = 0;
+    s.seen_tick = 0;
     s
 }
 

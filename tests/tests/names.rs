@@ -11,7 +11,11 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
     // aya also creates maps of its own for .rodata/.bss and logging: only ours count.
     let ours: Vec<&String> = maps
         .iter()
-        .filter(|n| n.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .filter(|n| {
+            n.starts_with(|c: char| c.is_ascii_uppercase())
+                && n.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        })
         .collect();
     let mut declared: Vec<&str> = map::ALL.to_vec();
     declared.sort();

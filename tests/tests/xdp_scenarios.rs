@@ -181,6 +181,59 @@ fn rc_request_skipping_a_psn_counts_one_gap_and_the_retransmission_none() {
     assert_eq!(s.psn.next, 15);
 }
 
+/// One flow whose requests arrive on two CPUs (as under RPS or a rehashed RSS queue):
+/// each CPU keeps its own PSN state, so the CPU that missed PSN 3 counts a false gap at
+/// PSN 4. The merged flow says so (`psn_split`), in the flows document too.
+#[test]
+fn one_flow_on_two_cpus_has_its_psn_state_flagged_split() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs, the machine has {cpus}"
+    );
+    let h = Harness::load();
+    let on_cpu = |cpu: usize, psns: &[u32]| {
+        if let Err(e) = roce_testkit::sock::pin_thread_to_cpu(cpu) {
+            panic!("pinning to CPU {cpu}: {e}");
+        }
+        for &psn in psns {
+            h.pass(&roce_frame(
+                &eth(),
+                &host4(),
+                SPORT,
+                &RoceMsg::send_only(QP, psn, 64),
+            ));
+        }
+    };
+    on_cpu(0, &[1, 2]);
+    on_cpu(1, &[3]);
+    on_cpu(0, &[4]);
+    let (k, s) = only_flow(&h);
+    assert_eq!((s.packets, s.psn_gaps), (4, 1), "the false gap is counted");
+    assert!(s.psn.split(), "requests on two CPUs: split");
+    let doc = roce_agent::doc::Document::build(vec![(k, s)], &h.stats(), None);
+    let json = serde_json::to_value(&doc.flows[0]).expect("a flow serializes");
+    assert_eq!(json["psn_split"], true, "{json}");
+
+    // The same flow on one CPU: no gap, no flag, and no field in the document.
+    let mut h = h;
+    h.reset();
+    roce_tests::harness::pin_to_current_cpu();
+    for psn in 1..=4 {
+        h.pass(&roce_frame(
+            &eth(),
+            &host4(),
+            SPORT,
+            &RoceMsg::send_only(QP, psn, 64),
+        ));
+    }
+    let (k, s) = only_flow(&h);
+    assert_eq!((s.psn_gaps, s.psn.split()), (0, false));
+    let doc = roce_agent::doc::Document::build(vec![(k, s)], &h.stats(), None);
+    let json = serde_json::to_value(&doc.flows[0]).expect("a flow serializes");
+    assert!(json.get("psn_split").is_none(), "{json}");
+}
+
 #[test]
 fn read_request_of_3000_bytes_at_pmtu_1024_is_no_gap_and_teaches_the_pmtu() {
     let h = Harness::load();

@@ -357,10 +357,26 @@ fn bench_xdp(args: &Args, rounds: usize) -> Result<()> {
             }
         }
         let baseline = median(base);
-        report_per_packet(args, case.name, median(off), baseline, case.target_ratio, 0, rounds);
+        report_per_packet(
+            args,
+            case.name,
+            median(off),
+            baseline,
+            case.target_ratio,
+            0,
+            rounds,
+        );
         if n > 0 {
             let label = format!("{}_events_1_in_{n}", case.name);
-            report_per_packet(args, &label, median(on), baseline, case.target_ratio, n, rounds);
+            report_per_packet(
+                args,
+                &label,
+                median(on),
+                baseline,
+                case.target_ratio,
+                n,
+                rounds,
+            );
         }
     }
     loaded.set_config(&config(0))?;
