@@ -474,9 +474,19 @@ fn parse_ip<P: Packet>(q: &Within<'_, P>, off: usize, ethertype: u16, r: &Reason
 
 #[inline(always)]
 fn parse_ipv4<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
-    let Some(ver_ihl) = q.u8_at(off) else {
-        return IpStep::Bad(r.ipv4);
+    // The fixed header in one check, then the options: checking the deeper, variable
+    // offset first lets the compiler drop the fixed check, which the verifier cannot
+    // follow.
+    let Some(h) = q.header(off, IPV4_MIN_HLEN) else {
+        // Cut short: a wrong version or IHL, if its byte is there, is still the reason
+        // (as when the header is whole).
+        return IpStep::Bad(match q.u8_at(off) {
+            Some(v) if v >> 4 != 4 => Reason::BadIpVersion,
+            Some(v) if ((v & 0x0F) as usize) * 4 < IPV4_MIN_HLEN => r.ihl,
+            _ => r.ipv4,
+        });
     };
+    let ver_ihl = h.u8(0);
     if ver_ihl >> 4 != 4 {
         return IpStep::Bad(Reason::BadIpVersion);
     }
@@ -484,19 +494,15 @@ fn parse_ipv4<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
     if hlen < IPV4_MIN_HLEN {
         return IpStep::Bad(r.ihl);
     }
-    // The fixed header in one check, then the options: checking the deeper, variable
-    // offset first lets the compiler drop the fixed check, which the verifier cannot
-    // follow.
-    let Some(h) = q.header(off, IPV4_MIN_HLEN) else {
-        return IpStep::Bad(r.ipv4);
-    };
     let (tos, total, frag, proto) = (h.u8(1), h.be16(2), h.be16(6), h.u8(9));
     // A total length shorter than the header: the datagram ends inside its header.
     if (total as usize) < hlen {
         return IpStep::Bad(r.ipv4);
     }
     let datagram = q.ending_at(off + total as usize);
-    if datagram.u8_at(off + hlen - 1).is_none() {
+    // The options' last byte. Without options the fixed header's check covers it:
+    // the frame holds 20 bytes and the total length is at least the header's.
+    if hlen > IPV4_MIN_HLEN && datagram.u8_at(off + hlen - 1).is_none() {
         return IpStep::Bad(r.ipv4);
     }
     if frag & 0x1FFF != 0 {
