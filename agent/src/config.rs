@@ -246,11 +246,18 @@ impl ConfigFile {
             }),
             Err(e) => {
                 let (line, column) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
+                let message = e.message().trim_end();
+                // toml names the value, not the key: say which key it is, as the
+                // checks after parsing do.
+                let message = match key_at(&text, line) {
+                    Some(key) => format!("{key}: {message}"),
+                    None => message.to_string(),
+                };
                 Err(ConfigError::Parse {
                     path: path.to_path_buf(),
                     line,
                     column,
-                    message: e.message().trim_end().to_string(),
+                    message,
                     excerpt: excerpt(&text, line, column),
                 })
             }
@@ -282,6 +289,31 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
         .count()
         + 1;
     (line, column)
+}
+
+/// The dotted name of the key assigned on 1-based `line` of `text` (`qos.roce_dscp`),
+/// with the table it is in; None when the line assigns nothing.
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let mut table = String::new();
+    for (i, src) in text.lines().enumerate() {
+        let src = src.trim();
+        if i + 1 == line {
+            let (key, _) = src.split_once('=')?;
+            let key = key.trim().trim_matches('"');
+            if key.is_empty() || key.starts_with('[') {
+                return None;
+            }
+            return Some(if table.is_empty() {
+                key.to_string()
+            } else {
+                format!("{table}.{key}")
+            });
+        }
+        if let Some(name) = src.strip_prefix('[').and_then(|r| r.split_once(']')) {
+            table = name.0.trim().trim_matches('[').to_string();
+        }
+    }
+    None
 }
 
 fn excerpt(text: &str, line: usize, column: usize) -> String {
@@ -662,6 +694,14 @@ impl Settings {
         if let Some(map) = &q.priority {
             for (k, v) in map.get_ref() {
                 let d = key_dscp(k, map.span(), "qos.priority")?;
+                // The eight 802.1p priorities that PFC and the NIC's DSCP map know.
+                if *v.get_ref() > 7 {
+                    return Err(invalid(
+                        f.origin(v.span()),
+                        "qos.priority",
+                        format!("priority {} is out of range (0 to 7)", v.get_ref()),
+                    ));
+                }
                 p.table[d as usize].priority = *v.get_ref();
             }
         }
@@ -835,7 +875,7 @@ mod tests {
         let e = parse("roce_port = 4791\n  mtu_bytes = 1500\n").unwrap_err();
         let msg = e.to_string();
         assert!(
-            msg.starts_with("t.toml:2:3: unknown field `mtu_bytes`"),
+            msg.starts_with("t.toml:2:3: mtu_bytes: unknown field `mtu_bytes`"),
             "{msg}"
         );
     }
@@ -1084,6 +1124,83 @@ mod tests {
         );
         let e = parse("top_flows = -1\n").unwrap_err();
         assert!(e.to_string().starts_with("t.toml:1:13: "), "{e}");
+    }
+
+    /// Every kind of bad file is refused with FILE:LINE:COLUMN and the key's name,
+    /// before anything is loaded or attached (`Settings::resolve` runs first in `run`).
+    #[test]
+    fn every_bad_config_is_refused_with_its_position_and_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            // (file, position, the key named)
+            ("rocee_port = 4791\n", "1:1", "rocee_port"),
+            ("[qos]\nlossles_dscps = [26]\n", "2:1", "qos.lossles_dscps"),
+            ("[qoss]\nroce_dscp = 26\n", "1:2", "qoss"),
+            ("roce_port = \"4791\"\n", "1:13", "roce_port"),
+            ("interval = \"1s\"\n", "1:12", "interval"),
+            ("interfaces = \"eth1\"\n", "1:14", "interfaces"),
+            ("[qos]\nroce_dscp = 64\n", "2:13", "qos.roce_dscp"),
+            ("[qos]\ncnp_dscp = 99\n", "2:12", "qos.cnp_dscp"),
+            (
+                "[qos]\nlossless_dscps = [26, 64]\n",
+                "2:23",
+                "qos.lossless_dscps",
+            ),
+            ("[qos]\nremark_dscp = 26\n", "2:15", "qos.remark_dscp"),
+            ("[qos]\npriority = { \"26\" = 8 }\n", "2:21", "qos.priority"),
+            ("[qos]\npriority = { \"x\" = 1 }\n", "2:", "qos.priority"),
+            (
+                "[qos]\nvtep_dscp = { \"10\" = 64 }\n",
+                "2:",
+                "qos.vtep_dscp",
+            ),
+            ("roce_port = 4789\n", "1:13", "vxlan_port"),
+            ("roce_port = 0\n", "1:13", "roce_port"),
+            ("vxlan_port = 70000\n", "1:14", "vxlan_port"),
+            ("mode = \"strict\"\n", "1:8", "mode"),
+            ("ecn_propagation = \"always\"\n", "1:19", "ecn_propagation"),
+            ("roce_port = 4791\nroce_port = 4792\n", "2:1", "roce_port"),
+            (
+                "listen = \"127.0.0.1:9473\"\nroce_port = = 4\n",
+                "2:13",
+                "roce_port",
+            ),
+            ("[qos\nroce_dscp = 26\n", "1:5", ""),
+            ("interfaces = [\"eth1\", \"eth1\"]\n", "1:23", "interfaces"),
+            (
+                "interfaces = [\"a-very-long-interface\"]\n",
+                "1:15",
+                "interfaces",
+            ),
+            ("default_pmtu = 1500\n", "1:16", "default_pmtu"),
+            ("mtu = 70000\n", "1:7", "mtu"),
+            ("interval = 0\n", "1:12", "interval"),
+            ("flows_map_size = 0\n", "1:18", "flows_map_size"),
+            ("listen = \"nonsense\"\n", "1:10", "listen"),
+            ("top_flows = 1001\n", "1:13", "top_flows"),
+            ("events_sample = -1\n", "1:17", "events_sample"),
+            ("peers = [\"not a host!\"]\n", "1:", "peers"),
+        ];
+        let mut wrong = Vec::new();
+        for (text, at, key) in cases {
+            // Flags' interfaces replace the file's: give none where the file has its own.
+            let flags = if text.starts_with("interfaces") {
+                Overrides::default()
+            } else {
+                iface("e")
+            };
+            match resolve(text, &flags) {
+                Ok(_) => wrong.push(format!("accepted:\n{text}")),
+                Err(e) => {
+                    let e = e.to_string();
+                    let named = e.contains(&format!("{key}:")) || e.contains(&format!("`{key}`"));
+                    if !e.starts_with(&format!("t.toml:{at}")) || !named {
+                        wrong.push(format!("{text}=> {e}"));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
+        assert!(cases.len() >= 30);
     }
 
     #[test]
