@@ -518,7 +518,7 @@ fn bad_input_exits_2_with_a_message_naming_it() {
         ),
         (
             vec!["--config", wrong_type.arg()],
-            ":2:7: invalid type: string \"big\", expected u32",
+            ":2:7: mtu: invalid type: string \"big\", expected u32",
         ),
         (
             vec!["--config", bad_peer.arg()],
