@@ -46,7 +46,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(f) = args.filter.as_deref() {
         test.push(f);
     }
-    let mut result = cargo(&test);
+    let mut result = cargo_test(&test);
     // The README's main command, as a user runs it: it must keep working.
     if result.is_ok() && args.filter.is_none() {
         result = demo();
@@ -59,6 +59,83 @@ pub fn run(args: Args) -> Result<()> {
         bail!("tests left network namespaces behind: {new:?}");
     }
     result
+}
+
+/// Runs `cargo test ...` with every test binary run (`--no-fail-fast`), its output
+/// passed through as it comes, and on failure a summary at the end: each failed test
+/// and the first lines of why (its panic), so that a CI log says it in one place.
+fn cargo_test(args: &[&str]) -> Result<()> {
+    let mut args = args.to_vec();
+    args.insert(1, "--no-fail-fast");
+    eprintln!("[test] cargo {}", args.join(" "));
+    let mut child = Command::new(env!("CARGO"))
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("running cargo")?;
+    let stdout = child.stdout.take().context("cargo's stdout")?;
+    let mut failures = FailureLog::default();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+        let line = line.context("reading cargo's output")?;
+        println!("{line}");
+        failures.feed(&line);
+    }
+    let status = child.wait().context("waiting for cargo")?;
+    if status.success() {
+        return Ok(());
+    }
+    eprintln!("[test] FAILED ({status}); the failed tests and why:");
+    for (name, why) in &failures.failed {
+        eprintln!("[test]   {name}");
+        for l in why.iter().take(12) {
+            eprintln!("[test]       {l}");
+        }
+    }
+    if failures.failed.is_empty() {
+        eprintln!("[test]   no test reported FAILED: a build or a test binary failed (see above)");
+    }
+    bail!(
+        "cargo test failed: {} failed test(s)",
+        failures.failed.len()
+    )
+}
+
+/// The failures libtest reports: `---- NAME stdout ----` blocks (their panic
+/// message), in the order they come.
+#[derive(Default)]
+struct FailureLog {
+    failed: Vec<(String, Vec<String>)>,
+    /// Inside a `---- NAME stdout ----` block.
+    current: Option<usize>,
+}
+
+impl FailureLog {
+    fn feed(&mut self, line: &str) {
+        if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|r| r.strip_suffix(" stdout ----"))
+        {
+            self.failed.push((name.to_string(), Vec::new()));
+            self.current = Some(self.failed.len() - 1);
+            return;
+        }
+        if line == "failures:" || line.starts_with("test result:") {
+            self.current = None;
+            return;
+        }
+        if let Some(i) = self.current {
+            let keep = !line.trim().is_empty()
+                && !line.trim_start().starts_with("at ")
+                && !line
+                    .trim_start()
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit());
+            if keep {
+                self.failed[i].1.push(line.to_string());
+            }
+        }
+    }
 }
 
 /// Runs `cargo xtask demo --duration 3 --json` (this binary) and checks its verdict.
@@ -90,5 +167,43 @@ fn namespaces() -> Vec<String> {
             .filter_map(|l| l.split_whitespace().next().map(str::to_string))
             .collect(),
         Err(_) => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FailureLog;
+
+    #[test]
+    fn failure_log_keeps_each_failed_test_and_its_panic() {
+        let mut log = FailureLog::default();
+        for l in [
+            "test a ... ok",
+            "test b ... FAILED",
+            "failures:",
+            "",
+            "---- b stdout ----",
+            "thread 'b' panicked at tests/x.rs:3:5:",
+            "assertion failed: 1 == 2",
+            "stack backtrace:",
+            "   0: rust_begin_unwind",
+            "             at /rustc/abc/lib.rs:1:1",
+            "",
+            "failures:",
+            "    b",
+            "test result: FAILED. 1 passed; 1 failed",
+        ] {
+            log.feed(l);
+        }
+        assert_eq!(log.failed.len(), 1);
+        assert_eq!(log.failed[0].0, "b");
+        assert_eq!(
+            log.failed[0].1,
+            [
+                "thread 'b' panicked at tests/x.rs:3:5:",
+                "assertion failed: 1 == 2",
+                "stack backtrace:"
+            ]
+        );
     }
 }
