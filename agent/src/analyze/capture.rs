@@ -158,6 +158,8 @@ enum Kind {
 enum Stop {
     /// The rest of the buffer holds no whole record.
     Incomplete,
+    /// The frames asked for are read ([`CaptureReader::limit_frames`]).
+    Limit,
     /// A record that cannot be read.
     Bad(AnalyzeError),
 }
@@ -174,6 +176,8 @@ pub struct CaptureReader {
     /// An error met after the frames already handed out; returned next.
     pending: Option<AnalyzeError>,
     frames: u64,
+    /// Frames to read at most.
+    limit: u64,
     read: u64,
     size: u64,
     /// For [`CaptureReader::next_frame`]: the batch being handed out and the next index.
@@ -307,6 +311,7 @@ impl CaptureReader {
             eof,
             pending: None,
             frames: 0,
+            limit: u64::MAX,
             read: n as u64,
             size,
             current: Batch::default(),
@@ -326,6 +331,11 @@ impl CaptureReader {
     /// Frames read so far.
     pub fn frames(&self) -> u64 {
         self.frames
+    }
+
+    /// Reads no more than `n` frames: the end of the file comes after them.
+    pub fn limit_frames(&mut self, n: u64) {
+        self.limit = n;
     }
 
     fn corrupt(&self, detail: String) -> AnalyzeError {
@@ -357,6 +367,9 @@ impl CaptureReader {
         if let Some(e) = self.pending.take() {
             return Err(e);
         }
+        if self.frames >= self.limit {
+            return Ok(false);
+        }
         if b.buf.len() < self.carry.len() + READ_BYTES {
             b.buf.resize(self.carry.len() + READ_BYTES, 0);
         }
@@ -383,6 +396,7 @@ impl CaptureReader {
                 break;
             }
             match self.parse(b, &mut pos) {
+                Stop::Limit => break,
                 Stop::Bad(e) => {
                     self.pending = Some(e);
                     break;
@@ -435,6 +449,9 @@ impl CaptureReader {
             Kind::Pcap { nanos, big_endian } => {
                 let (nanos, big) = (*nanos, *big_endian);
                 loop {
+                    if self.frames >= self.limit {
+                        return Stop::Limit;
+                    }
                     let rest = &b.buf[*pos..b.filled];
                     if rest.len() < 16 {
                         return Stop::Incomplete;
@@ -475,12 +492,16 @@ impl CaptureReader {
             kind: Kind::PcapNg { parser },
             path,
             frames,
+            limit,
             ..
         } = self
         else {
             return Stop::Incomplete;
         };
         loop {
+            if *frames >= *limit {
+                return Stop::Limit;
+            }
             let bad = |detail: String| Stop::Bad(corrupt(path, *frames, detail));
             let rest = &b.buf[*pos..b.filled];
             let Some(len) = block_len(rest, parser.section().endianness) else {

@@ -1,10 +1,12 @@
-//! The two engines that count a capture's frames, and the worker that runs one on
-//! its share of them. Both engines end in `(FlowKey, FlowStats)` pairs and the STATS
-//! vector:
-//! - `reference`: the same `walk`, STATS counting (`roce_common::reference`) and
-//!   `FlowStats::record` as the kernel program, in user space;
-//! - `kernel`: the real `xdp_classify` program, run on each frame through
-//!   BPF_PROG_TEST_RUN, its FLOWS and STATS maps read at the end.
+//! The two engines that count a capture's frames, and the workers that run them on
+//! their share of the frames. Both engines end in `(FlowKey, FlowStats)` pairs and
+//! the STATS vector:
+//! - `reference` ([`Worker`]): the same `walk`, STATS counting
+//!   (`roce_common::reference`) and `FlowStats::record` as the kernel program, in
+//!   user space, with the tally of each frame;
+//! - `kernel` ([`KernelWorker`]): the real `xdp_classify` program, run on each frame
+//!   through BPF_PROG_TEST_RUN, its FLOWS and STATS maps read at the end (the tally
+//!   comes from a reference pass, run while the programs load).
 //!
 //! Work is split by flow ([`Split`]): a worker owns the flows whose key hashes to
 //! it and sees their frames in capture order (PSN gap tracking and first/last seen
@@ -142,12 +144,10 @@ pub struct FlowEntry {
 /// What one worker counted and tallied.
 pub struct Shard {
     pub flows: HashMap<Keyed, FlowEntry, PrehashedState>,
-    /// STATS as the reference engine counts them (zero with the kernel engine).
+    /// STATS as the reference engine counts them.
     pub stats: [u64; STATS_LEN as usize],
     pub talkers: Talkers,
     pub icrc_checked: u64,
-    /// Frames too short for BPF_PROG_TEST_RUN (kernel engine).
-    pub short: u64,
 }
 
 impl Default for Shard {
@@ -157,7 +157,6 @@ impl Default for Shard {
             stats: [0; STATS_LEN as usize],
             talkers: Talkers::default(),
             icrc_checked: 0,
-            short: 0,
         }
     }
 }
@@ -216,46 +215,34 @@ impl<'a> Split<'a> {
     }
 }
 
-/// How a worker counts its frames.
-enum Counting {
-    Reference,
-    /// Through this `xdp_classify` (the worker is pinned to one CPU: FLOWS is a
-    /// per-CPU map, and a flow's PSN state must stay on one CPU).
-    Kernel(OwnedFd),
+/// A worker's share of the work: the frames of a batch that [`Split`] gave it.
+pub trait Work: Send {
+    fn process(&mut self, b: &Batch) -> Result<(), AnalyzeError>;
 }
 
-/// One worker: counts the frames [`Split`] gave it.
+/// A reference-engine worker: counts its frames and tallies them.
 pub struct Worker<'a> {
     index: u16,
     cfg: RuntimeConfig,
     policy: &'a Policy,
-    counting: Counting,
     pub shard: Shard,
 }
 
 impl<'a> Worker<'a> {
-    /// Worker `index` with the reference engine.
-    pub fn reference(index: usize, cfg: RuntimeConfig, policy: &'a Policy) -> Self {
+    /// Worker `index`.
+    pub fn new(index: usize, cfg: RuntimeConfig, policy: &'a Policy) -> Self {
         Worker {
             index: index as u16,
             cfg,
             policy,
-            counting: Counting::Reference,
             shard: Shard::default(),
         }
     }
+}
 
-    /// Worker `index` with the kernel engine's program `prog`; the calling thread
-    /// must stay on one CPU ([`pin_to_cpu`]).
-    pub fn kernel(index: usize, cfg: RuntimeConfig, policy: &'a Policy, prog: OwnedFd) -> Self {
-        Worker {
-            counting: Counting::Kernel(prog),
-            ..Worker::reference(index, cfg, policy)
-        }
-    }
-
+impl Work for Worker<'_> {
     /// Counts the frames of `b` that are this worker's.
-    pub fn process(&mut self, b: &Batch) -> Result<(), AnalyzeError> {
+    fn process(&mut self, b: &Batch) -> Result<(), AnalyzeError> {
         for i in 0..b.len() {
             if b.owner(i) != self.index {
                 continue;
@@ -263,19 +250,7 @@ impl<'a> Worker<'a> {
             let f = b.frame(i);
             let w = walk(&SlicePacket(f.data), &self.cfg);
             let shard = &mut self.shard;
-            match &self.counting {
-                Counting::Reference => count_stats(&mut shard.stats, &w.outcome),
-                Counting::Kernel(fd) => {
-                    if f.data.len() < MIN_TEST_RUN_LEN {
-                        shard.short += 1;
-                    } else {
-                        run_once(fd.as_fd(), f.data).map_err(|source| AnalyzeError::TestRun {
-                            frame: f.number,
-                            source,
-                        })?;
-                    }
-                }
-            }
+            count_stats(&mut shard.stats, &w.outcome);
             match &w.outcome {
                 Outcome::Flow(p) => {
                     let key = Keyed {
@@ -286,10 +261,8 @@ impl<'a> Worker<'a> {
                         shard.stats[STAT_FLOW_CREATED as usize] += 1;
                         FlowEntry::default()
                     });
-                    if let Counting::Reference = self.counting {
-                        e.stats
-                            .record(p, f.data.len() as u32, f.ts_ns, self.cfg.default_pmtu_log2);
-                    }
+                    e.stats
+                        .record(p, f.data.len() as u32, f.ts_ns, self.cfg.default_pmtu_log2);
                     let icrc = b
                         .icrc(i)
                         .unwrap_or_else(|| check_icrc(f.data, p, w.layers.roce_ip(p.tunnelled)));
@@ -304,6 +277,46 @@ impl<'a> Worker<'a> {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+/// A kernel-engine worker: runs its frames through `xdp_classify` and nothing else
+/// (the tally comes from a reference pass). Its thread stays on one CPU
+/// ([`pin_to_cpu`]): FLOWS is a per-CPU map, and a flow's PSN state must be on one.
+pub struct KernelWorker {
+    index: u16,
+    prog: OwnedFd,
+    /// Frames too short for BPF_PROG_TEST_RUN.
+    pub short: u64,
+}
+
+impl KernelWorker {
+    pub fn new(index: usize, prog: OwnedFd) -> Self {
+        KernelWorker {
+            index: index as u16,
+            prog,
+            short: 0,
+        }
+    }
+}
+
+impl Work for KernelWorker {
+    fn process(&mut self, b: &Batch) -> Result<(), AnalyzeError> {
+        for i in 0..b.len() {
+            if b.owner(i) != self.index {
+                continue;
+            }
+            let f = b.frame(i);
+            if f.data.len() < MIN_TEST_RUN_LEN {
+                self.short += 1;
+                continue;
+            }
+            run_once(self.prog.as_fd(), f.data).map_err(|source| AnalyzeError::TestRun {
+                frame: f.number,
+                source,
+            })?;
         }
         Ok(())
     }
@@ -355,9 +368,9 @@ pub fn load_kernel(opts: &LoadOptions) -> Result<Loaded, AnalyzeError> {
 
 /// The reference engine's counts: the workers' flows (each key in one worker) and
 /// their STATS summed.
-pub fn counted_reference(shards: &[Shard]) -> Counted {
+pub fn counted_reference<'a>(shards: impl IntoIterator<Item = &'a Shard>) -> Counted {
     let mut stats = vec![0u64; STATS_LEN as usize];
-    let mut flows = Vec::with_capacity(shards.iter().map(|s| s.flows.len()).sum());
+    let mut flows = Vec::new();
     for s in shards {
         for (a, b) in stats.iter_mut().zip(s.stats.iter()) {
             *a += b;
@@ -368,12 +381,11 @@ pub fn counted_reference(shards: &[Shard]) -> Counted {
 }
 
 /// The kernel engine's counts: FLOWS and STATS as the program left them, plus the
-/// frames too short to run.
-pub fn counted_kernel(loaded: &Loaded, shards: &[Shard]) -> Result<Counted, AnalyzeError> {
+/// `short` frames too short to run.
+pub fn counted_kernel(loaded: &Loaded, short: u64) -> Result<Counted, AnalyzeError> {
     let mut stats = loaded.stats()?;
     stats.resize(STATS_LEN as usize, 0);
-    stats[reason_index(Reason::TruncatedEth) as usize] +=
-        shards.iter().map(|s| s.short).sum::<u64>();
+    stats[reason_index(Reason::TruncatedEth) as usize] += short;
     // Test runs arrive on the loopback device: drop the interface.
     let mut merged: HashMap<FlowKey, FlowStats> = HashMap::new();
     for (mut k, st) in loaded.flows()? {

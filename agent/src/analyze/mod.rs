@@ -33,13 +33,13 @@ use std::path::Path;
 use roce_common::policy::Policy;
 
 pub use capture::{Batch, CaptureReader, Format, Frame};
-pub use engine::{Counted, Engine, Shard, Split, Worker, MIN_TEST_RUN_LEN};
+pub use engine::{Counted, Engine, KernelWorker, Shard, Split, Work, Worker, MIN_TEST_RUN_LEN};
 pub use error::AnalyzeError;
 pub use report::{render, AnalyzedFlow, CaptureInfo, FlowIdent, Report};
 pub use tally::{check_icrc, FlowExtra, NonRoceLossless, Talkers, Tally, MAX_TALKERS};
 
 use crate::doc::Document;
-use crate::loader::LoadOptions;
+use crate::loader::{LoadError, LoadOptions};
 
 /// Workers by default, at most: the reader thread walks every frame to assign it,
 /// so beyond a few workers it is the limit.
@@ -57,10 +57,10 @@ pub struct AnalyzeOptions {
     pub policy: Policy,
     /// Show a progress bar on stderr (only when it is a terminal).
     pub progress: bool,
-    /// Worker threads besides the reader. `None`: the reference engine one per CPU
-    /// this process may use but the reader's (at least 1, at most [`MAX_WORKERS`]);
-    /// the kernel engine one per CPU (at most [`WORKERS_LIMIT`]). The report is the
-    /// same for any number.
+    /// Worker threads besides the reader. `None`: for the reference engine one per
+    /// CPU this process may use but the reader's (at least 1, at most
+    /// [`MAX_WORKERS`]); for the kernel engine's test runs one per CPU (its reference
+    /// pass as the reference engine). The report is the same for any number.
     pub workers: Option<usize>,
 }
 
@@ -75,27 +75,73 @@ pub struct Analysis {
 /// Analyzes a capture. Errors before the first frame (cannot open, not a capture,
 /// wrong link type, kernel engine unavailable) are returned as `Err`; errors while
 /// reading come back in [`Analysis::error`] with the report so far.
+///
+/// The kernel engine reads the capture twice: a reference pass for the tally while
+/// its programs load (the verifier takes about a second), then every frame through
+/// the program, up to where the first pass stopped.
 pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeError> {
     let reader = CaptureReader::open(path)?;
     let engine = opts.engine.unwrap_or(Engine::Reference);
     let cpus = engine::allowed_cpus();
-    let workers = opts.workers.unwrap_or(match engine {
-        // One pinned worker per CPU: FLOWS is per CPU, and the test runs are the cost.
-        Engine::Kernel => cpus.len(),
-        // The reader takes a CPU of its own.
-        Engine::Reference => std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .saturating_sub(1)
-            .min(MAX_WORKERS),
-    });
-    let workers = workers.clamp(1, WORKERS_LIMIT);
-    if engine == Engine::Kernel && cpus.is_empty() {
-        tracing::warn!("cannot read this process's CPUs: the kernel engine's worker is not pinned");
-    }
-    let run = workers::run(reader, engine, workers, &cpus, opts)?;
-    let counted = match &run.loaded {
-        Some(loaded) => engine::counted_kernel(loaded, &run.shards)?,
-        None => engine::counted_reference(&run.shards),
+    let cfg = opts.load.config;
+    // The reader takes a CPU of its own.
+    let reference_workers = opts
+        .workers
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .saturating_sub(1)
+                .min(MAX_WORKERS)
+        })
+        .clamp(1, WORKERS_LIMIT);
+    let reference = |reader: CaptureReader, progress: bool| {
+        let split = Split::new(reference_workers, cfg, &opts.policy);
+        let workers = (0..reference_workers)
+            .map(|i| (Worker::new(i, cfg, &opts.policy), None))
+            .collect();
+        workers::run(reader, &split, workers::Icrc::Balance, workers, progress)
+    };
+    let (run, counted) = match engine {
+        Engine::Reference => {
+            let run = reference(reader, opts.progress);
+            let counted = engine::counted_reference(run.workers.iter().map(|w| &w.shard));
+            (run, counted)
+        }
+        Engine::Kernel => std::thread::scope(|s| {
+            let loading = s.spawn(|| engine::load_kernel(&opts.load));
+            let run = reference(reader, false);
+            let loaded = loading.join().map_err(|_| AnalyzeError::Worker)??;
+            let mut again = CaptureReader::open(path)?;
+            again.limit_frames(run.read.frames);
+            // One worker per CPU, pinned: FLOWS is per CPU, and the test runs are the cost.
+            let n = opts.workers.unwrap_or(cpus.len()).clamp(1, WORKERS_LIMIT);
+            if cpus.is_empty() {
+                tracing::warn!(
+                    "cannot read this process's CPUs: the kernel engine's workers are not pinned"
+                );
+            }
+            let mut workers = Vec::with_capacity(n);
+            for i in 0..n {
+                let prog = loaded.xdp_fd()?.try_clone_to_owned().map_err(|source| {
+                    AnalyzeError::Load(LoadError::Fd {
+                        name: "xdp_classify",
+                        source,
+                    })
+                })?;
+                let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+                workers.push((KernelWorker::new(i, prog), cpu));
+            }
+            let split = Split::new(n, cfg, &opts.policy);
+            let kernel = workers::run(again, &split, workers::Icrc::Skip, workers, opts.progress);
+            let short = kernel.workers.iter().map(|w| w.short).sum();
+            let counted = engine::counted_kernel(&loaded, short)?;
+            let mut run = run;
+            // A test run that failed stops the analysis; reading errors are the first pass's.
+            if let Some(e) = kernel.error {
+                run.error = Some(e);
+            }
+            Ok::<_, AnalyzeError>((run, counted))
+        })?,
     };
     let error = run.error.or(run.read.error);
     let mut tally = Tally {
@@ -103,8 +149,9 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeEr
         last_ns: run.read.last_ns,
         ..Tally::default()
     };
-    let mut talkers = Vec::with_capacity(run.shards.len());
-    for shard in run.shards {
+    let mut talkers = Vec::with_capacity(run.workers.len());
+    for w in run.workers {
+        let shard = w.shard;
         tally.icrc_checked += shard.icrc_checked;
         tally
             .flows

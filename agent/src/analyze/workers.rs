@@ -1,8 +1,6 @@
-//! Running the engine on several CPUs: one thread reads the capture in batches, says
+//! Running an engine on several CPUs: one thread reads the capture in batches, says
 //! which worker counts each frame ([`Split`]) and hands each batch to every worker; a
-//! worker walks and counts its own frames ([`Worker::process`]). With the kernel
-//! engine the programs load while the reader fills the workers' queues, and each
-//! worker is pinned to a CPU.
+//! worker walks and counts its own frames ([`Work::process`]).
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -10,9 +8,8 @@ use std::sync::Arc;
 use std::thread;
 
 use super::capture::{Batch, CaptureReader, Format};
-use super::engine::{load_kernel, pin_to_cpu, Engine, Shard, Split, Worker};
-use super::{AnalyzeError, AnalyzeOptions};
-use crate::loader::{LoadError, Loaded};
+use super::engine::{pin_to_cpu, Split, Work};
+use super::AnalyzeError;
 
 /// Batches queued for each worker: enough to keep it busy, few enough to keep
 /// memory small (a batch holds about one read, `capture::READ_BYTES`).
@@ -28,14 +25,21 @@ pub struct ReadEnd {
     pub error: Option<AnalyzeError>,
 }
 
-/// A finished run: the workers' shards, what the reader saw, the first error that
-/// stopped the run (a worker's before the reader's), and the kernel engine's loaded
-/// programs (to read their maps).
-pub struct Run {
-    pub shards: Vec<Shard>,
+/// A finished run: the workers (what they counted), what the reader saw, and the
+/// first error that stopped the run (a worker's before the reader's).
+pub struct Run<W> {
+    pub workers: Vec<W>,
     pub read: ReadEnd,
     pub error: Option<AnalyzeError>,
-    pub loaded: Option<Loaded>,
+}
+
+/// How the reader treats the ICRC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Icrc {
+    /// Checked by the reader when the workers are the slower side, else by them.
+    Balance,
+    /// Not checked (the workers do not tally).
+    Skip,
 }
 
 /// Reads every batch of `reader` and sends it to every worker, until the end, an
@@ -43,6 +47,7 @@ pub struct Run {
 fn read_all(
     mut reader: CaptureReader,
     split: &Split<'_>,
+    icrc: Icrc,
     txs: Vec<SyncSender<Arc<Batch>>>,
     progress: Option<indicatif::ProgressBar>,
 ) -> ReadEnd {
@@ -68,9 +73,9 @@ fn read_all(
             }
         }
         // Workers still on two batches or more are the slower side: take their ICRC
-        // work on (each batch is assigned by this thread anyway).
+        // work on (each batch is walked by this thread anyway).
         let behind = pool.iter().filter(|a| Arc::strong_count(a) > 1).count() >= 2;
-        split.assign(&mut batch, behind);
+        split.assign(&mut batch, icrc == Icrc::Balance && behind);
         first_ns = first_ns.or(Some(batch.frame(0).ts_ns));
         last_ns = Some(batch.frame(batch.len() - 1).ts_ns);
         let batch = Arc::new(batch);
@@ -95,62 +100,30 @@ fn read_all(
     }
 }
 
-/// Runs `engine` over the capture with `workers` workers (kernel engine: worker `i`
-/// pinned to `cpus[i % cpus.len()]`). Errors before the first frame (the kernel
-/// engine cannot load) are `Err`.
-pub fn run(
+/// Runs `workers` over the capture, each (with a CPU) pinned to it, the frames
+/// assigned by `split` (which must split between `workers.len()` workers).
+pub fn run<W: Work>(
     reader: CaptureReader,
-    engine: Engine,
-    workers: usize,
-    cpus: &[usize],
-    opts: &AnalyzeOptions,
-) -> Result<Run, AnalyzeError> {
-    let workers = workers.max(1);
+    split: &Split<'_>,
+    icrc: Icrc,
+    workers: Vec<(W, Option<usize>)>,
+    progress: bool,
+) -> Run<W> {
     let format = reader.format();
-    let progress = super::progress_bar(opts.progress, reader.position().1);
-    let (txs, rxs): (Vec<_>, Vec<_>) = (0..workers).map(|_| sync_channel(DEPTH)).unzip();
-    let cfg = opts.load.config;
-    let policy = &opts.policy;
-    let split = Split::new(workers, cfg, policy);
+    let progress = super::progress_bar(progress, reader.position().1);
+    let (txs, rxs): (Vec<_>, Vec<_>) = workers.iter().map(|_| sync_channel(DEPTH)).unzip();
     thread::scope(|s| {
-        let split = &split;
-        let reading = s.spawn(move || read_all(reader, split, txs, progress));
-        let loaded = match engine {
-            Engine::Reference => None,
-            Engine::Kernel => match load_kernel(&opts.load) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    // Closing the queues stops the reader.
-                    drop(rxs);
-                    let _ = reading.join();
-                    return Err(e);
-                }
-            },
-        };
-        let mut handles = Vec::with_capacity(workers);
-        for (i, rx) in rxs.into_iter().enumerate() {
-            let (worker, pin) = match &loaded {
-                None => (Ok(Worker::reference(i, cfg, policy)), None),
-                Some(l) => {
-                    let prog = l.xdp_fd().map_err(AnalyzeError::from).and_then(|fd| {
-                        fd.try_clone_to_owned().map_err(|source| {
-                            AnalyzeError::Load(LoadError::Fd {
-                                name: "xdp_classify",
-                                source,
-                            })
-                        })
-                    });
-                    let pin = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
-                    (prog.map(|fd| Worker::kernel(i, cfg, policy, fd)), pin)
-                }
-            };
-            handles.push(s.spawn(move || work(worker?, rx, pin)));
-        }
-        let mut shards = Vec::with_capacity(workers);
+        let reading = s.spawn(move || read_all(reader, split, icrc, txs, progress));
+        let handles: Vec<_> = workers
+            .into_iter()
+            .zip(rxs)
+            .map(|((w, cpu), rx)| s.spawn(move || work(w, rx, cpu)))
+            .collect();
+        let mut done = Vec::with_capacity(handles.len());
         let mut error = None;
         for h in handles {
             match h.join() {
-                Ok(Ok(shard)) => shards.push(shard),
+                Ok(Ok(w)) => done.push(w),
                 Ok(Err(e)) => error = error.or(Some(e)),
                 Err(_) => error = error.or(Some(AnalyzeError::Worker)),
             }
@@ -162,26 +135,26 @@ pub fn run(
             last_ns: None,
             error: Some(AnalyzeError::Worker),
         });
-        Ok(Run {
-            shards,
+        Run {
+            workers: done,
             read,
             error,
-            loaded,
-        })
+        }
     })
 }
 
-/// One worker's thread: every batch, until the reader closes the queue.
-fn work(
-    mut w: Worker<'_>,
+/// One worker's thread: every batch, until the reader closes the queue (or this
+/// worker fails: its queue closes and the reader stops).
+fn work<W: Work>(
+    mut w: W,
     rx: Receiver<Arc<Batch>>,
     pin: Option<usize>,
-) -> Result<Shard, AnalyzeError> {
+) -> Result<W, AnalyzeError> {
     if let Some(cpu) = pin {
         pin_to_cpu(cpu)?;
     }
     for batch in rx {
         w.process(&batch)?;
     }
-    Ok(w.shard)
+    Ok(w)
 }
