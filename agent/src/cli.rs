@@ -72,11 +72,13 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         roce-agent analyze mirror.pcap\n  \
         roce-agent analyze fabric.pcapng --json | jq '.findings[]'\n  \
-        roce-agent analyze big.pcap --engine reference --lossless-dscp 24,26 --cnp-dscp 56\n\n\
+        roce-agent analyze big.pcap --lossless-dscp 24,26 --cnp-dscp 56\n  \
+        roce-agent analyze mirror.pcap --engine kernel\n\n\
         Classifies every frame with the live agent's classifier and counting rules: by default \
-        the real XDP program through BPF_PROG_TEST_RUN when this process may load BPF programs \
-        (root), otherwise the reference classifier. Ethernet captures only. Exit status 1 when \
-        the capture is truncated or corrupt (the flows read until then are still printed).")]
+        the reference classifier (the same code the XDP program runs), on every CPU; \
+        `--engine kernel` runs each frame through the real XDP program with BPF_PROG_TEST_RUN \
+        (root needed, slower). Both print the same report. Ethernet captures only. Exit status 1 \
+        when the capture is truncated or corrupt (the flows read until then are still printed).")]
     Analyze(AnalyzeArgs),
     /// Audit this host for RoCE: MTU, VXLAN headroom, path MTU to peers, DCB app table and PFC, RNIC ECN knobs
     #[command(after_help = "Examples:\n  \
@@ -183,9 +185,12 @@ pub struct AnalyzeArgs {
     /// TOML configuration file: roce_port, vxlan_port, default_pmtu, flows_map_size apply
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Classifier engine [default: kernel when BPF programs can be loaded, else reference]
+    /// Classifier engine [default: reference; kernel: the XDP program through BPF_PROG_TEST_RUN, needs root]
     #[arg(long, value_enum)]
     pub engine: Option<crate::analyze::Engine>,
+    /// Worker threads, the flows split between them by hash [default: one per CPU]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub workers: Option<u16>,
     /// DSCPs of the lossless (PFC) class, comma-separated [default: the config's [qos] lossless_dscps, else 26]
     #[arg(long, value_name = "DSCP[,DSCP...]", value_delimiter = ',',
           value_parser = clap::value_parser!(u8).range(0..64))]
@@ -685,6 +690,7 @@ pub fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
         load: settings.load_options(),
         policy,
         progress: true,
+        workers: args.workers.map(usize::from),
     };
     let analysis = analyze::analyze(&args.capture, &opts)?;
     tracing::debug!(engine = %analysis.engine, frames = analysis.report.capture.frames, "analyzed");

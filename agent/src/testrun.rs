@@ -103,3 +103,35 @@ pub fn test_run(prog: BorrowedFd<'_>, run: &TestRun<'_>) -> io::Result<TestRunOu
         duration_ns: attr.duration,
     })
 }
+
+/// Runs `prog` once on `data` and returns only its return code: no output buffers,
+/// so the kernel copies nothing back (`analyze`'s kernel engine runs every frame of
+/// a capture through here).
+pub fn run_once(prog: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
+    if data.len() < 14 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "BPF_PROG_TEST_RUN needs at least 14 bytes",
+        ));
+    }
+    let mut attr = TestRunAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: data.len() as u32,
+        data_in: data.as_ptr() as u64,
+        repeat: 1,
+        ..Default::default()
+    };
+    // SAFETY: attr points at `data`, alive for the call; no output buffer is given.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut attr as *mut TestRunAttr,
+            std::mem::size_of::<TestRunAttr>() as u32,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(attr.retval)
+}

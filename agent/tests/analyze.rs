@@ -1377,20 +1377,219 @@ fn both_engines_print_byte_identical_json() {
 }
 
 #[test]
-fn default_engine_is_the_kernel_when_bpf_loads() {
+fn default_engine_is_the_reference_and_kernel_stays_available() {
     let s = Scratch::new();
     let p = s.path("scenario.pcap");
     scenario().write_pcap(&p);
     let out = agent(&["analyze", p.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let first = text(&out.stdout).lines().next().unwrap_or("").to_string();
-    // SAFETY: geteuid has no preconditions.
-    let want = if unsafe { libc::geteuid() } == 0 {
-        "engine kernel"
-    } else {
-        "engine reference"
+    assert!(first.ends_with("engine reference"), "{first}");
+    if !kernel_engine() {
+        return;
+    }
+    let out = agent(&["analyze", p.to_str().unwrap(), "--engine", "kernel"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let first = text(&out.stdout).lines().next().unwrap_or("").to_string();
+    assert!(first.ends_with("engine kernel"), "{first}");
+}
+
+/// `analyze --json --engine ENGINE --workers N` of `path`, as printed.
+fn analyze_workers(path: &Path, engine: &str, workers: usize) -> String {
+    let n = workers.to_string();
+    let out = agent(&[
+        "analyze",
+        path.to_str().expect("utf-8 path"),
+        "--json",
+        "--engine",
+        engine,
+        "--workers",
+        &n,
+    ]);
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "analyze {engine} --workers {workers} {}: {}",
+        path.display(),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Many flows and talkers at once, interleaved: 600 queue pairs plain, in VXLAN and
+/// over IPv6, with PSN gaps, retransmissions and READs (whose PSN use teaches the
+/// path MTU), CE marks, CNPs, NAKs, jumbo frames, bad ICRCs, frames cut by a snap
+/// length, and non-RoCE traffic from 300 talkers on the lossless DSCP.
+fn many_flows() -> Frames {
+    let eth = Eth::default();
+    let underlay = L3::v4(v4("10.9.0.1"), v4("10.9.0.2")).with_tos(TOS_DATA);
+    let mut f = Frames::default();
+    let mut psn = vec![0u32; 600];
+    for i in 0..12_000usize {
+        let qp = (i * 7919) % 600;
+        let tos = if i % 37 == 0 { TOS_CE } else { TOS_DATA };
+        let l3 = if qp % 5 == 4 {
+            L3::v6(
+                v6("2001:db8::1"),
+                format!("2001:db8::{:x}", 0x100 + qp).parse().expect("IPv6"),
+            )
+            .with_tos(tos)
+        } else {
+            L3::v4(
+                v4("198.18.4.1"),
+                Ipv4Addr::new(198, 18, 5, (qp % 200) as u8),
+            )
+            .with_tos(tos)
+        };
+        let msg = match i % 13 {
+            0 => RoceMsg::ack(qp as u32, psn[qp], if i % 91 == 0 { 0x61 } else { 0x1F }),
+            1 => cnp(qp as u32),
+            2 => {
+                // A READ of 3000 bytes: 3 PSNs at path MTU 1024.
+                let m = RoceMsg::read_request(qp as u32, psn[qp], 3000);
+                psn[qp] = (psn[qp] + 3) & 0xFF_FFFF;
+                m
+            }
+            3 if i % 3 == 0 => {
+                // A gap of 2 PSNs.
+                psn[qp] = (psn[qp] + 3) & 0xFF_FFFF;
+                RoceMsg::send_only(qp as u32, psn[qp], 64)
+            }
+            4 => RoceMsg::send_only(qp as u32, psn[qp].saturating_sub(1), 64),
+            _ => {
+                psn[qp] = (psn[qp] + 1) & 0xFF_FFFF;
+                RoceMsg::send_only(qp as u32, psn[qp], 64 + (i % 9) * 500)
+            }
+        };
+        let mut frame = roce_frame(&eth, &l3, 0xC000 + (i % 7) as u16, &msg);
+        if i % 211 == 0 {
+            let n = frame.len();
+            frame[n - 1] ^= 0xFF; // a bad ICRC
+        }
+        if qp % 3 == 0 {
+            frame = vxlan_frame(&eth, &underlay, 0xD000, 7000 + (qp as u32 % 4), &frame);
+        }
+        if i % 997 == 0 {
+            frame.truncate(frame.len().min(80)); // a snap length
+        }
+        f.push(frame);
+        if i % 4 == 0 {
+            let talker = L3::v4(
+                Ipv4Addr::new(10, 1, (i % 300 / 100) as u8, (i % 100) as u8),
+                v4("10.2.0.1"),
+            )
+            .with_tos(TOS_DATA);
+            f.push(udp_frame(&eth, &talker, 5000, 53, &[0u8; 32]));
+        }
+    }
+    f
+}
+
+#[test]
+fn any_number_of_workers_prints_the_same_report() {
+    let s = Scratch::new();
+    let mut files = vec![
+        s.path("many.pcap"),
+        s.path("many.pcapng"),
+        s.path("scenario.pcap"),
+        s.path("malformed.pcap"),
+    ];
+    many_flows().write_pcap(&files[0]);
+    many_flows().write_pcapng(&files[1]);
+    scenario().write_pcap(&files[2]);
+    malformed().write_pcap(&files[3]);
+    // A file cut inside its last record: the frames before it, from every worker.
+    let cut = s.path("many-cut.pcap");
+    let bytes = fs::read(&files[0]).expect("read");
+    fs::write(&cut, &bytes[..bytes.len() - 30]).expect("write");
+    files.push(cut);
+    let generated = files.len();
+    files.extend(real_captures());
+    // The generated capture has what depends on order within a flow, and more.
+    let (doc, _) = analyze_json(&files[0], "reference");
+    let sum = |field: &str| -> u64 {
+        doc["flows"]
+            .as_array()
+            .map_or(0, |v| v.iter().filter_map(|f| f[field].as_u64()).sum())
     };
-    assert!(first.ends_with(want), "{first}");
+    assert_eq!(doc["flows"].as_array().map(Vec::len), Some(600));
+    for field in ["psn_gaps", "naks", "cnps", "icrc_errors"] {
+        assert!(sum(field) > 0, "no {field} in the generated capture");
+    }
+    assert!(doc["findings"]
+        .as_array()
+        .is_some_and(|v| v.iter().any(|f| f["check"] == "non_roce_on_lossless_dscp")));
+    let kernel = kernel_engine();
+    for (i, p) in files.iter().enumerate() {
+        let one = analyze_workers(p, "reference", 1);
+        assert!(one.contains("\"flows\""), "{}: {one}", p.display());
+        for n in [2, 3, 7] {
+            let got = analyze_workers(p, "reference", n);
+            assert!(
+                got == one,
+                "{}: --workers {n} differs from 1 at: {}",
+                p.display(),
+                first_difference(&one, &got)
+            );
+        }
+        // The kernel engine loads its programs for each run: the generated files only.
+        if kernel && i < generated {
+            for n in [1, 3] {
+                let got = analyze_workers(p, "kernel", n);
+                assert!(
+                    got == one,
+                    "{}: the kernel engine with --workers {n} differs at: {}",
+                    p.display(),
+                    first_difference(&one, &got)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_first_talkers_are_kept_whatever_the_workers() {
+    // More distinct non-RoCE talkers on the lossless DSCP than the finding keeps: one
+    // pass keeps the first 100,000; a talker first seen after them is not listed,
+    // however many frames it sends.
+    let eth = Eth::default();
+    let mut f = Frames::default();
+    let talker = |i: u32| {
+        let [_, a, b, c] = i.to_be_bytes();
+        L3::v4(Ipv4Addr::new(10, a, b, c), v4("10.255.0.1")).with_tos(TOS_DATA)
+    };
+    for i in 0..100_000 {
+        f.push(udp_frame(&eth, &talker(i), 5000, 53, &[]));
+    }
+    for _ in 0..5 {
+        f.push(udp_frame(&eth, &talker(100_000), 5000, 53, &[]));
+    }
+    for _ in 0..3 {
+        f.push(udp_frame(&eth, &talker(77), 5000, 53, &[]));
+    }
+    let s = Scratch::new();
+    let p = s.path("talkers.pcap");
+    f.write_pcap(&p);
+    let one = analyze_workers(&p, "reference", 1);
+    let doc: Value = serde_json::from_str(&one).expect("JSON");
+    let finding = doc["findings"]
+        .as_array()
+        .and_then(|v| v.iter().find(|f| f["check"] == "non_roce_on_lossless_dscp"))
+        .and_then(|f| f["found"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        finding.contains("10.0.0.77→10.255.0.1 UDP (4 frames)"),
+        "{finding}"
+    );
+    assert!(!finding.contains("10.1.134.160"), "{finding}");
+    for n in [2, 4] {
+        let got = analyze_workers(&p, "reference", n);
+        assert!(
+            got == one,
+            "--workers {n} differs from 1 at: {}",
+            first_difference(&one, &got)
+        );
+    }
 }
 
 #[test]

@@ -109,6 +109,8 @@ impl Header for SliceHeader<'_> {
     }
 }
 
+// Inlined across crates: `analyze` walks every frame of a capture through these, and
+// a call per header field was a fifth of its time.
 impl<'a> Packet for SlicePacket<'a> {
     type Header = SliceHeader<'a>;
 
@@ -120,18 +122,23 @@ impl<'a> Packet for SlicePacket<'a> {
         self.0.get(off..off.checked_add(n)?).map(SliceHeader)
     }
 
+    #[inline]
     fn len(&self) -> usize {
         self.0.len()
     }
+    #[inline]
     fn u8_at(&self, off: usize) -> Option<u8> {
         self.bytes::<1>(off).map(|b| b[0])
     }
+    #[inline]
     fn be16_at(&self, off: usize) -> Option<u16> {
         self.bytes::<2>(off).map(u16::from_be_bytes)
     }
+    #[inline]
     fn be32_at(&self, off: usize) -> Option<u32> {
         self.bytes::<4>(off).map(u32::from_be_bytes)
     }
+    #[inline]
     fn raw32_at(&self, off: usize) -> Option<u32> {
         self.bytes::<4>(off).map(u32::from_ne_bytes)
     }

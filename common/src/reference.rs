@@ -35,11 +35,7 @@ impl ReferenceTable {
     pub fn process(&mut self, frame: &[u8], ifindex: u32, now_ns: u64) -> Walk {
         let walk = walk(&SlicePacket(frame), &self.config);
         let outcome = walk.outcome;
-        let (main, extra) = stat_indices(&outcome);
-        self.stats[main as usize] += 1;
-        if let Some(i) = extra {
-            self.stats[i as usize] += 1;
-        }
+        count_stats(&mut self.stats, &outcome);
         if let Outcome::Flow(p) = &outcome {
             let mut key = p.key;
             key.ifindex = ifindex;
@@ -58,5 +54,17 @@ impl ReferenceTable {
             );
         }
         walk
+    }
+}
+
+/// Counts one classified frame in STATS as the XDP program does: its class or parse
+/// error (and the extra counter some outcomes have). Creating a flow is counted where
+/// the flow is created. `analyze` counts through this too, in tables of its own.
+#[inline]
+pub fn count_stats(stats: &mut [u64; STATS_LEN as usize], outcome: &Outcome) {
+    let (main, extra) = stat_indices(outcome);
+    stats[main as usize] += 1;
+    if let Some(i) = extra {
+        stats[i as usize] += 1;
     }
 }

@@ -13,6 +13,9 @@ pub struct Args {
     /// Runs of each packet through BPF_PROG_TEST_RUN (at least 10^6 for stable figures).
     #[arg(long, default_value_t = 2_000_000)]
     pub repeat: u32,
+    /// Only `roce-agent analyze` against tshark (no per-packet, tc or throughput cases).
+    #[arg(long)]
+    pub only_analyze: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -36,6 +39,9 @@ pub fn run(args: Args) -> Result<()> {
     ]);
     if args.json {
         cmd.arg("--json");
+    }
+    if args.only_analyze {
+        cmd.arg("--only-analyze");
     }
     let status = cmd.status().context("running roce-bench")?;
     if !status.success() {

@@ -1,24 +1,36 @@
-//! The two engines that count a capture's frames. Both end in `(FlowKey, FlowStats)`
-//! pairs and the STATS vector:
-//! - `kernel`: the real `xdp_classify` program, run on each frame through
-//!   BPF_PROG_TEST_RUN, its FLOWS and STATS maps read at the end;
-//! - `reference`: [`ReferenceTable`], the same `classify` and `FlowStats::record`
-//!   in user space.
+//! The two engines that count a capture's frames, and the workers that run them on
+//! their share of the frames. Both engines end in `(FlowKey, FlowStats)` pairs and
+//! the STATS vector:
+//! - `reference` ([`Worker`]): the same `walk`, STATS counting
+//!   (`roce_common::reference`) and `FlowStats::record` as the kernel program, in
+//!   user space, with the tally of each frame;
+//! - `kernel` ([`KernelWorker`]): the real `xdp_classify` program, run on each frame
+//!   through BPF_PROG_TEST_RUN, its FLOWS and STATS maps read at the end (the tally
+//!   comes from a reference pass, run while the programs load).
+//!
+//! Work is split by flow ([`Split`]): a worker owns the flows whose key hashes to
+//! it and sees their frames in capture order (PSN gap tracking and first/last seen
+//! depend on the order within a flow, on nothing else), so the workers' tables
+//! merge into what one pass would count.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::os::fd::{AsFd, OwnedFd};
 
-use roce_common::classify::{walk, Layers, Outcome, Walk};
+use roce_common::classify::{walk, Outcome};
 use roce_common::config::RuntimeConfig;
-use roce_common::counters::{reason_index, Reason, STATS_LEN};
+use roce_common::counters::{reason_index, Reason, STATS_LEN, STAT_FLOW_CREATED};
 use roce_common::flow::{FlowKey, FlowStats};
 use roce_common::packet::SlicePacket;
-use roce_common::reference::ReferenceTable;
+use roce_common::policy::Policy;
+use roce_common::reference::count_stats;
 use roce_common::wire::ETH_HLEN;
 
-use super::capture::Frame;
+use super::capture::Batch;
+use super::tally::{check_icrc, FlowExtra, Talker, Talkers};
 use super::AnalyzeError;
 use crate::loader::{self, LoadOptions, Loaded};
-use crate::testrun::{test_run, TestRun};
+use crate::testrun::run_once;
 
 /// Frames shorter than this cannot go through BPF_PROG_TEST_RUN (EINVAL); both
 /// engines count them as `truncated_eth` without classifying them.
@@ -49,129 +61,339 @@ pub struct Counted {
     pub stats: Vec<u64>,
 }
 
-/// One engine, fed frame by frame.
-pub enum Counter {
-    Reference(Box<ReferenceTable>),
-    Kernel {
-        loaded: Box<Loaded>,
-        /// Frames too short for BPF_PROG_TEST_RUN.
-        short: u64,
-        /// The CPU affinity to restore at the end.
-        affinity: Option<libc::cpu_set_t>,
-    },
+/// The hasher of talkers (rare: non-RoCE frames on a lossless DSCP).
+type TalkerHash = foldhash::fast::RandomState;
+
+#[inline(always)]
+fn fold(a: u64, b: u64) -> u64 {
+    let p = (a as u128) * (b as u128);
+    (p as u64) ^ ((p >> 64) as u64)
 }
 
-/// Pins the calling thread to the CPU it runs on: FLOWS is a per-CPU map, and one
-/// flow's PSN state must not be split between CPUs. Returns the previous mask.
-fn pin_to_current_cpu() -> Option<libc::cpu_set_t> {
-    // SAFETY: plain libc calls on a zeroed cpu_set_t of the right size.
-    unsafe {
-        let mut old: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) != 0 {
-            return None;
-        }
-        let cpu = libc::sched_getcpu();
-        if cpu < 0 {
-            return None;
-        }
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut one);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) != 0 {
-            return None;
-        }
-        Some(old)
+/// The hash of a flow key, 16 bytes per multiply in two independent lanes (the
+/// folded multiply of foldhash): computed once per RoCE frame, by the reader, for
+/// choosing the frame's worker and for that worker's table. `seed` is random per
+/// run, so that a crafted capture cannot aim its keys at one bucket (the report
+/// does not depend on it).
+#[inline]
+pub fn key_hash(k: &FlowKey, seed: u64) -> u64 {
+    const C: [u64; 7] = [
+        0x243F_6A88_85A3_08D3,
+        0x1319_8A2E_0370_7344,
+        0xA409_3822_299F_31D0,
+        0x082E_FA98_EC4E_6C89,
+        0x4528_21E6_38D0_1377,
+        0xBE54_66CF_34E9_0C6C,
+        0xC0AC_29B7_C97C_50DD,
+    ];
+    let w = |a: u32, b: u32| u64::from(a) | (u64::from(b) << 32);
+    let q = |a: &[u32; 4]| (w(a[0], a[1]), w(a[2], a[3]));
+    let (s0, s1) = q(&k.src);
+    let (d0, d1) = q(&k.dst);
+    let (i0, i1) = q(&k.inner_src);
+    let (j0, j1) = q(&k.inner_dst);
+    let x = fold(s0 ^ seed, s1 ^ C[0]);
+    let y = fold(d0 ^ C[2] ^ seed.rotate_left(32), d1 ^ C[3]);
+    let x = fold(x ^ i0, i1 ^ C[4]);
+    let y = fold(y ^ j0, j1 ^ C[5]);
+    let x = fold(x ^ w(k.vni, k.dest_qp), w(k.ifindex, k.flags) ^ C[6]);
+    fold(x ^ C[1], y ^ C[3])
+}
+
+/// A flow key with its hash, as the workers' tables hold it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keyed {
+    pub hash: u64,
+    pub key: FlowKey,
+}
+
+impl Hash for Keyed {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
     }
 }
 
-fn restore_affinity(old: &libc::cpu_set_t) {
-    // SAFETY: restores a mask that sched_getaffinity returned.
-    unsafe {
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), old);
+/// The hasher of [`Keyed`]: its hash is already computed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; fold anything else in rather than lose it.
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8)) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
     }
 }
 
-impl Counter {
-    pub fn new(engine: Engine, opts: &LoadOptions) -> Result<Counter, AnalyzeError> {
-        Ok(match engine {
-            Engine::Reference => Counter::Reference(Box::new(ReferenceTable::new(opts.config))),
-            Engine::Kernel => {
-                // No ring-buffer reader here: the program emits no events.
-                let opts = LoadOptions {
-                    config: RuntimeConfig {
-                        events_sample: roce_common::event::EVENTS_OFF,
-                        ..opts.config
-                    },
-                    ..*opts
-                };
-                let loaded = loader::load(&opts)?;
-                Counter::Kernel {
-                    loaded: Box::new(loaded),
-                    short: 0,
-                    affinity: pin_to_current_cpu(),
+type PrehashedState = BuildHasherDefault<Prehashed>;
+
+/// One flow of a worker: the reference engine's counters and the tally's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FlowEntry {
+    pub stats: FlowStats,
+    pub extra: FlowExtra,
+}
+
+/// What one worker counted and tallied.
+pub struct Shard {
+    pub flows: HashMap<Keyed, FlowEntry, PrehashedState>,
+    /// STATS as the reference engine counts them.
+    pub stats: [u64; STATS_LEN as usize],
+    pub talkers: Talkers,
+    pub icrc_checked: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard {
+            flows: HashMap::default(),
+            stats: [0; STATS_LEN as usize],
+            talkers: Talkers::default(),
+            icrc_checked: 0,
+        }
+    }
+}
+
+/// Which worker counts each frame: the one its flow key (RoCE), its talker
+/// (non-RoCE IP on a lossless DSCP) or, for frames that count in STATS only, its
+/// number points to. Run by the reader on every batch, so that a worker walks only
+/// its own frames.
+pub struct Split<'a> {
+    workers: u64,
+    cfg: RuntimeConfig,
+    policy: &'a Policy,
+    seed: u64,
+    talker: TalkerHash,
+}
+
+impl<'a> Split<'a> {
+    pub fn new(workers: usize, cfg: RuntimeConfig, policy: &'a Policy) -> Self {
+        Split {
+            workers: workers.max(1) as u64,
+            cfg,
+            policy,
+            seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
+            talker: TalkerHash::default(),
+        }
+    }
+
+    /// `0..workers` from a hash: a multiply mixes every bit of it into the high half
+    /// (the table of the worker uses the low bits), which is scaled down.
+    #[inline]
+    fn of_hash(&self, h: u64) -> u16 {
+        let mixed = h.wrapping_mul(0x9FB2_1C65_1E98_DF25) >> 32;
+        ((mixed * self.workers) >> 32) as u16
+    }
+
+    /// Assigns every frame of `b` to its worker, with the key's hash, and when `icrc`
+    /// the ICRC verdicts too (work that needs no flow state: done here, where the
+    /// frame is walked first, when the workers are the slower side).
+    pub fn assign(&self, b: &mut Batch, icrc: bool) {
+        for i in 0..b.len() {
+            let f = b.frame(i);
+            let w = walk(&SlicePacket(f.data), &self.cfg);
+            let (owner, hash, icrc) = match &w.outcome {
+                Outcome::Flow(p) => {
+                    let h = key_hash(&p.key, self.seed);
+                    let icrc = icrc.then(|| check_icrc(f.data, p, w.layers.roce_ip(p.tunnelled)));
+                    (self.of_hash(h), h, icrc)
                 }
-            }
-        })
+                _ => match Talker::of(&f, &w, self.policy) {
+                    Some(t) => (self.of_hash(self.talker.hash_one(t)), 0, None),
+                    None => ((f.number % self.workers) as u16, 0, None),
+                },
+            };
+            b.assign(i, owner, hash, icrc);
+        }
     }
+}
 
-    /// Counts one frame; returns the reference classifier's walk of it for the tally
-    /// (computed once: the reference engine returns its own).
-    pub fn frame(&mut self, f: &Frame<'_>, cfg: &RuntimeConfig) -> Result<Walk, AnalyzeError> {
-        match self {
-            Counter::Reference(t) => Ok(t.process(f.data, 0, f.ts_ns)),
-            Counter::Kernel { loaded, short, .. } => {
-                if f.data.len() < MIN_TEST_RUN_LEN {
-                    *short += 1;
-                    return Ok(Walk {
-                        outcome: Outcome::Malformed(Reason::TruncatedEth),
-                        layers: Layers::default(),
+/// A worker's share of the work: the frames of a batch that [`Split`] gave it.
+pub trait Work: Send {
+    fn process(&mut self, b: &Batch) -> Result<(), AnalyzeError>;
+}
+
+/// A reference-engine worker: counts its frames and tallies them.
+pub struct Worker<'a> {
+    index: u16,
+    cfg: RuntimeConfig,
+    policy: &'a Policy,
+    pub shard: Shard,
+}
+
+impl<'a> Worker<'a> {
+    /// Worker `index`.
+    pub fn new(index: usize, cfg: RuntimeConfig, policy: &'a Policy) -> Self {
+        Worker {
+            index: index as u16,
+            cfg,
+            policy,
+            shard: Shard::default(),
+        }
+    }
+}
+
+impl Work for Worker<'_> {
+    /// Counts the frames of `b` that are this worker's.
+    fn process(&mut self, b: &Batch) -> Result<(), AnalyzeError> {
+        for i in 0..b.len() {
+            if b.owner(i) != self.index {
+                continue;
+            }
+            let f = b.frame(i);
+            let w = walk(&SlicePacket(f.data), &self.cfg);
+            let shard = &mut self.shard;
+            count_stats(&mut shard.stats, &w.outcome);
+            match &w.outcome {
+                Outcome::Flow(p) => {
+                    let key = Keyed {
+                        hash: b.hash(i),
+                        key: p.key,
+                    };
+                    let e = shard.flows.entry(key).or_insert_with(|| {
+                        shard.stats[STAT_FLOW_CREATED as usize] += 1;
+                        FlowEntry::default()
                     });
+                    e.stats
+                        .record(p, f.data.len() as u32, f.ts_ns, self.cfg.default_pmtu_log2);
+                    let icrc = b
+                        .icrc(i)
+                        .unwrap_or_else(|| check_icrc(f.data, p, w.layers.roce_ip(p.tunnelled)));
+                    e.extra.observe(&f, p, icrc, self.policy);
+                    if icrc.is_some() {
+                        shard.icrc_checked += 1;
+                    }
                 }
-                let fd = loaded.xdp_fd()?;
-                test_run(
-                    fd,
-                    &TestRun {
-                        data: f.data,
-                        repeat: 1,
-                        ..Default::default()
-                    },
-                )
-                .map_err(|source| AnalyzeError::TestRun {
-                    frame: f.number,
-                    source,
-                })?;
-                Ok(walk(&SlicePacket(f.data), cfg))
+                _ => {
+                    if let Some(t) = Talker::of(&f, &w, self.policy) {
+                        shard.talkers.observe(t, f.number);
+                    }
+                }
             }
         }
+        Ok(())
     }
+}
 
-    pub fn finish(self) -> Result<Counted, AnalyzeError> {
-        match self {
-            Counter::Reference(t) => Ok(Counted {
-                flows: t.flows.into_iter().collect(),
-                stats: t.stats.to_vec(),
-            }),
-            Counter::Kernel {
-                loaded,
-                short,
-                affinity,
-            } => {
-                if let Some(old) = &affinity {
-                    restore_affinity(old);
-                }
-                let mut stats = loaded.stats()?;
-                stats.resize(STATS_LEN as usize, 0);
-                stats[reason_index(Reason::TruncatedEth) as usize] += short;
-                // Test runs arrive on the loopback device: drop the interface.
-                let mut merged: HashMap<FlowKey, FlowStats> = HashMap::new();
-                for (mut k, st) in loaded.flows()? {
-                    k.ifindex = 0;
-                    merged.entry(k).or_default().merge(&st);
-                }
-                Ok(Counted {
-                    flows: merged.into_iter().collect(),
-                    stats,
-                })
-            }
+/// A kernel-engine worker: runs its frames through `xdp_classify` and nothing else
+/// (the tally comes from a reference pass). Its thread stays on one CPU
+/// ([`pin_to_cpu`]): FLOWS is a per-CPU map, and a flow's PSN state must be on one.
+pub struct KernelWorker {
+    index: u16,
+    prog: OwnedFd,
+    /// Frames too short for BPF_PROG_TEST_RUN.
+    pub short: u64,
+}
+
+impl KernelWorker {
+    pub fn new(index: usize, prog: OwnedFd) -> Self {
+        KernelWorker {
+            index: index as u16,
+            prog,
+            short: 0,
         }
     }
+}
+
+impl Work for KernelWorker {
+    fn process(&mut self, b: &Batch) -> Result<(), AnalyzeError> {
+        for i in 0..b.len() {
+            if b.owner(i) != self.index {
+                continue;
+            }
+            let f = b.frame(i);
+            if f.data.len() < MIN_TEST_RUN_LEN {
+                self.short += 1;
+                continue;
+            }
+            run_once(self.prog.as_fd(), f.data).map_err(|source| AnalyzeError::TestRun {
+                frame: f.number,
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity fills a zeroed cpu_set_t of the size given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Pins the calling thread to `cpu`: BPF_PROG_TEST_RUN runs the program on the
+/// caller's CPU, and a flow's per-CPU FLOWS entry (its PSN state) must be one.
+pub fn pin_to_cpu(cpu: usize) -> Result<(), AnalyzeError> {
+    // SAFETY: plain libc calls on a zeroed cpu_set_t of the right size.
+    let rc = unsafe {
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one)
+    };
+    if rc != 0 {
+        return Err(AnalyzeError::Pin {
+            cpu,
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Loads the kernel programs for the kernel engine (no events: nothing reads them).
+pub fn load_kernel(opts: &LoadOptions) -> Result<Loaded, AnalyzeError> {
+    let opts = LoadOptions {
+        config: RuntimeConfig {
+            events_sample: roce_common::event::EVENTS_OFF,
+            ..opts.config
+        },
+        ..*opts
+    };
+    Ok(loader::load(&opts)?)
+}
+
+/// The reference engine's counts: the workers' flows (each key in one worker) and
+/// their STATS summed.
+pub fn counted_reference<'a>(shards: impl IntoIterator<Item = &'a Shard>) -> Counted {
+    let mut stats = vec![0u64; STATS_LEN as usize];
+    let mut flows = Vec::new();
+    for s in shards {
+        for (a, b) in stats.iter_mut().zip(s.stats.iter()) {
+            *a += b;
+        }
+        flows.extend(s.flows.iter().map(|(k, e)| (k.key, e.stats)));
+    }
+    Counted { flows, stats }
+}
+
+/// The kernel engine's counts: FLOWS and STATS as the program left them, plus the
+/// `short` frames too short to run.
+pub fn counted_kernel(loaded: &Loaded, short: u64) -> Result<Counted, AnalyzeError> {
+    let mut stats = loaded.stats()?;
+    stats.resize(STATS_LEN as usize, 0);
+    stats[reason_index(Reason::TruncatedEth) as usize] += short;
+    // Test runs arrive on the loopback device: drop the interface.
+    let mut merged: HashMap<FlowKey, FlowStats> = HashMap::new();
+    for (mut k, st) in loaded.flows()? {
+        k.ifindex = 0;
+        merged.entry(k).or_default().merge(&st);
+    }
+    Ok(Counted {
+        flows: merged.into_iter().collect(),
+        stats,
+    })
 }

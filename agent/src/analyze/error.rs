@@ -29,4 +29,8 @@ pub enum AnalyzeError {
     Load(#[from] LoadError),
     #[error("frame {frame}: BPF_PROG_TEST_RUN failed: {source}")]
     TestRun { frame: u64, source: io::Error },
+    #[error("cannot pin a kernel-engine worker to CPU {cpu}: {source}")]
+    Pin { cpu: usize, source: io::Error },
+    #[error("a worker thread ended without its result (it panicked)")]
+    Worker,
 }

@@ -2,18 +2,21 @@
 //! classifier and the same counting rules as the live agent.
 //!
 //! The parts, each in its own module and none importing a later one:
-//! - [`capture`]: reading pcap/pcapng frame by frame (never loaded whole);
-//! - [`engine`]: the two engines that count frames into flows and STATS (the real XDP
-//!   program through BPF_PROG_TEST_RUN, or the reference classifier);
+//! - [`capture`]: reading pcap/pcapng in large reads, frames in batches (never loaded
+//!   whole, never copied one by one);
 //! - [`tally`]: what the engines cannot know offline (timestamps, ICRC, snap length,
 //!   DSCP observations), from the reference classifier's walk of every frame;
+//! - [`engine`]: the two engines that count frames into flows and STATS (the reference
+//!   classifier, or the real XDP program through BPF_PROG_TEST_RUN), and the worker
+//!   that runs one on the flows it owns;
+//! - [`workers`]: the reader thread and the workers, the flows split by hash;
 //! - [`report`]: the report and its text rendering;
 //! - [`findings`]: what an operator should look at, judged against the DSCP policy
 //!   (`roce_common::policy::Policy`, from the config's `[qos]` table).
 //!
-//! This module joins them: [`analyze`] streams the capture through an engine and the
-//! tally, then builds the report. Both engines print byte-identical JSON for the same
-//! capture.
+//! This module joins them: [`analyze`] streams the capture through the workers, merges
+//! what they counted and builds the report. Both engines, and any number of workers,
+//! print byte-identical JSON for the same capture.
 
 pub mod capture;
 pub mod engine;
@@ -21,6 +24,7 @@ mod error;
 pub mod findings;
 pub mod report;
 pub mod tally;
+pub mod workers;
 
 use std::collections::HashMap;
 use std::io;
@@ -28,25 +32,36 @@ use std::path::Path;
 
 use roce_common::policy::Policy;
 
-pub use capture::{CaptureReader, Format, Frame};
-pub use engine::{Counted, Counter, Engine, MIN_TEST_RUN_LEN};
+pub use capture::{Batch, CaptureReader, Format, Frame};
+pub use engine::{Counted, Engine, KernelWorker, Shard, Split, Work, Worker, MIN_TEST_RUN_LEN};
 pub use error::AnalyzeError;
 pub use report::{render, AnalyzedFlow, CaptureInfo, FlowIdent, Report};
-pub use tally::{check_icrc, FlowExtra, NonRoceLossless, Tally, MAX_TALKERS};
+pub use tally::{check_icrc, FlowExtra, NonRoceLossless, Talkers, Tally, MAX_TALKERS};
 
 use crate::doc::Document;
-use crate::loader::LoadOptions;
+use crate::loader::{LoadError, LoadOptions};
+
+/// Workers by default, at most: the reader thread walks every frame to assign it,
+/// so beyond a few workers it is the limit.
+pub const MAX_WORKERS: usize = 8;
+
+/// Workers at most, asked for or not (a worker's number is a `u16` in a batch).
+pub const WORKERS_LIMIT: usize = 1024;
 
 /// How to analyze.
 #[derive(Clone, Debug)]
 pub struct AnalyzeOptions {
-    /// `None`: the kernel engine when this process may load BPF programs, else the
-    /// reference engine.
+    /// `None`: the reference engine.
     pub engine: Option<Engine>,
     pub load: LoadOptions,
     pub policy: Policy,
     /// Show a progress bar on stderr (only when it is a terminal).
     pub progress: bool,
+    /// Worker threads besides the reader. `None`: for the reference engine one per
+    /// CPU this process may use but the reader's (at least 1, at most
+    /// [`MAX_WORKERS`]); for the kernel engine's test runs one per CPU (its reference
+    /// pass as the reference engine). The report is the same for any number.
+    pub workers: Option<usize>,
 }
 
 /// An analysis: the report of everything read, and the error that stopped reading
@@ -60,58 +75,94 @@ pub struct Analysis {
 /// Analyzes a capture. Errors before the first frame (cannot open, not a capture,
 /// wrong link type, kernel engine unavailable) are returned as `Err`; errors while
 /// reading come back in [`Analysis::error`] with the report so far.
+///
+/// The kernel engine reads the capture twice: a reference pass for the tally while
+/// its programs load (the verifier takes about a second), then every frame through
+/// the program, up to where the first pass stopped.
 pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeError> {
-    let mut reader = CaptureReader::open(path)?;
+    let reader = CaptureReader::open(path)?;
+    let engine = opts.engine.unwrap_or(Engine::Reference);
+    let cpus = engine::allowed_cpus();
     let cfg = opts.load.config;
-    let (mut counter, engine) = match opts.engine {
-        Some(e) => (Counter::new(e, &opts.load)?, e),
-        None => match Counter::new(Engine::Kernel, &opts.load) {
-            Ok(c) => (c, Engine::Kernel),
-            Err(e) => {
-                tracing::info!(error = %e, "cannot load BPF programs: using the reference classifier");
-                (
-                    Counter::new(Engine::Reference, &opts.load)?,
-                    Engine::Reference,
-                )
-            }
-        },
+    // The reader takes a CPU of its own.
+    let reference_workers = opts
+        .workers
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .saturating_sub(1)
+                .min(MAX_WORKERS)
+        })
+        .clamp(1, WORKERS_LIMIT);
+    let reference = |reader: CaptureReader, progress: bool| {
+        let split = Split::new(reference_workers, cfg, &opts.policy);
+        let workers = (0..reference_workers)
+            .map(|i| (Worker::new(i, cfg, &opts.policy), None))
+            .collect();
+        workers::run(reader, &split, workers::Icrc::Balance, workers, progress)
     };
-    let mut tally = Tally::default();
-    let progress = progress_bar(opts.progress, reader.position().1);
-    let mut error = None;
-    loop {
-        let frame = match reader.next_frame() {
-            Ok(Some(f)) => f,
-            Ok(None) => break,
-            Err(e) => {
-                error = Some(e);
-                break;
-            }
-        };
-        let walk = match counter.frame(&frame, &cfg) {
-            Ok(w) => w,
-            Err(e) => {
-                error = Some(e);
-                break;
-            }
-        };
-        tally.observe(&frame, &walk, &opts.policy);
-        let n = frame.number;
-        if let Some(pb) = &progress {
-            if n % 4096 == 0 {
-                pb.set_position(reader.position().0);
-            }
+    let (run, counted) = match engine {
+        Engine::Reference => {
+            let run = reference(reader, opts.progress);
+            let counted = engine::counted_reference(run.workers.iter().map(|w| &w.shard));
+            (run, counted)
         }
+        Engine::Kernel => std::thread::scope(|s| {
+            let loading = s.spawn(|| engine::load_kernel(&opts.load));
+            let run = reference(reader, false);
+            let loaded = loading.join().map_err(|_| AnalyzeError::Worker)??;
+            let mut again = CaptureReader::open(path)?;
+            again.limit_frames(run.read.frames);
+            // One worker per CPU, pinned: FLOWS is per CPU, and the test runs are the cost.
+            let n = opts.workers.unwrap_or(cpus.len()).clamp(1, WORKERS_LIMIT);
+            if cpus.is_empty() {
+                tracing::warn!(
+                    "cannot read this process's CPUs: the kernel engine's workers are not pinned"
+                );
+            }
+            let mut workers = Vec::with_capacity(n);
+            for i in 0..n {
+                let prog = loaded.xdp_fd()?.try_clone_to_owned().map_err(|source| {
+                    AnalyzeError::Load(LoadError::Fd {
+                        name: "xdp_classify",
+                        source,
+                    })
+                })?;
+                let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+                workers.push((KernelWorker::new(i, prog), cpu));
+            }
+            let split = Split::new(n, cfg, &opts.policy);
+            let kernel = workers::run(again, &split, workers::Icrc::Skip, workers, opts.progress);
+            let short = kernel.workers.iter().map(|w| w.short).sum();
+            let counted = engine::counted_kernel(&loaded, short)?;
+            let mut run = run;
+            // A test run that failed stops the analysis; reading errors are the first pass's.
+            if let Some(e) = kernel.error {
+                run.error = Some(e);
+            }
+            Ok::<_, AnalyzeError>((run, counted))
+        })?,
+    };
+    let error = run.error.or(run.read.error);
+    let mut tally = Tally {
+        first_ns: run.read.first_ns,
+        last_ns: run.read.last_ns,
+        ..Tally::default()
+    };
+    let mut talkers = Vec::with_capacity(run.workers.len());
+    for w in run.workers {
+        let shard = w.shard;
+        tally.icrc_checked += shard.icrc_checked;
+        tally
+            .flows
+            .extend(shard.flows.into_iter().map(|(k, e)| (k.key, e.extra)));
+        talkers.push(shard.talkers);
     }
-    if let Some(pb) = progress {
-        pb.finish_and_clear();
-    }
-    let frames = reader.frames();
-    let counted = counter.finish()?;
+    tally.non_roce_lossless = Talkers::merge(talkers);
     let capture = CaptureInfo {
         file: path.display().to_string(),
-        format: reader.format(),
-        frames,
+        format: run.read.format,
+        frames: run.read.frames,
         first_ns: tally.first_ns,
         last_ns: tally.last_ns,
         icrc_checked: tally.icrc_checked,
@@ -126,7 +177,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeEr
     })
 }
 
-fn progress_bar(wanted: bool, size: u64) -> Option<indicatif::ProgressBar> {
+pub(crate) fn progress_bar(wanted: bool, size: u64) -> Option<indicatif::ProgressBar> {
     use std::io::IsTerminal as _;
     if !wanted || !io::stderr().is_terminal() || size < (64 << 20) {
         return None;

@@ -2,6 +2,9 @@
 //! frame and the reference classifier's walk of it: capture timestamps (first/last
 //! seen), the ICRC of every RoCE packet, bytes cut off by the capture's snap length,
 //! and the DSCP observations that the findings report.
+//!
+//! Each worker tallies the flows and talkers it owns ([`FlowExtra::observe`],
+//! [`Talkers`]); [`Tally`] is the merged result.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -53,7 +56,7 @@ pub struct NonRoceLossless {
 /// Distinct talkers remembered for the non-RoCE-on-lossless finding.
 pub const MAX_TALKERS: usize = 100_000;
 
-/// What the user side learns from every frame.
+/// What the user side learnt from every frame (all workers merged).
 #[derive(Debug, Default)]
 pub struct Tally {
     pub flows: HashMap<FlowKey, FlowExtra>,
@@ -78,70 +81,120 @@ pub fn check_icrc(frame: &[u8], p: &Parsed, ip: Option<IpLayer>) -> Option<bool>
     Some(frame[icrc_at..end] == want.to_le_bytes())
 }
 
-impl Tally {
-    /// Takes one frame and the reference classifier's walk of it into account.
-    pub fn observe(&mut self, f: &Frame<'_>, walk: &Walk, policy: &Policy) {
-        if self.first_ns.is_none() {
-            self.first_ns = Some(f.ts_ns);
+impl FlowExtra {
+    /// Takes one RoCE frame of this flow into account (frames of a flow in capture
+    /// order), with its ICRC verdict ([`check_icrc`]).
+    pub fn observe(&mut self, f: &Frame<'_>, p: &Parsed, icrc: Option<bool>, policy: &Policy) {
+        if self.packets == 0 {
+            self.first_ns = f.ts_ns;
         }
-        self.last_ns = Some(f.ts_ns);
-        match &walk.outcome {
-            Outcome::Flow(p) => {
-                let e = self.flows.entry(p.key).or_default();
-                if e.packets == 0 {
-                    e.first_ns = f.ts_ns;
-                }
-                e.packets += 1;
-                e.last_ns = f.ts_ns;
-                e.captured_bytes += f.data.len() as u64;
-                e.snapped_bytes += f.wire_len.saturating_sub(f.data.len() as u64);
-                match check_icrc(f.data, p, walk.layers.roce_ip(p.tunnelled)) {
-                    Some(true) => self.icrc_checked += 1,
-                    Some(false) => {
-                        self.icrc_checked += 1;
-                        e.icrc_errors += 1;
-                    }
-                    None => e.icrc_unchecked += 1,
-                }
-                let dscp = p.outer_tos >> 2;
-                if p.outer_tos & 3 == ECN_NOT_ECT {
-                    e.not_ect += 1;
-                }
-                if bth::is_cnp(p.bth.opcode) {
-                    if dscp != policy.qos.cnp_dscp {
-                        e.cnp_off_dscp += 1;
-                        e.cnp_dscps |= 1 << dscp;
-                    }
-                } else if !policy.is_lossless(dscp) {
-                    e.off_lossless += 1;
-                    e.off_lossless_dscps |= 1 << dscp;
-                }
-            }
-            Outcome::Other(class) => {
-                if matches!(class, Class::NonIp) {
-                    return;
-                }
-                let Some(ip) = walk.layers.outer else {
-                    return;
-                };
-                if !policy.is_lossless(ip.tos >> 2) {
-                    return;
-                }
-                let Some((src, dst)) = ip_addresses(&SlicePacket(f.data), &ip) else {
-                    return;
-                };
-                let (proto, src, dst) = (ip.proto, key_addr(&src, ip.v6), key_addr(&dst, ip.v6));
-                let n = &mut self.non_roce_lossless;
-                n.frames += 1;
-                *n.by_proto.entry(proto).or_default() += 1;
-                let key = (src, dst, proto);
-                if let Some(c) = n.talkers.get_mut(&key) {
-                    *c += 1;
-                } else if n.talkers.len() < MAX_TALKERS {
-                    n.talkers.insert(key, 1);
-                }
-            }
-            Outcome::Malformed(_) => {}
+        self.packets += 1;
+        self.last_ns = f.ts_ns;
+        self.captured_bytes += f.data.len() as u64;
+        self.snapped_bytes += f.wire_len.saturating_sub(f.data.len() as u64);
+        match icrc {
+            Some(true) => {}
+            Some(false) => self.icrc_errors += 1,
+            None => self.icrc_unchecked += 1,
         }
+        let dscp = p.outer_tos >> 2;
+        if p.outer_tos & 3 == ECN_NOT_ECT {
+            self.not_ect += 1;
+        }
+        if bth::is_cnp(p.bth.opcode) {
+            if dscp != policy.qos.cnp_dscp {
+                self.cnp_off_dscp += 1;
+                self.cnp_dscps |= 1 << dscp;
+            }
+        } else if !policy.is_lossless(dscp) {
+            self.off_lossless += 1;
+            self.off_lossless_dscps |= 1 << dscp;
+        }
+    }
+}
+
+/// A non-RoCE IP frame's talker (source, destination, protocol) as the header holds
+/// it (raw address words, the outer family), when it counts for the
+/// non-RoCE-on-lossless finding: an IP frame on a lossless DSCP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Talker {
+    src: [u32; 4],
+    dst: [u32; 4],
+    proto: u8,
+    v6: bool,
+}
+
+impl Talker {
+    pub fn of(f: &Frame<'_>, walk: &Walk, policy: &Policy) -> Option<Talker> {
+        let Outcome::Other(class) = walk.outcome else {
+            return None;
+        };
+        if matches!(class, Class::NonIp) {
+            return None;
+        }
+        let ip = walk.layers.outer?;
+        if !policy.is_lossless(ip.tos >> 2) {
+            return None;
+        }
+        let (src, dst) = ip_addresses(&SlicePacket(f.data), &ip)?;
+        Some(Talker {
+            src,
+            dst,
+            proto: ip.proto,
+            v6: ip.v6,
+        })
+    }
+
+    fn key(&self) -> (IpAddr, IpAddr, u8) {
+        (
+            key_addr(&self.src, self.v6),
+            key_addr(&self.dst, self.v6),
+            self.proto,
+        )
+    }
+}
+
+/// One worker's non-RoCE-on-lossless observations: its talkers (a worker sees every
+/// frame of the talkers it owns) with the frame each was first seen in, so that the
+/// merge keeps the same [`MAX_TALKERS`] first talkers as one pass would.
+#[derive(Debug, Default)]
+pub struct Talkers {
+    frames: u64,
+    by_proto: HashMap<u8, u64>,
+    /// Talker -> (first frame number, frames).
+    seen: HashMap<Talker, (u64, u64)>,
+}
+
+impl Talkers {
+    pub fn observe(&mut self, t: Talker, frame: u64) {
+        self.frames += 1;
+        *self.by_proto.entry(t.proto).or_default() += 1;
+        if let Some(c) = self.seen.get_mut(&t) {
+            c.1 += 1;
+        } else if self.seen.len() < MAX_TALKERS {
+            self.seen.insert(t, (frame, 1));
+        }
+    }
+
+    /// Merges the workers' talkers. A talker among the first [`MAX_TALKERS`] of the
+    /// capture is among the first of its worker (the worker's earlier talkers are
+    /// earlier in the capture too), with all its frames: keeping the first by frame
+    /// number gives what one pass keeps.
+    pub fn merge(parts: Vec<Talkers>) -> NonRoceLossless {
+        let mut out = NonRoceLossless::default();
+        let mut all: Vec<(Talker, (u64, u64))> = Vec::new();
+        for p in parts {
+            out.frames += p.frames;
+            for (proto, n) in p.by_proto {
+                *out.by_proto.entry(proto).or_default() += n;
+            }
+            all.extend(p.seen);
+        }
+        if all.len() > MAX_TALKERS {
+            all.sort_unstable_by_key(|(_, (first, _))| *first);
+            all.truncate(MAX_TALKERS);
+        }
+        out.talkers = all.into_iter().map(|(t, (_, n))| (t.key(), n)).collect();
+        out
     }
 }

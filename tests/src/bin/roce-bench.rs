@@ -2,8 +2,9 @@
 //! an empty program of the same type measured in the same run (the machines are noisy:
 //! only the difference means much), and the tc paths' throughput against their kernel
 //! peers on the same namespace path (iptables DSCP target, VXLAN `tos inherit`).
-//! Then `roce-agent analyze` of a 1,000,000-frame capture: frames/s of both engines and
-//! peak RSS, against tshark decoding the same file to fields (`bench_analyze.rs`).
+//! Then `roce-agent analyze` of a 1,000,000-frame capture: frames/s of the default
+//! engine and of each engine, and peak RSS, against tshark decoding the same file to
+//! fields (`bench_analyze.rs`; `--only-analyze` runs that case alone).
 //! Run through `cargo xtask bench`; needs root to load BPF programs.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -51,6 +52,16 @@ struct Args {
     /// Frames of the same capture that tshark decodes (0: all).
     #[arg(long, default_value_t = 0)]
     analyze_tshark_frames: u64,
+    /// Runs of each `roce-agent analyze` case (the median is reported; tshark runs once).
+    #[arg(long, default_value_t = 3)]
+    analyze_runs: usize,
+    /// Only the analyze case (no BPF per-packet, tc or throughput cases).
+    #[arg(long)]
+    only_analyze: bool,
+    /// Keep the analyze capture at FILE: written there when missing, read again when
+    /// present (repeated runs then measure the same file without writing it anew).
+    #[arg(long, value_name = "FILE")]
+    analyze_capture: Option<std::path::PathBuf>,
     /// Sampled events in the measured tc programs: 1 in N of each kind (0: off, as
     /// `analyze` and the tests load them; `run` defaults to 1).
     #[arg(long, default_value_t = 0)]
@@ -688,6 +699,16 @@ fn bench_throughput(args: &Args, rounds: usize) -> Result<()> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    let analyze = bench_analyze::Options {
+        json: args.json,
+        frames: args.analyze_frames,
+        tshark_frames: args.analyze_tshark_frames,
+        capture: args.analyze_capture.clone(),
+        runs: args.analyze_runs,
+    };
+    if args.only_analyze {
+        return bench_analyze::run(&analyze);
+    }
     let rounds = args.rounds.max(1);
     bench_xdp(&args, rounds)?;
     bench_xdp_cold(&args, rounds)?;
@@ -704,10 +725,5 @@ fn main() -> Result<()> {
     if !args.wants("analyze") {
         return Ok(());
     }
-    bench_analyze::run(&bench_analyze::Options {
-        json: args.json,
-        frames: args.analyze_frames,
-        tshark_frames: args.analyze_tshark_frames,
-    })?;
-    Ok(())
+    bench_analyze::run(&analyze)
 }
