@@ -7,6 +7,7 @@ pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 pub mod analyze;
 pub mod api;
 pub mod audit;
+pub mod batch;
 pub mod check;
 pub mod cli;
 pub mod collector;

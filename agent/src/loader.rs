@@ -222,6 +222,15 @@ impl Loaded {
         }
     }
 
+    /// The file descriptor of map `name` (batch reads and writes on it).
+    pub fn map_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, LoadError> {
+        match self.ebpf.map(name).ok_or(LoadError::Missing(name))? {
+            Map::PerCpuLruHashMap(data) | Map::PerCpuHashMap(data) | Map::LruHashMap(data)
+            | Map::HashMap(data) => Ok(data.fd().as_fd()),
+            _ => Err(LoadError::Missing(name)),
+        }
+    }
+
     /// Every flow of FLOWS4 and FLOWS with its CPUs merged, under its wide key.
     pub fn flows(&self) -> Result<Vec<(FlowKey, FlowStats)>, LoadError> {
         let mut out = Vec::new();
