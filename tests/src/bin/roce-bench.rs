@@ -24,6 +24,8 @@ use roce_testkit::sock::set_int_option;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::time::Instant;
 
+#[path = "../bench_agent.rs"]
+mod bench_agent;
 #[path = "../bench_analyze.rs"]
 mod bench_analyze;
 
@@ -60,9 +62,22 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     events_cost_sample: u32,
     /// Only the cases whose name contains this (per-packet, cold table and tc cases;
-    /// the throughput and analyze sections run when their name matches too).
+    /// the throughput, analyze and agent sections run when their name matches too).
     #[arg(long)]
     only: Option<String>,
+    /// Flows in the kernel tables of the agent section (0: no agent section).
+    #[arg(long, default_value_t = 1_000_000)]
+    agent_flows: u32,
+    /// Collector polls in the agent section (the first makes no rates; the median of
+    /// the others is reported).
+    #[arg(long, default_value_t = 5)]
+    agent_polls: usize,
+    /// `GET /metrics` scrapes in the agent section.
+    #[arg(long, default_value_t = 5)]
+    agent_scrapes: usize,
+    /// Internal: run the agent section itself (in the child process it starts).
+    #[arg(long, hide = true)]
+    agent_child: bool,
 }
 
 impl Args {
@@ -357,10 +372,26 @@ fn bench_xdp(args: &Args, rounds: usize) -> Result<()> {
             }
         }
         let baseline = median(base);
-        report_per_packet(args, case.name, median(off), baseline, case.target_ratio, 0, rounds);
+        report_per_packet(
+            args,
+            case.name,
+            median(off),
+            baseline,
+            case.target_ratio,
+            0,
+            rounds,
+        );
         if n > 0 {
             let label = format!("{}_events_1_in_{n}", case.name);
-            report_per_packet(args, &label, median(on), baseline, case.target_ratio, n, rounds);
+            report_per_packet(
+                args,
+                &label,
+                median(on),
+                baseline,
+                case.target_ratio,
+                n,
+                rounds,
+            );
         }
     }
     loaded.set_config(&config(0))?;
@@ -663,26 +694,41 @@ fn bench_throughput(args: &Args, rounds: usize) -> Result<()> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let rounds = args.rounds.max(1);
-    bench_xdp(&args, rounds)?;
-    bench_xdp_cold(&args, rounds)?;
-    if !args.json {
-        println!(
-            "{:<34} {:>10} {:>10} {:>9} {:>8}",
-            "tc case", "ns/pkt", "empty tc", "added", "input"
-        );
+    let agent = bench_agent::Options {
+        json: args.json,
+        flows: args.agent_flows,
+        polls: args.agent_polls,
+        scrapes: args.agent_scrapes,
+    };
+    if args.agent_child {
+        return bench_agent::child(&agent);
     }
-    bench_tc(&args, rounds)?;
+    let rounds = args.rounds.max(1);
+    if cases().iter().any(|c| args.wants(c.name)) {
+        bench_xdp(&args, rounds)?;
+    }
+    bench_xdp_cold(&args, rounds)?;
+    if tc_cases().iter().any(|c| args.wants(c.name)) {
+        if !args.json {
+            println!(
+                "{:<34} {:>10} {:>10} {:>9} {:>8}",
+                "tc case", "ns/pkt", "empty tc", "added", "input"
+            );
+        }
+        bench_tc(&args, rounds)?;
+    }
     if args.seconds > 0.0 && args.wants("throughput") {
         bench_throughput(&args, rounds)?;
     }
-    if !args.wants("analyze") {
-        return Ok(());
+    if args.analyze_frames > 0 && args.wants("analyze") {
+        bench_analyze::run(&bench_analyze::Options {
+            json: args.json,
+            frames: args.analyze_frames,
+            tshark_frames: args.analyze_tshark_frames,
+        })?;
     }
-    bench_analyze::run(&bench_analyze::Options {
-        json: args.json,
-        frames: args.analyze_frames,
-        tshark_frames: args.analyze_tshark_frames,
-    })?;
+    if args.agent_flows > 0 && args.wants("agent") {
+        bench_agent::run(&agent)?;
+    }
     Ok(())
 }
