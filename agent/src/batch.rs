@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::hash::Hash;
 use std::io;
-use std::mem::size_of;
+use std::mem::{size_of, size_of_val};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// bpf(2) commands (include/uapi/linux/bpf.h, `enum bpf_cmd`).
@@ -177,7 +177,12 @@ impl PerCpuReader {
         K: aya::Pod + Eq + Hash,
         V: aya::Pod,
     {
-        const { assert!(size_of::<V>() % 8 == 0, "per-CPU values are 8-byte aligned") };
+        const {
+            assert!(
+                size_of::<V>().is_multiple_of(8),
+                "per-CPU values are 8-byte aligned"
+            )
+        };
         if self.batch_unsupported {
             return self.read_per_entry(fd, max_entries, f);
         }
@@ -334,10 +339,15 @@ pub fn update_percpu_batch<K: aya::Pod, V: aya::Pod>(
     values: &[V],
     cpus: usize,
 ) -> Result<(), BatchError> {
-    const { assert!(size_of::<V>() % 8 == 0, "per-CPU values are 8-byte aligned") };
+    const {
+        assert!(
+            size_of::<V>().is_multiple_of(8),
+            "per-CPU values are 8-byte aligned"
+        )
+    };
     if values.len() != keys.len() * cpus {
         return Err(BatchError::ValueCount {
-            got: values.len() * size_of::<V>(),
+            got: size_of_val(values),
             expected: keys.len() * cpus * size_of::<V>(),
             cpus,
         });
@@ -542,7 +552,7 @@ mod tests {
                 let mut round = 0u32;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     for i in 1000..3000 {
-                        if (i + round) % 3 == 0 {
+                        if (i + round).is_multiple_of(3) {
                             delete(fd, &key(i));
                         } else {
                             let _ = update_percpu_batch(fd, &[key(i)], &values(i, cpus), cpus);
@@ -582,5 +592,65 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, BatchError::ValueCount { .. }), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+    use crate::loader::{self, LoadOptions};
+    use roce_common::flow::{FlowKey4, FlowStats};
+    use roce_common::names::map;
+
+    /// Not a test of correctness: how long reading a large FLOWS4 takes per chunk size
+    /// (`cargo test -p roce-agent --release --lib batch_read_time -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn batch_read_time_of_a_large_map() {
+        let cpus = aya::util::nr_cpus().unwrap();
+        for (n, max) in [
+            (500_000u32, 1u32 << 20),
+            (50_000, 1 << 16),
+            (5_000, 1 << 13),
+        ] {
+            let loaded = loader::load(&LoadOptions {
+                flows_max_entries: max,
+                ..LoadOptions::default()
+            })
+            .unwrap();
+            let fd = loaded.map_fd(map::FLOWS4).unwrap();
+            for start in (0..n).step_by(8192) {
+                let end = (start + 8192).min(n);
+                let keys: Vec<FlowKey4> = (start..end)
+                    .map(|i| FlowKey4 {
+                        src: i,
+                        dst: 7,
+                        qp_dir: i,
+                        ifindex: 1,
+                    })
+                    .collect();
+                let vals = vec![
+                    FlowStats {
+                        packets: 1,
+                        ..FlowStats::default()
+                    };
+                    keys.len() * cpus
+                ];
+                update_percpu_batch(fd, &keys, &vals, cpus).unwrap();
+            }
+            for chunk in [256, 8192, 65536] {
+                let mut reader = PerCpuReader::new(chunk, cpus);
+                let t = std::time::Instant::now();
+                let mut count = 0;
+                let stats = reader
+                    .read::<FlowKey4, FlowStats>(fd, max as usize, |_, _| count += 1)
+                    .unwrap();
+                println!(
+                    "{n} entries in a map of {max}: chunk {chunk}: {:?}, {} calls, {count}",
+                    t.elapsed(),
+                    stats.calls
+                );
+            }
+        }
     }
 }
