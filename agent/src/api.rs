@@ -1,4 +1,4 @@
-//! The agent's HTTP API (`GET /flows`: the flow [`Document`] as JSON; `GET /findings`:
+//! The agent's HTTP API (`GET /flows`: the flow document ([`LiveDocument`]) as JSON; `GET /findings`:
 //! the last host audit as `check --json` prints it; `GET /metrics`: the Prometheus text
 //! exposition of both, see [`metrics_router`]), and the small HTTP client that
 //! `roce-agent flows` reads it with.
@@ -15,11 +15,11 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::watch;
 
-use crate::doc::Document;
 use crate::finding::Finding;
+use crate::live::LiveDocument;
 
 /// The newest document; the collector sends, every request reads.
-pub type Latest = watch::Receiver<Arc<Document>>;
+pub type Latest = watch::Receiver<Arc<LiveDocument>>;
 /// The findings of the newest host audit.
 pub type LatestFindings = watch::Receiver<Arc<Findings>>;
 
@@ -311,6 +311,7 @@ fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::doc::Document;
 
     #[test]
     fn parses_content_length_and_chunked_answers() {
@@ -329,7 +330,7 @@ mod tests {
     async fn serves_the_latest_document_and_the_client_reads_it() {
         let mut doc = Document::default();
         doc.counters.roce = 42;
-        let (tx, rx) = watch::channel(Arc::new(Document::default()));
+        let (tx, rx) = watch::channel(Arc::new(LiveDocument::default()));
         let findings = Findings {
             findings: vec![crate::audit::finding(
                 "mtu",
@@ -345,7 +346,7 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         let server =
             tokio::spawn(async move { axum::serve(listener, router(rx, frx, None)).await });
-        tx.send(Arc::new(doc.clone())).unwrap();
+        tx.send(Arc::new(LiveDocument::from(doc.clone()))).unwrap();
         let a = addr.clone();
         let body =
             tokio::task::spawn_blocking(move || get_body(&a, "/flows", Duration::from_secs(5)))
@@ -375,7 +376,7 @@ mod tests {
     async fn metrics_are_served_as_text_format_0_0_4() {
         let mut doc = Document::default();
         doc.counters.roce = 42;
-        let (_tx, rx) = watch::channel(Arc::new(doc));
+        let (_tx, rx) = watch::channel(Arc::new(LiveDocument::from(doc)));
         let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
         let exporter = Arc::new(crate::metrics::Exporter {
             host: crate::metrics::HostSources {

@@ -17,6 +17,7 @@ pub mod ethtool;
 pub mod events;
 pub mod events_reader;
 pub mod finding;
+pub mod live;
 pub mod loader;
 pub mod metrics;
 pub mod netif;

@@ -83,15 +83,15 @@ fn interfaces() -> Vec<u32> {
 /// NAK or a PSN gap.
 fn stats_of(i: u32, cpu: u32, tunnelled: bool) -> FlowStats {
     let packets = 1_000 + ((i.wrapping_mul(2_654_435_761) >> 8) % 50_000) as u64 + cpu as u64;
-    let ce = if i % 7 == 0 { (i % 50) as u64 + 1 } else { 0 };
+    let ce = if i.is_multiple_of(7) { (i % 50) as u64 + 1 } else { 0 };
     let mut s = FlowStats {
         packets,
         bytes: packets * 1_084,
         ecn: [0, 0, packets - ce, ce],
-        cnps: if i % 10 == 0 { (i % 30) as u64 + 1 } else { 0 },
+        cnps: if i.is_multiple_of(10) { (i % 30) as u64 + 1 } else { 0 },
         acks: packets / 16,
-        naks: (i % 97 == 0) as u64,
-        psn_gaps: (i % 89 == 0) as u64,
+        naks: i.is_multiple_of(97) as u64,
+        psn_gaps: i.is_multiple_of(89) as u64,
         first_seen_ns: 1_000_000_000 + i as u64,
         last_seen_ns: 9_000_000_000 + i as u64 + cpu as u64,
         sport: 49152 + (i % 16_384) as u16,
@@ -107,7 +107,7 @@ fn stats_of(i: u32, cpu: u32, tunnelled: bool) -> FlowStats {
 /// Per-CPU values of flow `i`: counted on one CPU, a quarter of the flows on two.
 fn per_cpu(i: u32, cpus: usize, tunnelled: bool, out: &mut Vec<FlowStats>) {
     for cpu in 0..cpus as u32 {
-        let counted = cpu == i % cpus as u32 || (i % 4 == 0 && cpu == (i + 1) % cpus as u32);
+        let counted = cpu == i % cpus as u32 || (i.is_multiple_of(4) && cpu == (i + 1) % cpus as u32);
         out.push(if counted {
             stats_of(i, cpu, tunnelled)
         } else {
@@ -142,7 +142,13 @@ const VTEPS: u32 = 64;
 fn shape(i: u32) -> (usize, u32, u32, u32, bool) {
     let peer = 256 + i % PEERS;
     let slot = (peer % 2) as usize;
-    (slot, LOCAL + slot as u32, peer, i / PEERS + 1, (i >> 1) % 4 == 1)
+    (
+        slot,
+        LOCAL + slot as u32,
+        peer,
+        i / PEERS + 1,
+        (i >> 1) % 4 == 1,
+    )
 }
 
 /// Fills FLOWS4 with `n4` plain IPv4 flows and FLOWS with `nw` others (half VXLAN,
@@ -261,7 +267,8 @@ pub fn child(opts: &Options) -> Result<()> {
     let first = collector.poll().context("the first poll")?;
     let entries = first.entries;
     let mut polls = vec![first.elapsed.as_secs_f64() * 1000.0];
-    let (tx, rx) = tokio::sync::watch::channel(Arc::new(first.document));
+    let mut reads = vec![first.read.as_secs_f64() * 1000.0];
+    let (tx, rx) = tokio::sync::watch::channel(first.document);
     let (_ftx, frx) = tokio::sync::watch::channel(Arc::new(roce_agent::api::Findings::default()));
     let exporter = Arc::new(roce_agent::metrics::Exporter {
         host: roce_agent::metrics::HostSources {
@@ -280,9 +287,10 @@ pub fn child(opts: &Options) -> Result<()> {
         let start = Instant::now();
         let p = collector.poll().context("polling")?;
         polls.push(start.elapsed().as_secs_f64() * 1000.0);
-        tx.send_replace(Arc::new(p.document));
+        reads.push(p.read.as_secs_f64() * 1000.0);
+        tx.send_replace(p.document);
     }
-    let flows_in_document = tx.borrow().flows.len();
+    let flows_in_document = tx.borrow().len();
     let mut scrapes = Vec::new();
     let mut body_len = 0;
     for _ in 0..opts.scrapes.max(1) {
@@ -303,7 +311,8 @@ pub fn child(opts: &Options) -> Result<()> {
             "name": "collector_interval_1m_flows", "value": poll_ms, "unit": "ms",
             "target": TARGET_POLL_MS, "met": poll_ms <= TARGET_POLL_MS,
             "flows": opts.flows, "entries": entries, "flows_in_document": flows_in_document,
-            "first_poll_ms": polls[0], "polls_ms": polls, "cpus": cpus, "fill_s": fill_s,
+            "first_poll_ms": polls[0], "polls_ms": polls, "read_ms": median_ms(reads[1..].to_vec()),
+            "cpus": cpus, "fill_s": fill_s,
         }),
         serde_json::json!({
             "name": "agent_rss_1m_flows", "value": rss, "unit": "MB",
