@@ -13,6 +13,10 @@ pub struct Args {
     /// Runs of each packet through BPF_PROG_TEST_RUN (at least 10^6 for stable figures).
     #[arg(long, default_value_t = 2_000_000)]
     pub repeat: u32,
+    /// Only the cases and sections whose name contains this (e.g. `agent`: the agent at
+    /// a million flows).
+    #[arg(long)]
+    pub only: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -36,6 +40,9 @@ pub fn run(args: Args) -> Result<()> {
     ]);
     if args.json {
         cmd.arg("--json");
+    }
+    if let Some(only) = &args.only {
+        cmd.args(["--only", only]);
     }
     let status = cmd.status().context("running roce-bench")?;
     if !status.success() {
