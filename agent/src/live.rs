@@ -4,11 +4,12 @@
 //! would be (each row becomes its `Flow` only while it is written), and `/metrics`
 //! sums the rows without making any `Flow`.
 //!
-//! A row holds a flow's counters as the kernel counts them (13 words), its key in
-//! 16 bytes (a plain IPv4 flow's addresses; for IPv6 and tunnelled flows an offset
-//! into `words`, where their addresses, VNI and inner ECN counts lie), its interface
-//! as an index into the poll's names, and its rate as the differences since the
-//! previous poll. Rows stay in the order the kernel handed them over (hash-bucket
+//! A row (80 bytes) holds a flow's counters as the kernel counts them, those that most
+//! flows never see (Not-ECT and ECT(1) packets, CNPs, NAKs, RNR NAKs, PSN gaps) apart
+//! for the rows that have any; its key in 16 bytes (a plain IPv4 flow's addresses; for
+//! IPv6 and tunnelled flows an offset into `words`, where their addresses, VNI and
+//! inner ECN counts lie); its interface as an index into the poll's names. Its rate is
+//! the differences since the previous poll (24 bytes). Rows stay in the order the kernel handed them over (hash-bucket
 //! order, the same from one poll to the next for the flows that stay); `order` lists
 //! them in the document's order ([`Flow::canonical_cmp`]).
 //!
@@ -52,20 +53,20 @@ impl Default for Flows {
     }
 }
 
-/// One flow: the kernel's counters, CPUs merged, and its key, compact.
+/// One flow: the kernel's counters, CPUs merged, and its key, compact. The counters
+/// that most flows never see (see [`Rare`]) live in `RowTable::rare`.
 #[derive(Clone, Copy, Debug, Default)]
 struct Row {
     packets: u64,
     bytes: u64,
-    /// Outer ECN codepoints, indexed by codepoint as `FlowStats` keeps them.
-    ecn: [u64; 4],
-    cnps: u64,
+    /// Outer ECT(0) and CE packets (`FlowStats::ecn[2]`, `[3]`).
+    ect0: u64,
+    ce: u64,
     acks: u64,
-    naks: u64,
-    rnr_naks: u64,
-    psn_gaps: u64,
     first_seen_ns: u64,
     last_seen_ns: u64,
+    /// 1 + the index of the row's [`Rare`] counters in `RowTable::rare`; 0: all zero.
+    rare: u32,
     /// A plain IPv4 flow's outer source address (raw, network order); for the others,
     /// where the rest of the key starts in `RowTable::words`.
     src: u32,
@@ -100,19 +101,30 @@ impl Row {
     fn egress(&self) -> bool {
         self.flags as u32 & KEY_EGRESS != 0
     }
+}
 
-    /// What rates are made from (as `rates::Totals::of` makes them from a `Flow`).
-    fn totals(&self) -> Totals {
-        Totals {
-            packets: self.packets,
-            bytes: self.bytes,
-            ce: self.ecn[3],
-            ecn_packets: self.ecn[0]
-                .wrapping_add(self.ecn[1])
-                .wrapping_add(self.ecn[2])
-                .wrapping_add(self.ecn[3]),
-            cnps: self.cnps,
-            naks: self.naks.wrapping_add(self.rnr_naks),
+/// Counters that stay zero on most flows of a healthy fabric (outer Not-ECT and ECT(1)
+/// packets: RoCE marks ECT(0); CNPs, NAKs, RNR NAKs, PSN gaps): kept apart, for the
+/// rows that have any, so that the others take 48 bytes less.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Rare {
+    not_ect: u64,
+    ect1: u64,
+    cnps: u64,
+    naks: u64,
+    rnr_naks: u64,
+    psn_gaps: u64,
+}
+
+impl Rare {
+    fn of(st: &FlowStats) -> Rare {
+        Rare {
+            not_ect: st.ecn[0],
+            ect1: st.ecn[1],
+            cnps: st.cnps,
+            naks: st.naks,
+            rnr_naks: st.rnr_naks,
+            psn_gaps: st.psn_gaps,
         }
     }
 }
@@ -198,6 +210,8 @@ struct RowTable {
     words: Vec<u32>,
     /// Interface names, sorted: a row's `iface` orders as its name.
     names: Vec<String>,
+    /// The [`Rare`] counters of the rows that have any.
+    rare: Vec<Rare>,
     /// Rates: the counts since the previous poll, per row (empty: no previous poll).
     deltas: Vec<Delta>,
     /// Differences too large for a `Delta`, by row.
@@ -206,52 +220,67 @@ struct RowTable {
     interval_s: f64,
 }
 
-/// A row's counts since the previous poll, in 32 bytes.
+/// A row's counts since the previous poll, in 24 bytes; larger ones are in
+/// `RowTable::big`.
 #[derive(Clone, Copy, Debug, Default)]
 struct Delta {
-    bytes: u64,
+    bytes: u32,
     packets: u32,
     ce: u32,
     ecn_packets: u32,
     cnps: u32,
-    naks: u32,
-    state: DeltaState,
+    /// NAKs and RNR NAKs below bit 30, the [`DeltaState`] above.
+    naks_state: u32,
 }
+
+const DELTA_STATE_SHIFT: u32 = 30;
+const DELTA_NAKS: u32 = (1 << DELTA_STATE_SHIFT) - 1;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum DeltaState {
     /// No rate: the flow is new, or was evicted and counted anew.
     #[default]
-    None,
+    None = 0,
     /// The fields hold the counts.
-    Inline,
+    Inline = 1,
     /// The counts are in `RowTable::big`.
-    Big,
+    Big = 2,
 }
 
 impl Delta {
     fn of(d: &Totals) -> Delta {
         let small = |v: u64| u32::try_from(v).ok();
+        let naks = small(d.naks).filter(|n| *n <= DELTA_NAKS);
         match (
+            small(d.bytes),
             small(d.packets),
             small(d.ce),
             small(d.ecn_packets),
             small(d.cnps),
-            small(d.naks),
+            naks,
         ) {
-            (Some(packets), Some(ce), Some(ecn_packets), Some(cnps), Some(naks)) => Delta {
-                bytes: d.bytes,
-                packets,
-                ce,
-                ecn_packets,
-                cnps,
-                naks,
-                state: DeltaState::Inline,
-            },
+            (Some(bytes), Some(packets), Some(ce), Some(ecn_packets), Some(cnps), Some(naks)) => {
+                Delta {
+                    bytes,
+                    packets,
+                    ce,
+                    ecn_packets,
+                    cnps,
+                    naks_state: naks | (DeltaState::Inline as u32) << DELTA_STATE_SHIFT,
+                }
+            }
             _ => Delta {
-                state: DeltaState::Big,
+                naks_state: (DeltaState::Big as u32) << DELTA_STATE_SHIFT,
                 ..Delta::default()
             },
+        }
+    }
+
+    fn state(&self) -> DeltaState {
+        match self.naks_state >> DELTA_STATE_SHIFT {
+            1 => DeltaState::Inline,
+            2 => DeltaState::Big,
+            _ => DeltaState::None,
         }
     }
 }
@@ -354,16 +383,17 @@ impl RowTable {
             ifindex: r.iface as u32,
             flags: r.flags as u32,
         };
+        let rare = self.rare_of(r);
         let stats = FlowStats {
             packets: r.packets,
             bytes: r.bytes,
-            ecn: r.ecn,
+            ecn: self.ecn(r),
             inner_ecn: w.inner_ecn,
-            cnps: r.cnps,
+            cnps: rare.cnps,
             acks: r.acks,
-            naks: r.naks,
-            rnr_naks: r.rnr_naks,
-            psn_gaps: r.psn_gaps,
+            naks: rare.naks,
+            rnr_naks: rare.rnr_naks,
+            psn_gaps: rare.psn_gaps,
             first_seen_ns: r.first_seen_ns,
             last_seen_ns: r.last_seen_ns,
             sport: r.sport,
@@ -376,17 +406,48 @@ impl RowTable {
         f
     }
 
+    fn rare_of(&self, r: &Row) -> Rare {
+        (r.rare as usize)
+            .checked_sub(1)
+            .and_then(|i| self.rare.get(i))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Outer ECN codepoint counts, indexed as `FlowStats::ecn`.
+    fn ecn(&self, r: &Row) -> [u64; 4] {
+        let rare = self.rare_of(r);
+        [rare.not_ect, rare.ect1, r.ect0, r.ce]
+    }
+
+    /// What rates are made from (as they were made from a `Flow`).
+    fn totals(&self, r: &Row) -> Totals {
+        let rare = self.rare_of(r);
+        Totals {
+            packets: r.packets,
+            bytes: r.bytes,
+            ce: r.ce,
+            ecn_packets: rare
+                .not_ect
+                .wrapping_add(rare.ect1)
+                .wrapping_add(r.ect0)
+                .wrapping_add(r.ce),
+            cnps: rare.cnps,
+            naks: rare.naks.wrapping_add(rare.rnr_naks),
+        }
+    }
+
     fn rates(&self, i: usize) -> Option<crate::doc::Rates> {
         let d = self.deltas.get(i)?;
-        let totals = match d.state {
+        let totals = match d.state() {
             DeltaState::None => return None,
             DeltaState::Inline => Totals {
                 packets: d.packets as u64,
-                bytes: d.bytes,
+                bytes: d.bytes as u64,
                 ce: d.ce as u64,
                 ecn_packets: d.ecn_packets as u64,
                 cnps: d.cnps as u64,
-                naks: d.naks as u64,
+                naks: (d.naks_state & DELTA_NAKS) as u64,
             },
             DeltaState::Big => {
                 let at = self.big.binary_search_by_key(&(i as u32), |b| b.0).ok()?;
@@ -398,6 +459,7 @@ impl RowTable {
 
     fn figures(&self, r: &Row) -> Figures<'_> {
         let tunnelled = r.tunnelled();
+        let rare = self.rare_of(r);
         Figures {
             ifname: self.names.get(r.iface as usize).map(String::as_str),
             direction: Some(if r.egress() {
@@ -408,13 +470,13 @@ impl RowTable {
             tunnelled,
             packets: r.packets,
             bytes: r.bytes,
-            ecn: Ecn::from_codepoints(&r.ecn),
+            ecn: Ecn::from_codepoints(&self.ecn(r)),
             inner_ecn: tunnelled.then(|| Ecn::from_codepoints(&self.inner_ecn(r))),
-            cnps: r.cnps,
+            cnps: rare.cnps,
             acks: r.acks,
-            naks: r.naks,
-            rnr_naks: r.rnr_naks,
-            psn_gaps: r.psn_gaps,
+            naks: rare.naks,
+            rnr_naks: rare.rnr_naks,
+            psn_gaps: rare.psn_gaps,
         }
     }
 
@@ -509,9 +571,9 @@ impl RowTable {
             let Some(old) = before.rows.get(*j as usize) else {
                 continue; // new: no rate yet
             };
-            if let Some(d) = r.totals().since(&old.totals()) {
+            if let Some(d) = self.totals(r).since(&before.totals(old)) {
                 let delta = Delta::of(&d);
-                if delta.state == DeltaState::Big {
+                if delta.state() == DeltaState::Big {
                     big.push((i as u32, d));
                 }
                 deltas[i] = delta;
@@ -755,6 +817,7 @@ impl Serialize for LiveDocument {
 pub struct Builder<R: FnMut(u32) -> Option<String>> {
     rows: Vec<Row>,
     words: Vec<u32>,
+    rare: Vec<Rare>,
     /// Names in the order first met; rows point here until `finish` sorts them.
     names: Vec<String>,
     /// ifindex -> index in `names`, for the interfaces met in this poll.
@@ -769,6 +832,7 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
     pub fn new(capacity: usize, resolve: R) -> Self {
         Builder {
             rows: Vec::with_capacity(capacity),
+            rare: Vec::new(),
             words: Vec::new(),
             names: Vec::new(),
             by_ifindex: Vec::new(),
@@ -810,15 +874,22 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
         if st.packets == 0 {
             return;
         }
+        let rare = Rare::of(st);
+        if rare != Rare::default() {
+            self.rare.push(rare);
+        }
         let mut row = Row {
             packets: st.packets,
             bytes: st.bytes,
-            ecn: st.ecn,
-            cnps: st.cnps,
+            ect0: st.ecn[2],
+            ce: st.ecn[3],
             acks: st.acks,
-            naks: st.naks,
-            rnr_naks: st.rnr_naks,
-            psn_gaps: st.psn_gaps,
+            // 1-based: 0 says "none" (more rows than u32 holds cannot be read anyway).
+            rare: if rare == Rare::default() {
+                0
+            } else {
+                u32::try_from(self.rare.len()).unwrap_or(0)
+            },
             first_seen_ns: st.first_seen_ns,
             last_seen_ns: st.last_seen_ns,
             sport: st.sport,
@@ -889,6 +960,7 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
         let mut table = RowTable {
             rows: self.rows,
             words: self.words,
+            rare: self.rare,
             names,
             ..RowTable::default()
         };
@@ -1057,7 +1129,7 @@ mod tests {
         FlowStats {
             packets,
             bytes: packets * (60 + r.below(1000)),
-            ecn: [0, 0, packets - ce, ce],
+            ecn: [r.below(2), r.below(3) / 2, packets - ce, ce],
             inner_ecn: [r.below(3), 0, r.below(9), r.below(2)],
             cnps: r.below(3),
             acks: r.below(50),
@@ -1446,8 +1518,8 @@ mod tests {
     }
 
     #[test]
-    fn a_row_is_128_bytes() {
-        assert_eq!(std::mem::size_of::<Row>(), 128);
-        assert_eq!(std::mem::size_of::<Delta>(), 32);
+    fn a_row_is_80_bytes_and_its_rate_24() {
+        assert_eq!(std::mem::size_of::<Row>(), 80);
+        assert_eq!(std::mem::size_of::<Delta>(), 24);
     }
 }
