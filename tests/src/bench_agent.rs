@@ -39,6 +39,8 @@ pub const TARGET_SCRAPE_MS: f64 = 100.0;
 pub struct Options {
     pub json: bool,
     pub flows: u32,
+    /// Every flow with CNPs (a congested fabric), not a tenth of them.
+    pub troubled: bool,
     pub polls: usize,
     pub scrapes: usize,
 }
@@ -57,6 +59,9 @@ pub fn run(opts: &Options) -> Result<()> {
         .arg(opts.scrapes.to_string());
     if opts.json {
         cmd.arg("--json");
+    }
+    if opts.troubled {
+        cmd.arg("--agent-troubled");
     }
     let status = cmd.status().context("running the agent section's child")?;
     if !status.success() {
@@ -80,9 +85,9 @@ fn interfaces() -> Vec<u32> {
 }
 
 /// Counters of flow `i` on one CPU: tens of thousands of packets, an ECN-capable
-/// transport with CE marks on a seventh of the flows, CNPs on a tenth, now and then a
-/// NAK or a PSN gap.
-fn stats_of(i: u32, cpu: u32, tunnelled: bool) -> FlowStats {
+/// transport with CE marks on a seventh of the flows, CNPs on a tenth (`troubled`: on
+/// all), now and then a NAK or a PSN gap.
+fn stats_of(i: u32, cpu: u32, tunnelled: bool, troubled: bool) -> FlowStats {
     let packets = 1_000 + ((i.wrapping_mul(2_654_435_761) >> 8) % 50_000) as u64 + cpu as u64;
     let ce = if i.is_multiple_of(7) {
         (i % 50) as u64 + 1
@@ -93,7 +98,7 @@ fn stats_of(i: u32, cpu: u32, tunnelled: bool) -> FlowStats {
         packets,
         bytes: packets * 1_084,
         ecn: [0, 0, packets - ce, ce],
-        cnps: if i.is_multiple_of(10) {
+        cnps: if troubled || i.is_multiple_of(10) {
             (i % 30) as u64 + 1
         } else {
             0
@@ -114,12 +119,12 @@ fn stats_of(i: u32, cpu: u32, tunnelled: bool) -> FlowStats {
 }
 
 /// Per-CPU values of flow `i`: counted on one CPU, a quarter of the flows on two.
-fn per_cpu(i: u32, cpus: usize, tunnelled: bool, out: &mut Vec<FlowStats>) {
+fn per_cpu(i: u32, cpus: usize, tunnelled: bool, troubled: bool, out: &mut Vec<FlowStats>) {
     for cpu in 0..cpus as u32 {
         let counted =
             cpu == i % cpus as u32 || (i.is_multiple_of(4) && cpu == (i + 1) % cpus as u32);
         out.push(if counted {
-            stats_of(i, cpu, tunnelled)
+            stats_of(i, cpu, tunnelled, troubled)
         } else {
             FlowStats::default()
         });
@@ -163,7 +168,7 @@ fn shape(i: u32) -> (usize, u32, u32, u32, bool) {
 
 /// Fills FLOWS4 with `n4` plain IPv4 flows and FLOWS with `nw` others (half VXLAN,
 /// half IPv6), CHUNK entries per BPF_MAP_UPDATE_BATCH.
-fn fill(loaded: &loader::Loaded, n4: u32, nw: u32, cpus: usize) -> Result<()> {
+fn fill(loaded: &loader::Loaded, n4: u32, nw: u32, cpus: usize, troubled: bool) -> Result<()> {
     const CHUNK: u32 = 8192;
     let ifs = interfaces();
     let ifindex = |slot: usize| ifs[slot % ifs.len()];
@@ -174,7 +179,7 @@ fn fill(loaded: &loader::Loaded, n4: u32, nw: u32, cpus: usize) -> Result<()> {
         values.clear();
         let keys: Vec<FlowKey4> = (start..end)
             .map(|i| {
-                per_cpu(i, cpus, false, &mut values);
+                per_cpu(i, cpus, false, troubled, &mut values);
                 let (slot, local, peer, qp, egress) = shape(i);
                 let (src, dst) = if egress { (local, peer) } else { (peer, local) };
                 FlowKey4 {
@@ -195,7 +200,7 @@ fn fill(loaded: &loader::Loaded, n4: u32, nw: u32, cpus: usize) -> Result<()> {
             .map(|i| {
                 // Alternate halves of the peers: VXLAN to even peers, IPv6 to odd ones.
                 let tunnelled = i % 2 == 0;
-                per_cpu(i, cpus, tunnelled, &mut values);
+                per_cpu(i, cpus, tunnelled, troubled, &mut values);
                 let (slot, local, peer, qp, egress) = shape(i);
                 let (src, dst) = if egress { (local, peer) } else { (peer, local) };
                 let flags = if egress { KEY_EGRESS } else { 0 };
@@ -264,7 +269,7 @@ pub fn child(opts: &Options) -> Result<()> {
     })
     .context("loading the eBPF programs (root needed)")?;
     let fill_start = Instant::now();
-    fill(&loaded, n4, nw, cpus)?;
+    fill(&loaded, n4, nw, cpus, opts.troubled)?;
     let fill_s = fill_start.elapsed().as_secs_f64();
     // The poll runs on this thread, on one CPU, as `run`'s loop does.
     roce_testkit::sock::pin_thread_to_cpu(cpus - 1).context("pinning the poll thread")?;
@@ -301,6 +306,16 @@ pub fn child(opts: &Options) -> Result<()> {
         tx.send_replace(p.document);
     }
     let flows_in_document = tx.borrow().len();
+    // The floor under a poll: the kernel's batch lookups and the CPU merge, no document.
+    let mut bare = Vec::new();
+    for _ in 0..3 {
+        let start = Instant::now();
+        collector
+            .loaded_mut()
+            .for_each_flow(|_, _| {})
+            .context("reading the flow maps")?;
+        bare.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
     let mut scrapes = Vec::new();
     let mut body_len = 0;
     for _ in 0..opts.scrapes.max(1) {
@@ -330,6 +345,7 @@ pub fn child(opts: &Options) -> Result<()> {
             "target": TARGET_POLL_MS, "met": poll_ms <= TARGET_POLL_MS,
             "flows": opts.flows, "entries": entries, "flows_in_document": flows_in_document,
             "first_poll_ms": polls[0], "polls_ms": polls, "read_ms": median_ms(reads[1..].to_vec()),
+            "maps_only_ms": median_ms(bare.clone()), "troubled": opts.troubled,
             "cpus": cpus, "fill_s": fill_s,
         }),
         serde_json::json!({
@@ -367,9 +383,10 @@ pub fn child(opts: &Options) -> Result<()> {
     }
     if !opts.json {
         println!(
-            "  ({} flows, {entries} entries read, fill {fill_s:.1} s; polls {:?} ms; peak RSS (VmHWM) {hwm:.0} MB, {hwm_after_flows:.0} MB after GET /flows)",
+            "  ({} flows, {entries} entries read, fill {fill_s:.1} s; polls {:?} ms; reading the maps alone {:.0} ms; peak RSS (VmHWM) {hwm:.0} MB, {hwm_after_flows:.0} MB after GET /flows)",
             flows_in_document,
-            polls.iter().map(|p| p.round()).collect::<Vec<_>>()
+            polls.iter().map(|p| p.round()).collect::<Vec<_>>(),
+            median_ms(bare.clone()),
         );
     }
     drop(tx);

@@ -75,6 +75,10 @@ struct Args {
     /// `GET /metrics` scrapes in the agent section.
     #[arg(long, default_value_t = 5)]
     agent_scrapes: usize,
+    /// The agent section with CNPs on every flow (a congested fabric) instead of a
+    /// tenth of them: the agent keeps such counters apart for the flows that have any.
+    #[arg(long)]
+    agent_troubled: bool,
     /// Internal: run the agent section itself (in the child process it starts).
     #[arg(long, hide = true)]
     agent_child: bool,
@@ -697,6 +701,7 @@ fn main() -> Result<()> {
     let agent = bench_agent::Options {
         json: args.json,
         flows: args.agent_flows,
+        troubled: args.agent_troubled,
         polls: args.agent_polls,
         scrapes: args.agent_scrapes,
     };
