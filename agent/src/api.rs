@@ -1,4 +1,4 @@
-//! The agent's HTTP API (`GET /flows`: the flow [`Document`] as JSON; `GET /findings`:
+//! The agent's HTTP API (`GET /flows`: the flow document ([`LiveDocument`]) as JSON; `GET /findings`:
 //! the last host audit as `check --json` prints it; `GET /metrics`: the Prometheus text
 //! exposition of both, see [`metrics_router`]), and the small HTTP client that
 //! `roce-agent flows` reads it with.
@@ -15,11 +15,11 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::watch;
 
-use crate::doc::Document;
 use crate::finding::Finding;
+use crate::live::LiveDocument;
 
 /// The newest document; the collector sends, every request reads.
-pub type Latest = watch::Receiver<Arc<Document>>;
+pub type Latest = watch::Receiver<Arc<LiveDocument>>;
 /// The findings of the newest host audit.
 pub type LatestFindings = watch::Receiver<Arc<Findings>>;
 
@@ -80,9 +80,47 @@ async fn serve_events(State(s): State<Sources>, uri: axum::http::Uri) -> Respons
         .into_response()
 }
 
+/// Flows per piece of a streamed `GET /flows` body.
+const FLOWS_PER_PIECE: usize = 4096;
+
+/// The document as JSON, the same bytes `serde_json::to_vec` would make of it, sent a
+/// piece at a time as a blocking thread writes them: a million flows are some 500 MB
+/// of JSON, which the agent never holds at once.
 async fn serve_flows(State(s): State<Sources>) -> Response {
     let doc = s.flows.borrow().clone();
-    json(&*doc)
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, serde_json::Error>>(2);
+    tokio::task::spawn_blocking(move || {
+        let send = |piece| tx.blocking_send(piece).is_ok();
+        if !send(Ok(b"{\"flows\":[".to_vec())) {
+            return;
+        }
+        for start in (0..doc.len()).step_by(FLOWS_PER_PIECE) {
+            let mut piece = Vec::with_capacity(FLOWS_PER_PIECE * 600);
+            let made = doc.write_flows_json(start..start + FLOWS_PER_PIECE, &mut piece);
+            if !send(made.map(|()| piece)) {
+                return; // the client went away, or writing failed
+            }
+        }
+        let tail = serde_json::to_vec(&doc.counters).map(|counters| {
+            let mut t = b"],\"counters\":".to_vec();
+            t.extend(counters);
+            t.push(b'}');
+            t
+        });
+        send(tail);
+    });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        let piece = rx.recv().await?;
+        if let Err(e) = &piece {
+            tracing::error!(error = %e, "serializing GET /flows failed");
+        }
+        Some((piece, rx))
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }
 
 async fn serve_findings(State(s): State<Sources>) -> Response {
@@ -311,6 +349,7 @@ fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::doc::Document;
 
     #[test]
     fn parses_content_length_and_chunked_answers() {
@@ -329,7 +368,7 @@ mod tests {
     async fn serves_the_latest_document_and_the_client_reads_it() {
         let mut doc = Document::default();
         doc.counters.roce = 42;
-        let (tx, rx) = watch::channel(Arc::new(Document::default()));
+        let (tx, rx) = watch::channel(Arc::new(LiveDocument::default()));
         let findings = Findings {
             findings: vec![crate::audit::finding(
                 "mtu",
@@ -345,7 +384,7 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         let server =
             tokio::spawn(async move { axum::serve(listener, router(rx, frx, None)).await });
-        tx.send(Arc::new(doc.clone())).unwrap();
+        tx.send(Arc::new(LiveDocument::from(doc.clone()))).unwrap();
         let a = addr.clone();
         let body =
             tokio::task::spawn_blocking(move || get_body(&a, "/flows", Duration::from_secs(5)))
@@ -372,10 +411,48 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_large_table_is_streamed_as_the_same_bytes() {
+        use roce_common::flow::{FlowKey4, FlowStats};
+        // More flows than one piece holds, and not a whole number of pieces.
+        let n = FLOWS_PER_PIECE as u32 * 2 + 17;
+        let mut b = crate::live::Builder::new(0, |i| Some(format!("eth{i}")));
+        for i in 0..n {
+            let key = FlowKey4 {
+                src: i,
+                dst: 7,
+                qp_dir: i & 0xFF,
+                ifindex: i % 3,
+            };
+            let st = FlowStats {
+                packets: 1 + i as u64,
+                ecn: [0, 0, 1 + i as u64, 0],
+                ..FlowStats::default()
+            };
+            b.add(crate::loader::FlowRef::Compact(&key), &st);
+        }
+        let live = b.finish(&[5, 6, 7], None);
+        let want = serde_json::to_vec(&live.to_document()).unwrap();
+        let (_tx, rx) = watch::channel(Arc::new(live));
+        let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server =
+            tokio::spawn(async move { axum::serve(listener, router(rx, frx, None)).await });
+        let body =
+            tokio::task::spawn_blocking(move || get_body(&addr, "/flows", Duration::from_secs(30)))
+                .await
+                .unwrap()
+                .unwrap();
+        assert_eq!(body.len(), want.len());
+        assert!(body == want, "the streamed document differs");
+        server.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn metrics_are_served_as_text_format_0_0_4() {
         let mut doc = Document::default();
         doc.counters.roce = 42;
-        let (_tx, rx) = watch::channel(Arc::new(doc));
+        let (_tx, rx) = watch::channel(Arc::new(LiveDocument::from(doc)));
         let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
         let exporter = Arc::new(crate::metrics::Exporter {
             host: crate::metrics::HostSources {

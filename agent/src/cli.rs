@@ -403,10 +403,10 @@ async fn serve(
         Ok(p) => p.document,
         Err(e) => {
             tracing::warn!(error = %e, "reading the flow table failed");
-            Document::default()
+            Arc::new(crate::live::LiveDocument::default())
         }
     };
-    let (tx, rx) = watch::channel(Arc::new(first));
+    let (tx, rx) = watch::channel(first);
 
     // The host audit: at start and every interval; MTUs set back in enforce mode when
     // an MTU was asked for.
@@ -470,11 +470,12 @@ async fn serve(
             _ = ticker.tick() => {
                 match tokio::task::block_in_place(|| collector.poll()) {
                     Ok(p) => {
-                        tracing::debug!(flows = p.document.flows.len(), entries = p.entries, elapsed = ?p.elapsed, "polled");
+                        tracing::debug!(flows = p.document.len(), entries = p.entries, elapsed = ?p.elapsed, read = ?p.read, "polled");
                         if let Some(q) = qos.as_mut() {
                             q.log_changes(&p.document.counters.qos);
                         }
-                        tx.send_replace(Arc::new(p.document));
+                        // Shared, not copied: the collector keeps it for the next rates.
+                        tx.send_replace(p.document);
                     }
                     Err(e) => {
                         if let Some(left_out) = throttle.allow("poll", std::time::Instant::now()) {

@@ -1,28 +1,33 @@
-//! Reading the kernel's maps into a flow [`Document`]: FLOWS (CPUs merged) and STATS
-//! (CPUs summed), with interface indexes turned into names, and each flow's rates since
-//! the previous poll.
+//! Reading the kernel's maps into the flows document ([`LiveDocument`]): FLOWS4 and
+//! FLOWS (CPUs merged while read, a chunk of entries per syscall) and STATS (CPUs
+//! summed), with interface indexes turned into names, and each flow's rates since the
+//! previous poll.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::doc::Document;
+use crate::live::{Builder, LiveDocument};
 use crate::loader::{LoadError, Loaded};
 use crate::netif;
-use crate::rates::RateTracker;
 
 /// Owns the loaded programs and turns their maps into documents on demand.
 pub struct Collector {
     loaded: Loaded,
-    rates: RateTracker,
+    /// The previous poll's document (the one the API serves now) and when it was made:
+    /// what rates are measured against.
+    previous: Option<(Arc<LiveDocument>, Instant)>,
 }
 
 /// One poll's result and what it cost.
 #[derive(Debug)]
 pub struct Poll {
-    pub document: Document,
-    /// How long reading the maps took.
+    /// Shared with the collector, which measures the next poll's rates against it.
+    pub document: Arc<LiveDocument>,
+    /// How long the whole poll took.
     pub elapsed: Duration,
-    /// Entries in FLOWS (including any not yet counted on).
+    /// How long reading FLOWS4 and FLOWS took (part of `elapsed`).
+    pub read: Duration,
+    /// Entries in FLOWS4 and FLOWS (including any not yet counted on).
     pub entries: usize,
 }
 
@@ -30,30 +35,38 @@ impl Collector {
     pub fn new(loaded: Loaded) -> Collector {
         Collector {
             loaded,
-            rates: RateTracker::default(),
+            previous: None,
         }
     }
 
-    /// Reads FLOWS and STATS once.
+    /// Reads FLOWS4, FLOWS and STATS once.
     pub fn poll(&mut self) -> Result<Poll, LoadError> {
         let start = Instant::now();
-        let flows = self.loaded.flows()?;
+        // About as many flows as last time: the rows are not copied while they grow.
+        let expected = self.previous.as_ref().map_or(0, |(d, _)| d.len());
+        // Names are looked up once per interface per poll: interfaces come, go and
+        // get renamed.
+        let mut builder = Builder::new(expected + expected / 16, netif::name_of);
+        let entries = self
+            .loaded
+            .for_each_flow(|key, stats| builder.add(key, stats))?;
+        let read = start.elapsed();
         let stats = self.loaded.stats()?;
-        let entries = flows.len();
-        // Names are looked up once per poll: interfaces come, go and get renamed.
-        let mut names: HashMap<u32, Option<String>> = HashMap::new();
-        for (k, _) in &flows {
-            names
-                .entry(k.ifindex)
-                .or_insert_with(|| netif::name_of(k.ifindex));
-        }
-        let resolve = |i: u32| names.get(&i).cloned().flatten();
-        let mut document = Document::build(flows, &stats, Some(&resolve));
-        document.counters.qos.vteps = crate::qos::vtep_records(&self.loaded.vteps()?);
-        self.rates.apply(&mut document, Instant::now());
+        let vteps = crate::qos::vtep_records(&self.loaded.vteps()?);
+        let now = Instant::now();
+        let before = self
+            .previous
+            .as_ref()
+            .map(|(d, at)| (&**d, now.duration_since(*at).as_secs_f64()));
+        let mut document = builder.finish(&stats, before);
+        document.counters.qos.vteps = vteps;
+        let document = Arc::new(document);
+        // The old document goes when the API lets go of it too.
+        self.previous = Some((document.clone(), now));
         Ok(Poll {
             document,
             elapsed: start.elapsed(),
+            read,
             entries,
         })
     }

@@ -7,6 +7,7 @@ pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 pub mod analyze;
 pub mod api;
 pub mod audit;
+pub mod batch;
 pub mod check;
 pub mod cli;
 pub mod collector;
@@ -16,6 +17,7 @@ pub mod ethtool;
 pub mod events;
 pub mod events_reader;
 pub mod finding;
+pub mod live;
 pub mod loader;
 pub mod metrics;
 pub mod netif;

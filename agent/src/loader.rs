@@ -3,6 +3,7 @@
 //! reading are separate steps; links detach when dropped.
 
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Mutex;
 
 use aya::maps::{
     Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues, ProgramArray,
@@ -17,6 +18,7 @@ use roce_common::event::EVENTS_RING_BYTES;
 use roce_common::flow::{FlowKey, FlowKey4, FlowStats};
 use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats, IFACE_DIRECT};
 
+use crate::batch::{self, PerCpuReader};
 use roce_common::names::map;
 pub use roce_common::names::program::{
     TC_BASELINE, TC_EGRESS, TC_EGRESS_FLOWS, TC_INGRESS, XDP_BASELINE, XDP_CLASSIFY as XDP_PROGRAM,
@@ -46,6 +48,16 @@ pub enum LoadError {
     },
     #[error("interface {0} does not exist")]
     NoInterface(String),
+    #[error("reading map {name}: {source}")]
+    Batch {
+        name: &'static str,
+        source: crate::batch::BatchError,
+    },
+    #[error("counting the possible CPUs ({what}): {source}")]
+    Cpus {
+        what: &'static str,
+        source: std::io::Error,
+    },
 }
 
 /// What to load: map sizes and the runtime configuration the programs read.
@@ -133,6 +145,28 @@ where
 pub struct Loaded {
     ebpf: Ebpf,
     attached: Vec<(String, XdpLinkId)>,
+    /// FLOWS4 and FLOWS are read a chunk at a time; its buffers are reused.
+    reader: Mutex<PerCpuReader>,
+    flows_max_entries: usize,
+}
+
+/// One entry of a flow map as read: its key as the map holds it.
+#[derive(Clone, Copy, Debug)]
+pub enum FlowRef<'a> {
+    /// FLOWS4: a plain IPv4 flow.
+    Compact(&'a FlowKey4),
+    /// FLOWS: IPv6 or tunnelled (or plain IPv4 that an older kernel side put there).
+    Wide(&'a FlowKey),
+}
+
+impl FlowRef<'_> {
+    /// The wide key of the flow, as the flows document shows it.
+    pub fn wide(&self) -> FlowKey {
+        match self {
+            FlowRef::Compact(k) => k.widen(),
+            FlowRef::Wide(k) => **k,
+        }
+    }
 }
 
 /// Loads the object built from `ebpf/`, writes CONFIG, loads `xdp_classify` (not
@@ -163,9 +197,12 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
     let mut tail: ProgramArray<&mut MapData> = typed_map_mut(&mut ebpf, map::TC_TAIL)?;
     tail.set(TC_TAIL_EGRESS_FLOWS, &flows_fd, 0)
         .map_err(map_error(map::TC_TAIL))?;
+    let cpus = aya::util::nr_cpus().map_err(|(what, source)| LoadError::Cpus { what, source })?;
     Ok(Loaded {
         ebpf,
         attached: Vec::new(),
+        reader: Mutex::new(PerCpuReader::new(batch::DEFAULT_CHUNK, cpus)),
+        flows_max_entries: opts.flows_max_entries as usize,
     })
 }
 
@@ -222,21 +259,51 @@ impl Loaded {
         }
     }
 
+    /// The file descriptor of map `name` (batch reads and writes on it).
+    pub fn map_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, LoadError> {
+        match self.ebpf.map(name).ok_or(LoadError::Missing(name))? {
+            Map::PerCpuLruHashMap(data)
+            | Map::PerCpuHashMap(data)
+            | Map::LruHashMap(data)
+            | Map::HashMap(data) => Ok(data.fd().as_fd()),
+            _ => Err(LoadError::Missing(name)),
+        }
+    }
+
     /// Every flow of FLOWS4 and FLOWS with its CPUs merged, under its wide key.
     pub fn flows(&self) -> Result<Vec<(FlowKey, FlowStats)>, LoadError> {
         let mut out = Vec::new();
-        let compact: PerCpuHashMap<&MapData, FlowKey4, FlowStats> =
-            typed_map(&self.ebpf, map::FLOWS4)?;
-        for entry in compact.iter() {
-            let (key, per_cpu) = entry.map_err(map_error(map::FLOWS4))?;
-            out.push((key.widen(), merge_cpus(&per_cpu)));
-        }
-        let wide: PerCpuHashMap<&MapData, FlowKey, FlowStats> = typed_map(&self.ebpf, map::FLOWS)?;
-        for entry in wide.iter() {
-            let (key, per_cpu) = entry.map_err(map_error(map::FLOWS))?;
-            out.push((key, merge_cpus(&per_cpu)));
-        }
+        self.for_each_flow(|key, stats| out.push((key.wide(), *stats)))?;
         Ok(out)
+    }
+
+    /// Calls `f` with every entry of FLOWS4 and then FLOWS, its CPUs merged; returns
+    /// how many entries there were. Read a chunk of entries per syscall, so that the
+    /// memory it takes does not grow with the tables.
+    pub fn for_each_flow(
+        &self,
+        mut f: impl FnMut(FlowRef<'_>, &FlowStats),
+    ) -> Result<usize, LoadError> {
+        // A poisoned lock only means a reader panicked mid-read: its buffers are fine.
+        let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let max = self.flows_max_entries;
+        let compact = reader
+            .read::<FlowKey4, FlowStats>(self.map_fd(map::FLOWS4)?, max, |k, per_cpu| {
+                f(FlowRef::Compact(k), &merge_cpu_slice(per_cpu))
+            })
+            .map_err(|source| LoadError::Batch {
+                name: map::FLOWS4,
+                source,
+            })?;
+        let wide = reader
+            .read::<FlowKey, FlowStats>(self.map_fd(map::FLOWS)?, max, |k, per_cpu| {
+                f(FlowRef::Wide(k), &merge_cpu_slice(per_cpu))
+            })
+            .map_err(|source| LoadError::Batch {
+                name: map::FLOWS,
+                source,
+            })?;
+        Ok(compact.entries + wide.entries)
     }
 
     /// STATS summed over CPUs.
@@ -402,8 +469,13 @@ impl Drop for Loaded {
 
 /// Merges one flow's per-CPU values.
 pub fn merge_cpus(per_cpu: &PerCpuValues<FlowStats>) -> FlowStats {
+    merge_cpu_slice(per_cpu)
+}
+
+/// Merges one flow's per-CPU values, as a batch read hands them over.
+pub fn merge_cpu_slice(per_cpu: &[FlowStats]) -> FlowStats {
     let mut total = FlowStats::default();
-    for v in per_cpu.iter() {
+    for v in per_cpu {
         total.merge(v);
     }
     total

@@ -30,9 +30,10 @@ use prometheus_client::registry::Registry;
 use roce_common::counters::{CLASS_NAMES, STAT_NAMES_OTHER};
 
 use crate::audit::rnic::{self, CounterDir, PortCounter};
-use crate::doc::{Direction, Document, Flow};
+use crate::doc::{Counters, Direction, Flow};
 use crate::ethtool::{self, PauseDirection, PfcCounters};
 use crate::finding::{Finding, Severity};
+use crate::live::{Figures, LiveDocument};
 
 /// The `Content-Type` of `GET /metrics`: the text format 0.0.4.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -167,7 +168,7 @@ fn read_pfc(socket: Option<&ethtool::EthtoolSocket>, ifname: &str) -> Option<Pfc
 /// Everything one exposition is made of.
 #[derive(Clone, Copy, Debug)]
 pub struct Inputs<'a> {
-    pub document: &'a Document,
+    pub document: &'a LiveDocument,
     pub findings: &'a [Finding],
     /// None: the document has no event counters (no `roce_events_*` series).
     pub events: Option<&'a EventCounts>,
@@ -189,7 +190,7 @@ impl Exporter {
     /// Blocking (sysfs, ioctl, netlink): call it off the async workers.
     pub fn render(
         &self,
-        document: &Document,
+        document: &LiveDocument,
         findings: &[Finding],
     ) -> Result<String, MetricsError> {
         let host = self.host.read();
@@ -293,14 +294,14 @@ impl Snapshot {
 
     fn of(inputs: &Inputs<'_>) -> Snapshot {
         let mut s = Snapshot::default();
-        let pass = FlowPass::over(&inputs.document.flows, inputs.top_flows);
+        let pass = FlowPass::over(inputs.document, inputs.top_flows);
         s.flow_families(&pass);
         // Counters by name from the document's JSON form, so that the names are those
         // of the document (CLASS_NAMES, STAT_NAMES_OTHER) and no list is kept here.
         let counters = serde_json::to_value(&inputs.document.counters).unwrap_or_default();
-        s.classifier_families(inputs.document, &counters);
+        s.classifier_families(&inputs.document.counters, &counters);
         s.event_families(inputs.events);
-        s.top_flow_families(&inputs.document.flows, &pass.top);
+        s.top_flow_families(inputs.document, &pass.top);
         s.finding_family(inputs.findings);
         s.rnic_families(inputs.rnic);
         s.pfc_families(inputs.pfc);
@@ -314,6 +315,9 @@ impl Snapshot {
 /// Sums over the flows of one interface, direction and encapsulation.
 #[derive(Debug, Default)]
 struct FlowSums<'a> {
+    /// The first place in the document of a flow of the group: groups are written in
+    /// the order the document meets them.
+    first: usize,
     ifname: &'a str,
     direction: &'static str,
     tunnelled: bool,
@@ -347,6 +351,10 @@ fn direction_label(d: Option<Direction>) -> &'static str {
 /// What the top-K ranking counts as a flow's problems: CE marks (outer and inner
 /// header), CNPs, NAKs, RNR NAKs and PSN gaps.
 pub fn problems(f: &Flow) -> u64 {
+    problems_of(&Figures::of(f))
+}
+
+fn problems_of(f: &Figures<'_>) -> u64 {
     let inner_ce = f.inner_ecn.map_or(0, |e| e.ce);
     [f.ecn.ce, inner_ce, f.cnps, f.naks, f.rnr_naks, f.psn_gaps]
         .iter()
@@ -360,17 +368,17 @@ struct FlowPass<'a> {
 }
 
 impl<'a> FlowPass<'a> {
-    fn over(flows: &'a [Flow], k: usize) -> FlowPass<'a> {
+    fn over(document: &'a LiveDocument, k: usize) -> FlowPass<'a> {
         let mut sums: Vec<FlowSums<'a>> = Vec::new();
         let mut last = usize::MAX;
         // Min-heap of the K best (problems, earlier in the document wins a tie).
         let mut heap: BinaryHeap<Reverse<(u64, Reverse<usize>)>> = BinaryHeap::with_capacity(k + 1);
-        for (i, f) in flows.iter().enumerate() {
-            let ifname = f.ifname.as_deref().unwrap_or("");
+        document.for_each_figures(|i, f| {
+            let ifname = f.ifname.unwrap_or("");
             let direction = direction_label(f.direction);
-            let tunnelled = f.vni.is_some();
-            // The document is sorted by interface and direction: the group of the
-            // previous flow is almost always the right one.
+            let tunnelled = f.tunnelled;
+            // Few groups (interfaces x directions x encapsulations): the previous
+            // flow's is often the right one, else a short search.
             let same = |g: &FlowSums<'_>| {
                 g.tunnelled == tunnelled && g.direction == direction && g.ifname == ifname
             };
@@ -380,6 +388,7 @@ impl<'a> FlowPass<'a> {
                 p
             } else {
                 sums.push(FlowSums {
+                    first: i,
                     ifname,
                     direction,
                     tunnelled,
@@ -389,6 +398,7 @@ impl<'a> FlowPass<'a> {
             };
             last = at;
             let g = &mut sums[at];
+            g.first = g.first.min(i);
             g.flows += 1;
             g.packets = g.packets.wrapping_add(f.packets);
             g.bytes = g.bytes.wrapping_add(f.bytes);
@@ -407,11 +417,11 @@ impl<'a> FlowPass<'a> {
             g.psn_gaps = g.psn_gaps.wrapping_add(f.psn_gaps);
 
             if k == 0 {
-                continue;
+                return;
             }
-            let score = problems(f);
+            let score = problems_of(&f);
             if score == 0 {
-                continue; // a flow without problems is nobody's top flow
+                return; // a flow without problems is nobody's top flow
             }
             let entry = Reverse((score, Reverse(i)));
             if heap.len() < k {
@@ -420,7 +430,9 @@ impl<'a> FlowPass<'a> {
                 heap.pop();
                 heap.push(entry);
             }
-        }
+        });
+        // The flows came in memory order: the groups go in the document's.
+        sums.sort_by_key(|g| g.first);
         let mut top: Vec<(u64, Reverse<usize>)> = heap.into_iter().map(|Reverse(e)| e).collect();
         top.sort_unstable_by(|a, b| b.cmp(a));
         FlowPass {
@@ -556,7 +568,7 @@ impl Snapshot {
         }
     }
 
-    fn classifier_families(&mut self, document: &Document, counters: &serde_json::Value) {
+    fn classifier_families(&mut self, document: &Counters, counters: &serde_json::Value) {
         let counter = |name: &str| counters.get(name).and_then(serde_json::Value::as_u64);
         let frames = self.family(
             "roce_frames",
@@ -579,7 +591,7 @@ impl Snapshot {
             Kind::Counter,
             "Frames that could not be parsed as far as the BTH, by reason (counted and passed, never dropped).",
         );
-        for (reason, v) in &document.counters.parse_errors {
+        for (reason, v) in &document.parse_errors {
             errors
                 .samples
                 .push((vec![("reason", reason.clone())], Value::Int(*v)));
@@ -606,7 +618,7 @@ impl Snapshot {
             Kind::Counter,
             "What the tc QoS programs did (enforce) or would have done (audit_*), by action. Kept per host, not per interface: ifname is \"all\".",
         );
-        for (action, v) in document.counters.qos.named() {
+        for (action, v) in document.qos.named() {
             qos.samples.push((
                 vec![
                     ("ifname", ALL_INTERFACES.to_string()),
@@ -643,7 +655,7 @@ impl Snapshot {
         }
     }
 
-    fn top_flow_families(&mut self, flows: &[Flow], top: &[usize]) {
+    fn top_flow_families(&mut self, document: &LiveDocument, top: &[usize]) {
         let labels = |f: &Flow| -> Labels {
             let opt = |a: Option<std::net::IpAddr>| a.map(|a| a.to_string()).unwrap_or_default();
             vec![
@@ -669,11 +681,8 @@ impl Snapshot {
             ("roce_top_flow_rnr_nak_packets", "RNR NAKs counted on a top flow.", |f| Some(f.rnr_naks)),
             ("roce_top_flow_psn_gaps", "PSN gaps counted on a top flow.", |f| Some(f.psn_gaps)),
         ];
-        let chosen: Vec<(&Flow, Labels)> = top
-            .iter()
-            .filter_map(|&i| flows.get(i))
-            .map(|f| (f, labels(f)))
-            .collect();
+        let flows: Vec<Flow> = top.iter().filter_map(|&i| document.flow(i)).collect();
+        let chosen: Vec<(&Flow, Labels)> = flows.iter().map(|f| (f, labels(f))).collect();
         for (name, help, field) in families {
             let family = self.family(name, Kind::Counter, help);
             for (f, labels) in &chosen {
@@ -944,7 +953,7 @@ fn generic_rnic_name(file: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doc::{Counters, Ecn};
+    use crate::doc::{Document, Ecn};
     use std::net::IpAddr;
 
     fn flow(ifname: &str, src: &str, qp: u32, vni: Option<u32>) -> Flow {
@@ -985,7 +994,7 @@ mod tests {
         }
     }
 
-    fn inputs<'a>(doc: &'a Document, findings: &'a [Finding], k: usize) -> Inputs<'a> {
+    fn inputs<'a>(doc: &'a LiveDocument, findings: &'a [Finding], k: usize) -> Inputs<'a> {
         Inputs {
             document: doc,
             findings,
@@ -1022,10 +1031,10 @@ mod tests {
             ..Ecn::default()
         });
         let d = flow("eth2", "198.18.0.1", 1, None);
-        let doc = Document {
+        let doc = LiveDocument::from(Document {
             flows: vec![a, b, c, d],
             counters: Counters::default(),
-        };
+        });
         let text = encode(&inputs(&doc, &[], 10)).unwrap();
         let v = |s: &str| sample(&text, s).unwrap_or_else(|| panic!("no {s} in\n{text}"));
         assert_eq!(
@@ -1116,14 +1125,14 @@ mod tests {
             ce: 4,
             ..Ecn::default()
         });
-        let doc = Document {
+        let doc = LiveDocument::from(Document {
             flows,
             counters: Counters::default(),
-        };
-        let pass = FlowPass::over(&doc.flows, 3);
+        });
+        let pass = FlowPass::over(&doc, 3);
         assert_eq!(pass.top, [1, 5, 2]);
-        assert_eq!(FlowPass::over(&doc.flows, 10).top, [1, 5, 2, 3, 0]);
-        assert!(FlowPass::over(&doc.flows, 0).top.is_empty());
+        assert_eq!(FlowPass::over(&doc, 10).top, [1, 5, 2, 3, 0]);
+        assert!(FlowPass::over(&doc, 0).top.is_empty());
 
         let text = encode(&inputs(&doc, &[], 3)).unwrap();
         let problem_lines: Vec<&str> = text
@@ -1161,7 +1170,7 @@ mod tests {
             f("dcb_unsupported", Some("veth0"), Severity::Info),
             f("audit", None, Severity::Error),
         ];
-        let doc = Document::default();
+        let doc = LiveDocument::default();
         let text = encode(&inputs(&doc, &findings, 10)).unwrap();
         let v = |s: &str| sample(&text, s);
         assert_eq!(
@@ -1192,6 +1201,7 @@ mod tests {
         doc.counters.flow_insert_failed = 2;
         doc.counters.flows_evicted = 4;
         doc.counters.qos.roce_rewritten = 3;
+        let doc = LiveDocument::from(doc);
         let text = encode(&inputs(&doc, &[], 10)).unwrap();
         for class in CLASS_NAMES {
             let series = format!(r#"roce_frames_total{{ifname="all",class="{class}"}}"#);
@@ -1250,7 +1260,7 @@ mod tests {
         let zero = event_counts(&Counters::default()).unwrap();
         assert_eq!(zero.by_kind.len(), 5);
         assert_eq!(zero.dropped.len(), 2);
-        let doc = Document::default();
+        let doc = LiveDocument::default();
         let text = encode(&Inputs {
             events: Some(&events),
             ..inputs(&doc, &[], 10)
@@ -1285,7 +1295,7 @@ mod tests {
                 c(CounterDir::Port, "VL15_dropped", 1),
             ],
         }];
-        let doc = Document::default();
+        let doc = LiveDocument::default();
         let text = encode(&Inputs {
             rnic: &ports,
             ..inputs(&doc, &[], 10)
@@ -1325,7 +1335,7 @@ mod tests {
         pfc.frames[PauseDirection::Rx as usize][3] = Some(7);
         pfc.frames[PauseDirection::Tx as usize][3] = Some(2);
         pfc.duration_us[PauseDirection::Rx as usize][3] = Some(1_500_000);
-        let doc = Document::default();
+        let doc = LiveDocument::default();
         let text = encode(&Inputs {
             pfc: std::slice::from_ref(&pfc),
             ..inputs(&doc, &[], 10)
@@ -1373,10 +1383,10 @@ mod tests {
                     f
                 })
                 .collect();
-            let doc = Document {
+            let doc = LiveDocument::from(Document {
                 flows,
                 counters: Counters::from_stats(&[], 0),
-            };
+            });
             let mut best = std::time::Duration::MAX;
             let mut len = 0;
             for _ in 0..5 {

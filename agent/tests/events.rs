@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use roce_agent::api::{self, Findings};
-use roce_agent::doc::{Direction, Document, Family};
+use roce_agent::doc::{Direction, Family};
 use roce_agent::events::{hex, Event, EventKind};
 use roce_testkit::frame::{cnp, roce_frame, Eth, RoceMsg, L3};
 use tokio::sync::{broadcast, watch};
@@ -68,7 +68,7 @@ fn serve() -> (tokio::runtime::Runtime, String) {
         .expect("runtime");
     let (tx, _) = broadcast::channel::<Arc<Event>>(1024);
     let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
-    let (_dtx, drx) = watch::channel(Arc::new(Document::default()));
+    let (_dtx, drx) = watch::channel(Arc::new(roce_agent::live::LiveDocument::default()));
     let router = api::router(drx, frx, Some(tx.clone()));
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

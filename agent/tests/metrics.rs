@@ -257,7 +257,7 @@ fn realistic_events() -> EventCounts {
 
 #[test]
 fn exposition_of_a_realistic_document_is_promtool_clean() {
-    let doc = realistic_document();
+    let doc = roce_agent::live::LiveDocument::from(realistic_document());
     let findings = realistic_findings();
     let events = realistic_events();
     // The RNIC counters as a scrape reads them from a fixture tree.

@@ -164,7 +164,9 @@ impl FakeAgent {
             rt.block_on(async move {
                 let listener =
                     tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-                let (_flows_tx, flows) = tokio::sync::watch::channel(Arc::new(doc));
+                let (_flows_tx, flows) = tokio::sync::watch::channel(Arc::new(
+                    roce_agent::live::LiveDocument::from(doc),
+                ));
                 let (_findings_tx, findings) = tokio::sync::watch::channel(Arc::new(findings));
                 axum::serve(listener, api::router(flows, findings, None))
                     .with_graceful_shutdown(async {

@@ -16,6 +16,10 @@ pub struct Args {
     /// Only `roce-agent analyze` against tshark (no per-packet, tc or throughput cases).
     #[arg(long)]
     pub only_analyze: bool,
+    /// Only the cases and sections whose name contains this (e.g. `agent`: the agent at
+    /// a million flows).
+    #[arg(long)]
+    pub only: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -42,6 +46,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     if args.only_analyze {
         cmd.arg("--only-analyze");
+    }
+    if let Some(only) = &args.only {
+        cmd.args(["--only", only]);
     }
     let status = cmd.status().context("running roce-bench")?;
     if !status.success() {

@@ -261,8 +261,16 @@ impl Work for Worker<'_> {
                         shard.stats[STAT_FLOW_CREATED as usize] += 1;
                         FlowEntry::default()
                     });
-                    e.stats
-                        .record(p, f.data.len() as u32, f.ts_ns, self.cfg.default_pmtu_log2);
+                    // A tick that moves with every frame: first/last seen exact.
+                    let tick = e.stats.packets as u32;
+                    let ts = f.ts_ns;
+                    e.stats.record(
+                        p,
+                        f.data.len() as u32,
+                        tick,
+                        || ts,
+                        self.cfg.default_pmtu_log2,
+                    );
                     let icrc = b
                         .icrc(i)
                         .unwrap_or_else(|| check_icrc(f.data, p, w.layers.roce_ip(p.tunnelled)));

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::api::Findings;
-use crate::doc::{Direction, Document};
+use crate::doc::Direction;
+use crate::live::LiveDocument;
 
 use super::link::Rtnl;
 use super::{audit, fix_mtu_only, probe_peer, AuditOptions, Finding, Severity};
@@ -68,7 +69,36 @@ impl Watcher {
 
     /// One round: audit, enforce, log what changed. The findings to serve (an audit
     /// that could not run is itself a finding, so `/findings` never lies by omission).
-    pub fn round(&mut self, flows: Option<&Document>) -> Vec<Finding> {
+    pub fn round(&mut self, flows: Option<&LiveDocument>) -> Vec<Finding> {
+        let wanted = self.wanted_peers(flows);
+        self.round_with_peers(wanted)
+    }
+
+    /// The peers to probe: the configured ones, then (when asked for) the remote outer
+    /// address of the flows, MAX_PEERS at most. Taken before a round, so that the
+    /// round does not hold a document while it probes.
+    pub fn wanted_peers(&self, flows: Option<&LiveDocument>) -> Vec<IpAddr> {
+        let mut wanted: Vec<IpAddr> = self.peers.configured.clone();
+        if let (true, Some(doc)) = (self.peers.from_flows, flows) {
+            doc.for_each_endpoints(|direction, src, dst| {
+                if wanted.len() >= MAX_PEERS {
+                    return std::ops::ControlFlow::Break(());
+                }
+                let remote = match direction {
+                    Some(Direction::Egress) => dst,
+                    _ => src,
+                };
+                if !wanted.contains(&remote) {
+                    wanted.push(remote);
+                }
+                std::ops::ControlFlow::Continue(())
+            });
+        }
+        wanted
+    }
+
+    /// [`Self::round`] with the peers [`Self::wanted_peers`] chose.
+    pub fn round_with_peers(&mut self, wanted: Vec<IpAddr>) -> Vec<Finding> {
         let mut result = audit(&self.opts);
         if self.enforce_mtu {
             if let Ok(a) = &result {
@@ -93,7 +123,7 @@ impl Watcher {
                 if self.failing.take().is_some() {
                     tracing::info!("the host audit runs again");
                 }
-                a.findings.extend(self.probe_peers(flows));
+                a.findings.extend(self.probe_peers(wanted));
                 super::sort(&mut a.findings);
                 self.log_changes(&a.findings);
                 a.findings
@@ -118,19 +148,7 @@ impl Watcher {
 
     /// The `mtu_path` findings of every peer: stale or new peers probed now (a few per
     /// round), the others from their last probe.
-    fn probe_peers(&mut self, flows: Option<&Document>) -> Vec<Finding> {
-        let mut wanted: Vec<IpAddr> = self.peers.configured.clone();
-        if self.peers.from_flows {
-            for f in flows.into_iter().flat_map(|d| d.flows.iter()) {
-                let remote = match f.direction {
-                    Some(Direction::Egress) => f.dst,
-                    _ => f.src,
-                };
-                if !wanted.contains(&remote) && wanted.len() < MAX_PEERS {
-                    wanted.push(remote);
-                }
-            }
-        }
+    fn probe_peers(&mut self, wanted: Vec<IpAddr>) -> Vec<Finding> {
         self.probed.retain(|p, _| wanted.contains(p));
         let now = Instant::now();
         let due: Vec<IpAddr> = wanted
@@ -185,7 +203,7 @@ impl Watcher {
 pub async fn every(
     watcher: Watcher,
     interval: Duration,
-    flows: watch::Receiver<Arc<Document>>,
+    flows: watch::Receiver<Arc<LiveDocument>>,
     publish: watch::Sender<Arc<Findings>>,
 ) {
     let mut ticker = tokio::time::interval(interval);
@@ -197,7 +215,9 @@ pub async fn every(
         let Some(mut w) = watcher.take() else { return };
         let doc = flows.borrow().clone();
         match tokio::task::spawn_blocking(move || {
-            let findings = w.round(Some(&doc));
+            let wanted = w.wanted_peers(Some(&doc));
+            drop(doc); // a large table is not kept alive for the length of the probes
+            let findings = w.round_with_peers(wanted);
             (w, findings)
         })
         .await

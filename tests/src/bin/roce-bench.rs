@@ -25,6 +25,8 @@ use roce_testkit::sock::set_int_option;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::time::Instant;
 
+#[path = "../bench_agent.rs"]
+mod bench_agent;
 #[path = "../bench_analyze.rs"]
 mod bench_analyze;
 
@@ -71,9 +73,26 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     events_cost_sample: u32,
     /// Only the cases whose name contains this (per-packet, cold table and tc cases;
-    /// the throughput and analyze sections run when their name matches too).
+    /// the throughput, analyze and agent sections run when their name matches too).
     #[arg(long)]
     only: Option<String>,
+    /// Flows in the kernel tables of the agent section (0: no agent section).
+    #[arg(long, default_value_t = 1_000_000)]
+    agent_flows: u32,
+    /// Collector polls in the agent section (the first makes no rates; the median of
+    /// the others is reported).
+    #[arg(long, default_value_t = 5)]
+    agent_polls: usize,
+    /// `GET /metrics` scrapes in the agent section.
+    #[arg(long, default_value_t = 5)]
+    agent_scrapes: usize,
+    /// The agent section with CNPs on every flow (a congested fabric) instead of a
+    /// tenth of them: the agent keeps such counters apart for the flows that have any.
+    #[arg(long)]
+    agent_troubled: bool,
+    /// Internal: run the agent section itself (in the child process it starts).
+    #[arg(long, hide = true)]
+    agent_child: bool,
 }
 
 impl Args {
@@ -709,21 +728,38 @@ fn main() -> Result<()> {
     if args.only_analyze {
         return bench_analyze::run(&analyze);
     }
-    let rounds = args.rounds.max(1);
-    bench_xdp(&args, rounds)?;
-    bench_xdp_cold(&args, rounds)?;
-    if !args.json && tc_cases().iter().any(|c| args.wants(c.name)) {
-        println!(
-            "{:<34} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-            "tc case", "ns/pkt", "empty", "added", "ratio", "target", "input"
-        );
+    let agent = bench_agent::Options {
+        json: args.json,
+        flows: args.agent_flows,
+        troubled: args.agent_troubled,
+        polls: args.agent_polls,
+        scrapes: args.agent_scrapes,
+    };
+    if args.agent_child {
+        return bench_agent::child(&agent);
     }
-    bench_tc(&args, rounds)?;
+    let rounds = args.rounds.max(1);
+    if cases().iter().any(|c| args.wants(c.name)) {
+        bench_xdp(&args, rounds)?;
+    }
+    bench_xdp_cold(&args, rounds)?;
+    if tc_cases().iter().any(|c| args.wants(c.name)) {
+        if !args.json {
+            println!(
+                "{:<34} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                "tc case", "ns/pkt", "empty", "added", "ratio", "target", "input"
+            );
+        }
+        bench_tc(&args, rounds)?;
+    }
     if args.seconds > 0.0 && args.wants("throughput") {
         bench_throughput(&args, rounds)?;
     }
-    if !args.wants("analyze") {
-        return Ok(());
+    if args.analyze_frames > 0 && args.wants("analyze") {
+        bench_analyze::run(&analyze)?;
     }
-    bench_analyze::run(&analyze)
+    if args.agent_flows > 0 && args.wants("agent") {
+        bench_agent::run(&agent)?;
+    }
+    Ok(())
 }
