@@ -37,7 +37,7 @@ pub struct Frame<'a> {
 /// Bytes read in one go, and so about a batch: small enough that the frames are
 /// still in the cache when they are parsed and walked (the kernel's copy of a large
 /// read does not leave them there).
-pub const READ_BYTES: usize = 128 << 10;
+pub const READ_BYTES: usize = 256 << 10;
 
 /// A record or block larger than this is corrupt (an Ethernet frame, even a 64 KB
 /// GSO one, is far smaller): refused rather than buffered.
