@@ -133,6 +133,7 @@ fn flow(ifname: &str, direction: Direction, src: &str, dst: &str, qp: u32) -> Fl
         naks: 0,
         rnr_naks: 0,
         psn_gaps: 0,
+        psn_split: false,
         last_dscp: 26,
         first_seen_ns: 1,
         last_seen_ns: 2,
