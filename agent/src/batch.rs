@@ -266,8 +266,9 @@ impl PerCpuReader {
 
     /// The per-entry walk of kernels without batch operations: next key, then its
     /// values. A key deleted under the walk makes the kernel start again from the first
-    /// key, so keys already seen are skipped and the walk stops after `max_entries`
-    /// steps: it ends even when the map changes all the time.
+    /// key, so keys already seen are skipped, and the walk stops after twice
+    /// `max_entries` steps: it ends even when the map changes all the time, and under
+    /// heavy churn it may end before the last entries.
     pub fn read_per_entry<K, V>(
         &mut self,
         fd: BorrowedFd<'_>,

@@ -9,9 +9,10 @@
 //! for the rows that have any; its key in 16 bytes (a plain IPv4 flow's addresses; for
 //! IPv6 and tunnelled flows an offset into `words`, where their addresses, VNI and
 //! inner ECN counts lie); its interface as an index into the poll's names. Its rate is
-//! the differences since the previous poll (24 bytes). Rows stay in the order the kernel handed them over (hash-bucket
-//! order, the same from one poll to the next for the flows that stay); `order` lists
-//! them in the document's order ([`Flow::canonical_cmp`]).
+//! the differences since the previous poll (24 bytes). Rows stay in the order the
+//! kernel handed them over (hash-bucket order, the same from one poll to the next for
+//! the flows that stay); `order` lists them in the document's order
+//! ([`Flow::canonical_cmp`]).
 //!
 //! [`Builder::finish`] pairs each row with the previous poll's row of the same flow by
 //! walking both tables in kernel order (no hash map of flows), takes the rates from
