@@ -55,13 +55,7 @@ pub struct TestRun<'a> {
 
 /// Runs `prog` on `run.data` through BPF_PROG_TEST_RUN.
 pub fn test_run(prog: BorrowedFd<'_>, run: &TestRun<'_>) -> io::Result<TestRunOutput> {
-    if run.data.len() < 14 {
-        // The kernel answers EINVAL; say why.
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "BPF_PROG_TEST_RUN needs at least 14 bytes",
-        ));
-    }
+    check_input(run.data)?;
     // Room for programs that grow the packet (encapsulation) as well.
     let mut out = vec![0u8; run.data.len() + 512];
     let mut ctx_out = vec![0u8; run.ctx_out_len];
@@ -83,17 +77,7 @@ pub fn test_run(prog: BorrowedFd<'_>, run: &TestRun<'_>) -> io::Result<TestRunOu
         attr.ctx_out = ctx_out.as_mut_ptr() as u64;
     }
     // SAFETY: attr points at valid buffers of the sizes given, alive for the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            &mut attr as *mut TestRunAttr,
-            std::mem::size_of::<TestRunAttr>() as u32,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { bpf_test_run(&mut attr)? };
     out.truncate(attr.data_size_out as usize);
     ctx_out.truncate(attr.ctx_size_out as usize);
     Ok(TestRunOutput {
@@ -108,12 +92,7 @@ pub fn test_run(prog: BorrowedFd<'_>, run: &TestRun<'_>) -> io::Result<TestRunOu
 /// so the kernel copies nothing back (`analyze`'s kernel engine runs every frame of
 /// a capture through here).
 pub fn run_once(prog: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
-    if data.len() < 14 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "BPF_PROG_TEST_RUN needs at least 14 bytes",
-        ));
-    }
+    check_input(data)?;
     let mut attr = TestRunAttr {
         prog_fd: prog.as_raw_fd() as u32,
         data_size_in: data.len() as u32,
@@ -122,16 +101,37 @@ pub fn run_once(prog: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
         ..Default::default()
     };
     // SAFETY: attr points at `data`, alive for the call; no output buffer is given.
+    unsafe { bpf_test_run(&mut attr)? };
+    Ok(attr.retval)
+}
+
+/// Frames shorter than an Ethernet header: the kernel answers EINVAL; say why.
+fn check_input(data: &[u8]) -> io::Result<()> {
+    if data.len() < 14 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "BPF_PROG_TEST_RUN needs at least 14 bytes",
+        ));
+    }
+    Ok(())
+}
+
+/// The BPF_PROG_TEST_RUN syscall on `attr`.
+///
+/// # Safety
+/// Every buffer `attr` points at is valid for its size and alive for the call.
+unsafe fn bpf_test_run(attr: &mut TestRunAttr) -> io::Result<()> {
+    // SAFETY: the caller's promise about attr's buffers.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             BPF_PROG_TEST_RUN,
-            &mut attr as *mut TestRunAttr,
+            attr as *mut TestRunAttr,
             std::mem::size_of::<TestRunAttr>() as u32,
         )
     };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(attr.retval)
+    Ok(())
 }
