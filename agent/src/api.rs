@@ -461,6 +461,7 @@ mod tests {
                 interfaces: Vec::new(),
             },
             top_flows: 10,
+            reloads: Default::default(),
         });
         let routes = router(rx.clone(), frx.clone(), None).merge(metrics_router(rx, frx, exporter));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -3,7 +3,7 @@
 //! Exit codes: 0 success, 1 runtime error (no such interface, no BPF permission, no
 //! agent answering, ...), 2 usage or configuration error.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio::sync::watch;
 
 use crate::api;
+use crate::attach::Attachments;
 use crate::collector::Collector;
 use crate::config::{ConfigError, ConfigFile, Overrides, Settings, DEFAULT_LISTEN};
 use crate::doc::Document;
@@ -58,10 +59,26 @@ pub enum Command {
         roce-agent run --config /etc/roce-agent/host.toml\n  \
         roce-agent run --iface eth1 --mode enforce          # rewrite DSCPs, set skb->priority\n  \
         roce-agent run --iface eth1 --vtep eth0             # VXLAN outer DSCP/ECN from the inner\n\n\
-        Flags override the config file; with no file, defaults apply. Runs until SIGINT or \
-        SIGTERM, then detaches every program it attached and exits 0. Needs root (CAP_BPF, \
-        CAP_NET_ADMIN). RUST_LOG sets the log level (default info).")]
+        Flags override the config file; with no file, defaults apply. The datapath (maps, \
+        programs, links) is pinned under --pin-dir: it goes on classifying and enforcing when \
+        the agent exits or is killed, and a restarted agent adopts it with its counters \
+        (`roce-agent detach` removes it; --no-pin detaches at exit instead). SIGHUP reads the \
+        config file again: validated in full, then applied at once (the DSCP policy switches \
+        atomically; interfaces added or removed are attached or detached); a bad file is \
+        refused with FILE:LINE:COLUMN and the configuration in force stays. SIGINT or SIGTERM \
+        end the agent (exit 0). Needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (root has \
+        them). RUST_LOG sets the log level (default info).")]
     Run(RunArgs),
+    /// Remove the pinned datapath: every program, link and pin that `run` left behind
+    #[command(after_help = "Examples:\n  \
+        roce-agent detach\n  \
+        roce-agent detach --pin-dir /sys/fs/bpf/roce-agent-test\n\n\
+        Detaches the XDP and TCX links pinned under --pin-dir (classification and enforcement \
+        stop), then removes the program and map pins (the counters go with them) and the \
+        directory. Refuses while an agent runs with that directory: stop it first. Nothing \
+        else is touched: other programs, qdiscs, the bpffs mount. Exit 0 also when nothing \
+        was pinned.")]
+    Detach(DetachArgs),
     /// Print the flow table of a running agent (GET /flows)
     #[command(after_help = "Examples:\n  \
         roce-agent flows\n  \
@@ -236,6 +253,25 @@ pub struct RunArgs {
     /// Sampled events (GET /events): keep 1 in N of each kind (CE, CNP, NAK, RNR NAK, PSN gap) per CPU, at most 100 per CPU per 100 ms; 0 emits none [default: the config's `events_sample`, else 1]
     #[arg(long, value_name = "N")]
     pub events_sample: Option<u32>,
+    /// Pin maps, programs and links here (a bpffs; mounted on /sys/fs/bpf when none is): the datapath keeps classifying and enforcing when the agent exits, and a restarted agent adopts it with its counters
+    #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+    /// Pin nothing: the programs detach when the agent exits (trials, tests)
+    #[arg(long, conflicts_with = "pin_dir")]
+    pub no_pin: bool,
+    /// Start even when a configured interface does not exist yet, and attach to it when it appears (without it, a missing interface is an error)
+    #[arg(long)]
+    pub wait_for_interfaces: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    /// The pin directory of the datapath to remove (run --pin-dir)
+    #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+    /// Print what was removed as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -305,12 +341,12 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Check(args) => crate::check::check(args),
         Command::Events(args) => events(args),
         Command::Top(args) => crate::top::top(args),
+        Command::Detach(args) => detach(args),
     }
 }
 
 /// `roce-agent run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let file = args.config.as_deref().map(ConfigFile::load).transpose()?;
     let flags = Overrides {
         interfaces: args.iface,
         listen: args.listen,
@@ -322,36 +358,89 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         peers: Vec::new(),
         events_sample: args.events_sample,
     };
-    let settings = Settings::resolve(file.as_ref(), &flags, true)?;
-
-    // Every interface must exist before anything is attached.
-    let missing: Vec<String> = settings
-        .interfaces
-        .iter()
-        .chain(settings.vteps.iter())
-        .filter(|i| netif::index_of(i).is_none())
-        .cloned()
-        .collect();
-    if !missing.is_empty() {
-        return Err(RunError::NoInterface(missing).into());
-    }
-
+    let launch = Launch {
+        config: args.config,
+        flags,
+        sysfs_root: args.sysfs_root,
+        probe_flow_peers: args.probe_flow_peers,
+        pin_dir: (!args.no_pin).then_some(args.pin_dir),
+        wait_for_interfaces: args.wait_for_interfaces,
+    };
+    let settings = launch.settings()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(serve(settings, args.sysfs_root, args.probe_flow_peers))
+    rt.block_on(serve(launch, settings))
 }
 
-async fn serve(
-    settings: Settings,
+/// What `run` was started with: read again on every reload.
+struct Launch {
+    config: Option<PathBuf>,
+    flags: Overrides,
     sysfs_root: PathBuf,
     probe_flow_peers: bool,
-) -> anyhow::Result<()> {
+    /// None: `--no-pin`.
+    pin_dir: Option<PathBuf>,
+    /// A configured interface that is missing is waited for instead of refused.
+    wait_for_interfaces: bool,
+}
+
+impl Launch {
+    /// The settings of the config file and the flags, validated in full, with every
+    /// interface present.
+    fn settings(&self) -> anyhow::Result<Settings> {
+        let file = self.config.as_deref().map(ConfigFile::load).transpose()?;
+        let settings = Settings::resolve(file.as_ref(), &self.flags, true)?;
+        let missing: Vec<String> = settings
+            .interfaces
+            .iter()
+            .chain(settings.vteps.iter())
+            .filter(|i| netif::index_of(i).is_none())
+            .cloned()
+            .collect();
+        if !missing.is_empty() && !self.wait_for_interfaces {
+            return Err(RunError::NoInterface(missing).into());
+        }
+        Ok(settings)
+    }
+
+    /// The host audit as `settings` asks for it: at start and every interval, in its
+    /// own task (a slow audit never delays the flow table); MTUs set back in enforce
+    /// mode when an MTU was asked for.
+    fn auditor(&self, settings: &Settings) -> crate::audit::watch::Watcher {
+        let enforce_mtu =
+            settings.mode == crate::config::HostMode::Enforce && settings.mtu.is_some();
+        let peers = crate::audit::watch::PeerPolicy {
+            configured: settings.peers.clone(),
+            from_flows: self.probe_flow_peers,
+        };
+        crate::audit::watch::Watcher::new(
+            crate::check::audit_options(settings, &self.sysfs_root, AUDIT_PROBE_TIMEOUT),
+            peers,
+            enforce_mtu,
+        )
+    }
+}
+
+/// Loads the kernel side, pinned under `pin_dir` (adopting what is pinned there) or
+/// not at all.
+fn load_datapath(settings: &Settings, pin_dir: Option<&Path>) -> anyhow::Result<loader::Loaded> {
+    let opts = settings.load_options();
+    let Some(dir) = pin_dir else {
+        return loader::load(&opts).context("loading the kernel programs");
+    };
+    let pins = crate::pin::PinDir::prepare(dir)
+        .with_context(|| format!("preparing the pin directory {}", dir.display()))?;
+    loader::load_pinned(&opts, pins).context("loading the kernel programs")
+}
+
+async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
 
     // Claim the API address before attaching anything, so a busy port changes nothing.
     let listener = tokio::net::TcpListener::bind(&settings.listen)
@@ -360,44 +449,40 @@ async fn serve(
     let local = listener
         .local_addr()
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-
-    let loaded = loader::load(&settings.load_options()).context("loading the kernel programs")?;
-    let mut collector = Collector::new(loaded);
-    for ifname in &settings.interfaces {
-        match collector.loaded_mut().attach_xdp(ifname) {
-            Ok(mode) => tracing::info!(interface = %ifname, %mode, "XDP classifier attached"),
-            Err(e) => {
-                collector.loaded_mut().detach_all();
-                let e = anyhow!(e);
-                let what = if already_attached(&e) {
-                    format!(
-                        "attaching XDP to {ifname} (another XDP program is attached there: \
-                         see `ip link show dev {ifname}`)"
-                    )
-                } else {
-                    format!("attaching XDP to {ifname}")
-                };
-                return Err(e.context(what));
-            }
-        }
+    if !local.ip().is_loopback() {
+        tracing::warn!(listen = %local, "the API (flows, findings, metrics, events) is reachable from other hosts: it has no authentication; bind it to loopback unless a firewall or a scraper needs it");
     }
 
-    // tc QoS programs: enforce and --vtep must attach; audit-only failure is a warning.
-    let mut qos = match crate::qos::attach(
-        collector.loaded_mut(),
-        &settings,
-        crate::qos::TcMechanism::Auto,
-    ) {
-        Ok(q) => Some(q),
-        Err(e) if settings.mode == crate::config::HostMode::Audit && settings.vteps.is_empty() => {
-            tracing::warn!(error = %e, "tc QoS audit not attached; flow counting goes on");
-            None
+    let pin_dir = launch.pin_dir.as_deref();
+    // A datapath pinned earlier is adopted; one made now is removed again should the
+    // start fail, so that a refused start leaves nothing behind.
+    let fresh = pin_dir.is_none_or(|d| {
+        !d.join("maps")
+            .join(roce_common::names::map::GENERATION)
+            .exists()
+    });
+    let loaded = load_datapath(&settings, pin_dir)?;
+    let mut collector = Collector::new(loaded);
+    let mut attachments = Attachments::new(crate::qos::TcMechanism::Auto);
+    if let Err(e) = attachments.apply(collector.loaded_mut(), &settings) {
+        attachments.release(collector.loaded_mut());
+        drop(collector);
+        if let (true, Some(dir)) = (fresh, pin_dir) {
+            if let Err(cleanup) = crate::pin::detach(dir) {
+                tracing::warn!(error = %cleanup, "removing the half-made datapath failed: run `roce-agent detach`");
+            }
         }
-        Err(e) => {
-            collector.loaded_mut().detach_all();
-            return Err(anyhow!(e).context("attaching the tc QoS programs"));
+        return Err(anyhow!(e));
+    }
+    match pin_dir {
+        Some(dir) if fresh => {
+            tracing::info!(pin_dir = %dir.display(), "datapath pinned: it keeps running when the agent exits")
         }
-    };
+        Some(dir) => {
+            tracing::info!(pin_dir = %dir.display(), "adopted the pinned datapath: counters continue")
+        }
+        None => tracing::info!("--no-pin: the datapath goes when the agent exits"),
+    }
 
     let first = match collector.poll() {
         Ok(p) => p.document,
@@ -408,31 +493,21 @@ async fn serve(
     };
     let (tx, rx) = watch::channel(first);
 
-    // The host audit: at start and every interval; MTUs set back in enforce mode when
-    // an MTU was asked for.
-    let enforce_mtu = settings.mode == crate::config::HostMode::Enforce && settings.mtu.is_some();
-    let peers = crate::audit::watch::PeerPolicy {
-        configured: settings.peers.clone(),
-        from_flows: probe_flow_peers,
-    };
-    let mut auditor = crate::audit::watch::Watcher::new(
-        crate::check::audit_options(&settings, &sysfs_root, AUDIT_PROBE_TIMEOUT),
-        peers,
-        enforce_mtu,
-    );
+    let mut auditor = launch.auditor(&settings);
     let findings = tokio::task::block_in_place(|| auditor.round(None));
     let (findings_tx, findings_rx) = watch::channel(Arc::new(api::Findings { findings }));
-    // Its own task: a slow audit (netlink, sysfs, probes) never delays the flow table.
-    let audit_task = tokio::spawn(crate::audit::watch::every(
+    let findings_tx = Arc::new(findings_tx);
+    let mut audit_task = tokio::spawn(crate::audit::watch::every(
         auditor,
         settings.interval,
         rx.clone(),
-        findings_tx,
+        findings_tx.clone(),
     ));
 
+    let reloads = Arc::new(crate::metrics::ReloadCounts::default());
     let exporter = Arc::new(crate::metrics::Exporter {
         host: crate::metrics::HostSources {
-            sysfs_root: sysfs_root.clone(),
+            sysfs_root: launch.sysfs_root.clone(),
             interfaces: settings
                 .interfaces
                 .iter()
@@ -441,11 +516,12 @@ async fn serve(
                 .collect(),
         },
         top_flows: settings.top_flows,
+        reloads: reloads.clone(),
     });
     // Sampled events from the kernel programs; GET /events subscribes here.
     let events: api::EventSender = start_events(collector.loaded_mut(), &settings);
     let routes = api::router(rx.clone(), findings_rx.clone(), events).merge(api::metrics_router(
-        rx,
+        rx.clone(),
         findings_rx,
         exporter,
     ));
@@ -458,11 +534,9 @@ async fn serve(
             })
             .await
     });
-    tracing::info!(listen = %local, interval = ?settings.interval, required_mtu = settings.required_mtu(), enforce_mtu, "serving GET /flows, GET /findings and GET /metrics");
+    tracing::info!(listen = %local, interval = ?settings.interval, required_mtu = settings.required_mtu(), "serving GET /flows, GET /findings and GET /metrics");
 
-    let mut ticker = tokio::time::interval(settings.interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await; // the first tick is immediate: the first poll is done
+    let mut ticker = new_ticker(settings.interval).await;
     let mut server_done = None;
     let mut throttle = crate::throttle::Throttle::default();
     loop {
@@ -471,17 +545,42 @@ async fn serve(
                 match tokio::task::block_in_place(|| collector.poll()) {
                     Ok(p) => {
                         tracing::debug!(flows = p.document.len(), entries = p.entries, elapsed = ?p.elapsed, read = ?p.read, "polled");
-                        if let Some(q) = qos.as_mut() {
-                            q.log_changes(&p.document.counters.qos);
-                        }
+                        attachments.log_changes(&p.document.counters.qos);
                         // Shared, not copied: the collector keeps it for the next rates.
                         tx.send_replace(p.document);
+                        // Interfaces that appeared, went away or were re-created.
+                        if attachments.drifted(&settings) {
+                            if let Err(e) = attachments.apply(collector.loaded_mut(), &settings) {
+                                if let Some(left_out) = throttle.allow("interfaces", std::time::Instant::now()) {
+                                    tracing::warn!(error = %error_text(&anyhow!(e)), left_out, "attaching to an interface that changed failed; trying again next interval");
+                                }
+                            }
+                        }
                     }
                     Err(e) => {
                         if let Some(left_out) = throttle.allow("poll", std::time::Instant::now()) {
                             tracing::warn!(error = %e, left_out, "reading the flow table failed");
                         }
                     }
+                }
+            }
+            _ = sighup.recv() => {
+                let reloaded = tokio::task::block_in_place(|| {
+                    reload(&launch, &settings, &mut attachments, collector.loaded_mut())
+                });
+                reloads.record(reloaded.is_some());
+                if let Some(new) = reloaded {
+                    if new.interval != settings.interval {
+                        ticker = new_ticker(new.interval).await;
+                    }
+                    audit_task.abort();
+                    audit_task = tokio::spawn(crate::audit::watch::every(
+                        launch.auditor(&new),
+                        new.interval,
+                        rx.clone(),
+                        findings_tx.clone(),
+                    ));
+                    settings = new;
                 }
             }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
@@ -491,9 +590,13 @@ async fn serve(
     }
 
     audit_task.abort();
-    drop(qos);
-    collector.loaded_mut().detach_all();
-    tracing::info!(interfaces = ?settings.interfaces, "detached");
+    attachments.release(collector.loaded_mut());
+    match pin_dir {
+        Some(dir) => {
+            tracing::info!(pin_dir = %dir.display(), "the pinned datapath keeps classifying and enforcing; `roce-agent detach` removes it")
+        }
+        None => tracing::info!(interfaces = ?settings.interfaces, "detached"),
+    }
     match server_done {
         Some(Ok(Ok(()))) => Err(anyhow!("the API server stopped unexpectedly")),
         Some(Ok(Err(e))) => Err(anyhow!(e).context("the API server failed")),
@@ -507,6 +610,68 @@ async fn serve(
                 server.abort();
             }
             Ok(())
+        }
+    }
+}
+
+/// An interval ticker whose first (immediate) tick is already taken.
+async fn new_ticker(every: Duration) -> tokio::time::Interval {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    ticker
+}
+
+/// SIGHUP: reads the configuration again, validates all of it, and applies it in one
+/// step. A refused file changes nothing (the message names FILE:LINE:COLUMN); a file
+/// that validates but fails to apply (an attach refused) is rolled back. Returns the
+/// settings now in force when they changed.
+fn reload(
+    launch: &Launch,
+    current: &Settings,
+    attachments: &mut Attachments,
+    loaded: &mut loader::Loaded,
+) -> Option<Settings> {
+    let Some(path) = launch.config.as_deref() else {
+        tracing::warn!("SIGHUP: there is no --config file to read again; nothing changes");
+        return None;
+    };
+    let new = match launch.settings() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(file = %path.display(), error = %error_text(&e), "SIGHUP: the configuration was refused; the one in force stays");
+            return None;
+        }
+    };
+    for (what, changed) in [
+        ("listen", new.listen != current.listen),
+        (
+            "flows_map_size",
+            new.flows_map_size != current.flows_map_size,
+        ),
+        (
+            "events_sample (on/off)",
+            (new.events_sample == 0) != (current.events_sample == 0),
+        ),
+    ] {
+        if changed {
+            tracing::warn!(
+                setting = what,
+                "SIGHUP: this setting takes effect at the next start only"
+            );
+        }
+    }
+    match attachments.apply(loaded, &new) {
+        Ok(()) => {
+            tracing::info!(file = %path.display(), interfaces = ?new.interfaces, vteps = ?new.vteps, "SIGHUP: configuration reloaded");
+            Some(new)
+        }
+        Err(e) => {
+            tracing::error!(file = %path.display(), error = %error_text(&anyhow!(e)), "SIGHUP: applying the configuration failed; going back to the one in force");
+            if let Err(back) = attachments.apply(loaded, current) {
+                tracing::error!(error = %error_text(&anyhow!(back)), "restoring the configuration in force failed");
+            }
+            None
         }
     }
 }
@@ -536,13 +701,33 @@ fn start_events(loaded: &mut loader::Loaded, settings: &Settings) -> api::EventS
     }
 }
 
-/// Whether an attach failed because the interface already has an XDP program.
-fn already_attached(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-            .is_some_and(|code| code == libc::EEXIST || code == libc::EBUSY)
-    })
+/// `roce-agent detach`.
+pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
+    let removed = crate::pin::detach(&args.pin_dir).with_context(|| {
+        format!(
+            "detaching the datapath pinned under {}",
+            args.pin_dir.display()
+        )
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&removed)?);
+        return Ok(());
+    }
+    if removed.links.is_empty() && removed.programs.is_empty() && removed.maps.is_empty() {
+        println!("nothing pinned under {}", args.pin_dir.display());
+        return Ok(());
+    }
+    println!(
+        "detached {} links; removed {} program and {} map pins and {}",
+        removed.links.len(),
+        removed.programs.len(),
+        removed.maps.len(),
+        args.pin_dir.display()
+    );
+    for l in &removed.links {
+        println!("  link {l}");
+    }
+    Ok(())
 }
 
 /// `roce-agent flows`.

@@ -78,6 +78,12 @@ pub enum ConfigError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error(
+        "{}: refusing a configuration file that any user can write (mode {mode:04o}): `chmod o-w {}`",
+        path.display(),
+        path.display()
+    )]
+    WorldWritable { path: PathBuf, mode: u32 },
     #[error("{}:{line}:{column}: {message}{excerpt}", path.display())]
     Parse {
         path: PathBuf,
@@ -229,10 +235,22 @@ pub struct ConfigFile {
 impl ConfigFile {
     /// Reads and parses `path`.
     pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
+        use std::os::unix::fs::PermissionsExt;
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
             error,
         })?;
+        // Whoever can write the file decides what the host sends: only its owner (and
+        // group) may.
+        if let Ok(meta) = std::fs::metadata(path) {
+            let mode = meta.permissions().mode();
+            if mode & 0o002 != 0 {
+                return Err(ConfigError::WorldWritable {
+                    path: path.to_path_buf(),
+                    mode: mode & 0o7777,
+                });
+            }
+        }
         ConfigFile::parse(path, text)
     }
 

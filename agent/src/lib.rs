@@ -6,6 +6,7 @@ pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 
 pub mod analyze;
 pub mod api;
+pub mod attach;
 pub mod audit;
 pub mod batch;
 pub mod check;
@@ -22,6 +23,7 @@ pub mod loader;
 pub mod metrics;
 pub mod netif;
 pub mod pcapng;
+pub mod pin;
 pub mod qos;
 pub mod rates;
 pub mod table;

@@ -1,24 +1,33 @@
-//! Loading the kernel object, filling CONFIG, attaching XDP, and reading FLOWS/STATS
-//! (the EVENTS ring buffer is taken out by `events_reader`). Loading, attaching and
-//! reading are separate steps; links detach when dropped.
+//! Loading the kernel object, writing CONFIG, QOS and POLICY (a generation at a
+//! time), attaching XDP, and reading FLOWS/STATS (the EVENTS ring buffer is taken out
+//! by `events_reader`). Loading, attaching and reading are separate steps.
+//!
+//! Without a pin directory the links detach when dropped. With one (`pin::PinDir`)
+//! maps, programs and links are pinned there: a load reuses the pinned maps, and an
+//! attach to an interface that already has a pinned link swaps the program inside
+//! that link atomically, so the datapath never pauses across agent restarts.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 
 use aya::maps::{
     Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues, ProgramArray,
     RingBuf,
 };
+use aya::programs::links::FdLink;
 use aya::programs::xdp::XdpLinkId;
 use aya::programs::{Program, ProgramError, SchedClassifier, Xdp, XdpMode};
 use aya::Ebpf;
-use roce_common::config::RuntimeConfig;
+use roce_common::config::{Generation, RuntimeConfig, GENERATIONS, LAYOUT_VERSION};
 use roce_common::counters::STATS_LEN;
 use roce_common::event::EVENTS_RING_BYTES;
 use roce_common::flow::{FlowKey, FlowKey4, FlowStats};
-use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats, IFACE_DIRECT};
+use roce_common::policy::{
+    DscpEntry, IfaceQos, Policy, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
+};
 
 use crate::batch::{self, PerCpuReader};
+use crate::pin::{self, PinDir, PinError};
 use roce_common::names::map;
 pub use roce_common::names::program::{
     TC_BASELINE, TC_EGRESS, TC_EGRESS_FLOWS, TC_INGRESS, XDP_BASELINE, XDP_CLASSIFY as XDP_PROGRAM,
@@ -58,6 +67,19 @@ pub enum LoadError {
         what: &'static str,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Pin(#[from] PinError),
+    #[error("pinning {what} at {path}: {source}")]
+    Pinning {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: aya::pin::PinError,
+    },
+    #[error("{what}: {source}")]
+    Link {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 /// What to load: map sizes and the runtime configuration the programs read.
@@ -84,6 +106,8 @@ impl Default for LoadOptions {
 pub enum AttachMode {
     Native,
     Generic,
+    /// A pinned link of an earlier agent now runs this program (its mode unchanged).
+    Adopted,
 }
 
 impl std::fmt::Display for AttachMode {
@@ -91,6 +115,7 @@ impl std::fmt::Display for AttachMode {
         f.write_str(match self {
             AttachMode::Native => "native",
             AttachMode::Generic => "generic",
+            AttachMode::Adopted => "adopted",
         })
     }
 }
@@ -144,7 +169,10 @@ where
 /// The loaded kernel programs and maps.
 pub struct Loaded {
     ebpf: Ebpf,
+    /// XDP links this process owns (unpinned: they detach with it).
     attached: Vec<(String, XdpLinkId)>,
+    /// Where maps, programs and links are pinned (None: nothing is).
+    pins: Option<PinDir>,
     /// FLOWS4 and FLOWS are read a chunk at a time; its buffers are reused.
     reader: Mutex<PerCpuReader>,
     flows_max_entries: usize,
@@ -171,17 +199,34 @@ impl FlowRef<'_> {
 
 /// Loads the object built from `ebpf/`, writes CONFIG, loads `xdp_classify` (not
 /// attached yet) and `tc_egress_flows` (never attached: `tc_egress` tail-calls it
-/// through TC_TAIL, filled here).
+/// through TC_TAIL, filled here). Nothing is pinned.
 pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
-    let mut ebpf = aya::EbpfLoader::new()
+    load_into(opts, None)
+}
+
+/// As [`load`], with every map pinned under `pins` (the pinned ones reused: their
+/// counters go on), and every program pinned there too. Refuses maps of another
+/// layout version.
+pub fn load_pinned(opts: &LoadOptions, pins: PinDir) -> Result<Loaded, LoadError> {
+    load_into(opts, Some(pins))
+}
+
+fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadError> {
+    let adopted = match &pins {
+        Some(p) => p.check_layout()?.is_some(),
+        None => false,
+    };
+    let mut loader = aya::EbpfLoader::new();
+    loader
         .map_max_entries(map::FLOWS, opts.flows_max_entries)
         .map_max_entries(map::FLOWS4, opts.flows_max_entries)
-        .map_max_entries(map::EVENTS, opts.events_ring_bytes)
-        .load(crate::EBPF_OBJECT)?;
-    let mut config: Array<&mut MapData, RuntimeConfig> = typed_map_mut(&mut ebpf, map::CONFIG)?;
-    config
-        .set(0, opts.config, 0)
-        .map_err(map_error(map::CONFIG))?;
+        .map_max_entries(map::EVENTS, opts.events_ring_bytes);
+    if let Some(p) = &pins {
+        for name in map::ALL {
+            loader.map_pin_path(name, p.map(name));
+        }
+    }
+    let mut ebpf = loader.load(crate::EBPF_OBJECT)?;
     let prog: &mut Xdp = typed_program_mut(&mut ebpf, XDP_PROGRAM)?;
     prog.load().map_err(program_error(XDP_PROGRAM))?;
     let flows: &mut SchedClassifier = typed_program_mut(&mut ebpf, TC_EGRESS_FLOWS)?;
@@ -198,12 +243,24 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded, LoadError> {
     tail.set(TC_TAIL_EGRESS_FLOWS, &flows_fd, 0)
         .map_err(map_error(map::TC_TAIL))?;
     let cpus = aya::util::nr_cpus().map_err(|(what, source)| LoadError::Cpus { what, source })?;
-    Ok(Loaded {
+    let mut loaded = Loaded {
         ebpf,
         attached: Vec::new(),
+        pins,
         reader: Mutex::new(PerCpuReader::new(batch::DEFAULT_CHUNK, cpus)),
         flows_max_entries: opts.flows_max_entries as usize,
-    })
+    };
+    if adopted {
+        loaded.warn_on_pinned_sizes(opts);
+    }
+    // The policy in force stays (an adopted datapath keeps enforcing it) until the
+    // caller commits its own; a fresh one starts with an empty policy.
+    let (_, policy) = loaded.active()?;
+    loaded.commit(&opts.config, &policy)?;
+    if loaded.pins.is_some() {
+        loaded.pin_programs()?;
+    }
+    Ok(loaded)
 }
 
 impl Loaded {
@@ -227,12 +284,17 @@ impl Loaded {
     }
 
     /// Attaches `xdp_classify` to `ifname`: native mode, or generic mode when the
-    /// driver has no native XDP.
+    /// driver has no native XDP. With pins: a link pinned for this interface gets the
+    /// new program in place (no packet goes unclassified); a new link is pinned.
     pub fn attach_xdp(&mut self, ifname: &str) -> Result<AttachMode, LoadError> {
-        if crate::netif::index_of(ifname).is_none() {
+        let Some(ifindex) = crate::netif::index_of(ifname) else {
             return Err(LoadError::NoInterface(ifname.to_string()));
+        };
+        if self.adopt_link(XDP_PROGRAM, ifindex)? {
+            return Ok(AttachMode::Adopted);
         }
-        let prog = self.xdp()?;
+        let link_pin = self.pins.as_ref().map(|p| p.link(XDP_PROGRAM, ifindex));
+        let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_PROGRAM)?;
         let (link, mode) = match prog.attach(ifname, XdpMode::Driver) {
             Ok(link) => (link, AttachMode::Native),
             Err(native) => {
@@ -243,8 +305,161 @@ impl Loaded {
                 (link, AttachMode::Generic)
             }
         };
-        self.attached.push((ifname.to_string(), link));
+        match link_pin {
+            Some(path) => {
+                let owned = prog.take_link(link).map_err(program_error(XDP_PROGRAM))?;
+                let fd_link = FdLink::try_from(owned).map_err(|e| LoadError::Link {
+                    what: format!("the XDP link of {ifname} is not a bpf_link"),
+                    source: std::io::Error::other(e),
+                })?;
+                fd_link.pin(&path).map_err(|source| LoadError::Pinning {
+                    what: "the XDP link",
+                    path,
+                    source,
+                })?;
+            }
+            None => self.attached.push((ifname.to_string(), link)),
+        }
         Ok(mode)
+    }
+
+    /// With pins, when `program` has a live pinned link on `ifindex`: swaps the
+    /// program inside it (BPF_LINK_UPDATE, atomic) and says true.
+    pub fn adopt_link(&mut self, program: &'static str, ifindex: u32) -> Result<bool, LoadError> {
+        let Some(pins) = &self.pins else {
+            return Ok(false);
+        };
+        let Some(link) = pins.live_link(program, ifindex)? else {
+            return Ok(false);
+        };
+        let prog_fd = self.program_fd(program)?;
+        pin::link_update(link.as_fd(), prog_fd.as_fd()).map_err(|source| LoadError::Link {
+            what: format!("updating the pinned link of {program} on ifindex {ifindex}"),
+            source,
+        })?;
+        Ok(true)
+    }
+
+    /// Pins the link of `program` on `ifindex` (a TCX link just made).
+    pub fn pin_link(
+        &self,
+        program: &'static str,
+        ifindex: u32,
+        link: FdLink,
+    ) -> Result<(), LoadError> {
+        let Some(pins) = &self.pins else {
+            return Ok(());
+        };
+        let path = pins.link(program, ifindex);
+        link.pin(&path).map_err(|source| LoadError::Pinning {
+            what: "a tc link",
+            path,
+            source,
+        })?;
+        Ok(())
+    }
+
+    /// Whether maps, programs and links are pinned.
+    pub fn pinned(&self) -> Option<&PinDir> {
+        self.pins.as_ref()
+    }
+
+    /// Detaches and unpins every pinned link that is not in `keep` (program,
+    /// ifindex): interfaces that left the configuration, or went away. Returns what
+    /// it removed.
+    pub fn prune_links(&self, keep: &[(&str, u32)]) -> Result<Vec<String>, LoadError> {
+        let Some(pins) = &self.pins else {
+            return Ok(Vec::new());
+        };
+        let mut removed = Vec::new();
+        for l in pins.pinned_links()? {
+            let wanted = keep
+                .iter()
+                .any(|(p, i)| *p == l.program && *i == l.facts.ifindex && *i != 0);
+            if !wanted {
+                pin::remove_link(&l.path, l.fd.as_fd())?;
+                removed.push(l.path.display().to_string());
+            }
+        }
+        Ok(removed)
+    }
+
+    /// A descriptor of loaded program `name`.
+    fn program_fd(&self, name: &'static str) -> Result<OwnedFd, LoadError> {
+        let prog = self.ebpf.program(name).ok_or(LoadError::Missing(name))?;
+        let fd = prog.fd().map_err(program_error(name))?;
+        fd.as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| LoadError::Fd { name, source })
+    }
+
+    /// Loads the attachable programs and pins them (replacing an earlier agent's
+    /// pins: its links keep the old programs until they are swapped).
+    fn pin_programs(&mut self) -> Result<(), LoadError> {
+        let Some(pins) = &self.pins else {
+            return Ok(());
+        };
+        let paths: Vec<(&'static str, std::path::PathBuf)> =
+            [XDP_PROGRAM, TC_EGRESS, TC_EGRESS_FLOWS, TC_INGRESS]
+                .into_iter()
+                .map(|n| (n, pins.program(n)))
+                .collect();
+        self.tc_fd(TC_EGRESS)?;
+        self.tc_fd(TC_INGRESS)?;
+        for (name, path) in paths {
+            if path.exists() {
+                std::fs::remove_file(&path).map_err(|source| LoadError::Link {
+                    what: format!("removing the old pin {}", path.display()),
+                    source,
+                })?;
+            }
+            let prog = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(LoadError::Missing(name))?;
+            prog.pin(&path).map_err(|source| LoadError::Pinning {
+                what: name,
+                path: path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Uses the sizes of adopted flow tables (they keep the size they were made with)
+    /// and says so when the configuration asks for another.
+    fn warn_on_pinned_sizes(&mut self, opts: &LoadOptions) {
+        for name in [map::FLOWS4, map::FLOWS] {
+            let Some(Map::PerCpuLruHashMap(data)) = self.ebpf.map(name) else {
+                continue;
+            };
+            if let Ok(info) = data.info() {
+                let pinned = info.max_entries();
+                if pinned != opts.flows_max_entries {
+                    tracing::warn!(
+                        map = name,
+                        pinned,
+                        configured = opts.flows_max_entries,
+                        "the adopted flow table keeps its size; `roce-agent detach` and a restart apply the new one (counters restart)"
+                    );
+                }
+                self.flows_max_entries = self.flows_max_entries.max(pinned as usize);
+            }
+        }
+    }
+
+    /// Detaches the XDP link this process made on `ifname` (a pinned one stays: the
+    /// caller prunes pins).
+    pub fn detach_xdp(&mut self, ifname: &str) {
+        let Some(at) = self.attached.iter().position(|(n, _)| n == ifname) else {
+            return;
+        };
+        let (_, link) = self.attached.remove(at);
+        if let Ok(prog) = self.xdp() {
+            if let Err(e) = prog.detach(link) {
+                tracing::warn!(interface = %ifname, error = %e, "detaching XDP failed");
+            }
+        }
     }
 
     /// Detaches every XDP link this process made.
@@ -349,19 +564,60 @@ impl Loaded {
         typed_program_mut(&mut self.ebpf, name)
     }
 
-    /// Writes the host QoS policy: QOS (DSCPs written) and POLICY (per-DSCP entries).
-    pub fn set_policy(&mut self, policy: &Policy) -> Result<(), LoadError> {
-        let mut qos: Array<&mut MapData, roce_common::policy::QosConfig> =
-            typed_map_mut(&mut self.ebpf, map::QOS)?;
-        qos.set(0, policy.qos, 0).map_err(map_error(map::QOS))?;
-        let mut table: Array<&mut MapData, roce_common::policy::DscpEntry> =
-            typed_map_mut(&mut self.ebpf, map::POLICY)?;
-        for (dscp, entry) in policy.table.iter().enumerate() {
-            table
-                .set(dscp as u32, *entry, 0)
+    /// The generation the programs read now.
+    fn generation(&self) -> Result<Generation, LoadError> {
+        let g: Array<&MapData, Generation> = typed_map(&self.ebpf, map::GENERATION)?;
+        g.get(&0, 0).map_err(map_error(map::GENERATION))
+    }
+
+    /// The runtime configuration and policy the programs read now.
+    pub fn active(&self) -> Result<(RuntimeConfig, Policy), LoadError> {
+        let g = self.generation()?.active % GENERATIONS;
+        let config: Array<&MapData, RuntimeConfig> = typed_map(&self.ebpf, map::CONFIG)?;
+        let qos: Array<&MapData, QosConfig> = typed_map(&self.ebpf, map::QOS)?;
+        let table: Array<&MapData, DscpEntry> = typed_map(&self.ebpf, map::POLICY)?;
+        let mut policy = Policy {
+            config: config.get(&g, 0).map_err(map_error(map::CONFIG))?,
+            qos: qos.get(&g, 0).map_err(map_error(map::QOS))?,
+            ..Policy::default()
+        };
+        for (dscp, entry) in policy.table.iter_mut().enumerate() {
+            *entry = table
+                .get(&(g * DSCP_COUNT + dscp as u32), 0)
                 .map_err(map_error(map::POLICY))?;
         }
-        Ok(())
+        Ok((policy.config, policy))
+    }
+
+    /// Writes `config` and `policy` (its QOS and DSCP table) into the generation the
+    /// programs do not read, then switches GENERATION to it: a packet sees the old
+    /// policy or the new one, never a mix. (Two commits closer together than one
+    /// packet's run could still meet one; commits come from a person or a file.)
+    pub fn commit(&mut self, config: &RuntimeConfig, policy: &Policy) -> Result<(), LoadError> {
+        let next = (self.generation()?.active + 1) % GENERATIONS;
+        let mut c: Array<&mut MapData, RuntimeConfig> = typed_map_mut(&mut self.ebpf, map::CONFIG)?;
+        c.set(next, *config, 0).map_err(map_error(map::CONFIG))?;
+        let mut qos: Array<&mut MapData, QosConfig> = typed_map_mut(&mut self.ebpf, map::QOS)?;
+        qos.set(next, policy.qos, 0).map_err(map_error(map::QOS))?;
+        let mut table: Array<&mut MapData, DscpEntry> = typed_map_mut(&mut self.ebpf, map::POLICY)?;
+        for (dscp, entry) in policy.table.iter().enumerate() {
+            table
+                .set(next * DSCP_COUNT + dscp as u32, *entry, 0)
+                .map_err(map_error(map::POLICY))?;
+        }
+        let mut g: Array<&mut MapData, Generation> =
+            typed_map_mut(&mut self.ebpf, map::GENERATION)?;
+        let generation = Generation {
+            active: next,
+            layout: LAYOUT_VERSION,
+        };
+        g.set(0, generation, 0).map_err(map_error(map::GENERATION))
+    }
+
+    /// Writes the host QoS policy (QOS and POLICY); the runtime configuration stays.
+    pub fn set_policy(&mut self, policy: &Policy) -> Result<(), LoadError> {
+        let (config, _) = self.active()?;
+        self.commit(&config, policy)
     }
 
     /// Sets what the tc programs do on interface `ifindex` (None: nothing): in
@@ -385,6 +641,25 @@ impl Loaded {
                 Err(source) => Err(map_error(map::IFACE_QOS)(source)),
             },
         }
+    }
+
+    /// The interfaces IFACE_QOS_DIRECT and IFACE_QOS give something to do.
+    pub fn iface_qos_indexes(&self) -> Result<Vec<u32>, LoadError> {
+        let direct: Array<&MapData, IfaceQos> = typed_map(&self.ebpf, map::IFACE_QOS_DIRECT)?;
+        let mut out = Vec::new();
+        for i in 0..IFACE_DIRECT {
+            let q = direct
+                .get(&i, 0)
+                .map_err(map_error(map::IFACE_QOS_DIRECT))?;
+            if !q.is_off() {
+                out.push(i);
+            }
+        }
+        let hashed: HashMap<&MapData, u32, IfaceQos> = typed_map(&self.ebpf, map::IFACE_QOS)?;
+        for key in hashed.keys() {
+            out.push(key.map_err(map_error(map::IFACE_QOS))?);
+        }
+        Ok(out)
     }
 
     /// Decapsulation-side counters per remote VTEP, CPUs merged.
@@ -415,11 +690,10 @@ impl Loaded {
     }
 
     /// Writes CONFIG: the programs read it on their next packet (e.g. a new
-    /// `events_sample`).
+    /// `events_sample`); the policy stays.
     pub fn set_config(&mut self, config: &RuntimeConfig) -> Result<(), LoadError> {
-        let mut map: Array<&mut MapData, RuntimeConfig> =
-            typed_map_mut(&mut self.ebpf, map::CONFIG)?;
-        map.set(0, *config, 0).map_err(map_error(map::CONFIG))
+        let (_, policy) = self.active()?;
+        self.commit(config, &policy)
     }
 
     /// Takes the EVENTS ring buffer out of the object, for its one reader

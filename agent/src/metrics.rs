@@ -20,6 +20,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -183,6 +185,63 @@ pub struct Inputs<'a> {
 pub struct Exporter {
     pub host: HostSources,
     pub top_flows: usize,
+    /// Configuration reloads (SIGHUP) so far.
+    pub reloads: Arc<ReloadCounts>,
+}
+
+/// What the reloads of the configuration file did, for `roce_agent_config_*`.
+#[derive(Debug)]
+pub struct ReloadCounts {
+    pub succeeded: std::sync::atomic::AtomicU64,
+    pub failed: std::sync::atomic::AtomicU64,
+    /// Whether the last reload succeeded (true before the first).
+    pub last_ok: std::sync::atomic::AtomicBool,
+}
+
+impl Default for ReloadCounts {
+    fn default() -> Self {
+        ReloadCounts {
+            succeeded: Default::default(),
+            failed: Default::default(),
+            last_ok: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+}
+
+impl ReloadCounts {
+    pub fn record(&self, ok: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if ok {
+            self.succeeded.fetch_add(1, Relaxed);
+        } else {
+            self.failed.fetch_add(1, Relaxed);
+        }
+        self.last_ok.store(ok, Relaxed);
+    }
+
+    /// The `roce_agent_config_*` families.
+    fn encode(&self) -> Result<String, MetricsError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut registry = Registry::default();
+        registry.register(
+            "roce_agent_config_reloads",
+            "Configuration reloads (SIGHUP) applied",
+            ConstCounter::new(self.succeeded.load(Relaxed)),
+        );
+        registry.register(
+            "roce_agent_config_reload_failures",
+            "Configuration reloads refused (the file did not validate or did not apply); the configuration in force stayed",
+            ConstCounter::new(self.failed.load(Relaxed)),
+        );
+        registry.register(
+            "roce_agent_config_last_reload_successful",
+            "1 when the last reload succeeded (or none was asked for), 0 when it was refused",
+            ConstGauge::new(i64::from(self.last_ok.load(Relaxed))),
+        );
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
 }
 
 impl Exporter {
@@ -195,14 +254,16 @@ impl Exporter {
     ) -> Result<String, MetricsError> {
         let host = self.host.read();
         let events = event_counts(&document.counters);
-        encode(&Inputs {
+        let mut text = encode(&Inputs {
             document,
             findings,
             events: events.as_ref(),
             rnic: &host.rnic,
             pfc: &host.pfc,
             top_flows: self.top_flows,
-        })
+        })?;
+        text.push_str(&self.reloads.encode()?);
+        Ok(text)
     }
 }
 

@@ -1,20 +1,21 @@
-//! Host QoS enforcement: writes the policy maps, attaches `tc_egress` (and on VTEP
-//! underlays `tc_ingress`) to the interfaces, and owns the attachments: dropping a
-//! [`QosAttachments`] detaches every program and removes any clsact qdisc it added.
+//! Host QoS enforcement: attaches `tc_egress` (and on VTEP underlays `tc_ingress`) to
+//! an interface, and owns that attachment: dropping a [`TcInterface`] detaches its
+//! programs (unless they are pinned) and removes any clsact qdisc it added. Which
+//! interfaces get what is `attach::Attachments`' business.
 //!
 //! Attaching tries a TCX link first (kernels >= 6.6) and falls back to a clsact qdisc
 //! with a direct-action filter; [`TcMechanism`] forces either (the tests run both).
 
-use std::collections::BTreeSet;
 use std::io;
 
+use aya::programs::links::FdLink;
 use aya::programs::tc::SchedClassifierLink;
 use aya::programs::tc::{self, NlOptions, TcAttachOptions};
 use aya::programs::{LinkOrder, TcAttachType};
-use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats};
+use roce_common::policy::{IfaceQos, VtepKey, VtepStats};
 
 use crate::config::{EcnPropagation, HostMode, Settings};
-use crate::loader::{LoadError, Loaded, TC_EGRESS, TC_INGRESS};
+use crate::loader::{LoadError, Loaded};
 use crate::netif;
 
 #[derive(Debug, thiserror::Error)]
@@ -62,15 +63,22 @@ pub struct TcInterface {
     added_clsact: bool,
     /// Whether the links are TCX links (false: clsact filters).
     pub tcx: bool,
+    ingress: bool,
 }
 
 impl TcInterface {
+    /// Whether `tc_ingress` is attached too (a VTEP underlay).
+    pub fn has_ingress(&self) -> bool {
+        self.ingress
+    }
+
     pub fn new(ifname: &str) -> Self {
         TcInterface {
             ifname: ifname.to_string(),
             links: Vec::new(),
             added_clsact: false,
             tcx: false,
+            ingress: false,
         }
     }
 
@@ -86,6 +94,17 @@ impl TcInterface {
             TcAttachType::Ingress => "ingress",
             _ => "egress",
         };
+        let ifindex = netif::index_of(&self.ifname)
+            .ok_or_else(|| QosError::NoInterface(self.ifname.clone()))?;
+        if direction == TcAttachType::Ingress {
+            self.ingress = true;
+        }
+        if how != TcMechanism::Clsact && loaded.adopt_link(program, ifindex)? {
+            // A pinned TCX link of an earlier agent now runs this program.
+            self.tcx = true;
+            return Ok(());
+        }
+        let pinned = loaded.pinned().is_some();
         let prog = loaded.tc_program(program)?;
         let attach_err = |mechanism, source| QosError::Attach {
             program,
@@ -102,8 +121,17 @@ impl TcInterface {
             ) {
                 Ok(id) => {
                     let link = prog.take_link(id).map_err(|e| attach_err("tcx", e))?;
-                    self.links.push((program, link));
                     self.tcx = true;
+                    if pinned {
+                        // Pinned, the link outlives this process; not ours to drop.
+                        let fd_link = FdLink::try_from(link).map_err(|e| LoadError::Link {
+                            what: format!("the TCX link of {} is not a bpf_link", self.ifname),
+                            source: io::Error::other(e),
+                        })?;
+                        loaded.pin_link(program, ifindex, fd_link)?;
+                    } else {
+                        self.links.push((program, link));
+                    }
                     return Ok(());
                 }
                 Err(e) if how == TcMechanism::Tcx => return Err(attach_err("tcx", e)),
@@ -111,6 +139,9 @@ impl TcInterface {
                     tracing::info!(interface = %self.ifname, error = %e, "TCX refused, falling back to clsact");
                 }
             }
+        }
+        if pinned {
+            tracing::warn!(interface = %self.ifname, program, "clsact filters cannot be pinned: this program detaches when the agent exits (a kernel with TCX, 6.6 or later, keeps it)");
         }
         if !self.added_clsact {
             match tc::qdisc_add_clsact(&self.ifname) {
@@ -162,13 +193,6 @@ impl Drop for TcInterface {
     }
 }
 
-/// Everything `run` attached for QoS; dropping it detaches all of it.
-pub struct QosAttachments {
-    pub interfaces: Vec<TcInterface>,
-    /// The QoS counters already reported as seen (each is logged once).
-    logged: BTreeSet<&'static str>,
-}
-
 /// What one interface gets from the settings.
 pub fn iface_qos(settings: &Settings, ifname: &str) -> IfaceQos {
     let host = settings.interfaces.iter().any(|i| i == ifname);
@@ -178,68 +202,6 @@ pub fn iface_qos(settings: &Settings, ifname: &str) -> IfaceQos {
         vtep: vtep as u8,
         ecn: settings.ecn_propagation.code(),
         _pad: 0,
-    }
-}
-
-/// Writes the policy, configures and attaches every `--iface` (egress) and `--vtep`
-/// (egress and ingress) interface.
-pub fn attach(
-    loaded: &mut Loaded,
-    settings: &Settings,
-    how: TcMechanism,
-) -> Result<QosAttachments, QosError> {
-    write_policy(loaded, &settings.policy)?;
-    let mut names: Vec<&String> = settings.interfaces.iter().collect();
-    for v in &settings.vteps {
-        if !names.contains(&v) {
-            names.push(v);
-        }
-    }
-    let mut out = QosAttachments {
-        interfaces: Vec::new(),
-        logged: BTreeSet::new(),
-    };
-    for name in names {
-        let index = netif::index_of(name).ok_or_else(|| QosError::NoInterface(name.clone()))?;
-        let q = iface_qos(settings, name);
-        loaded.set_iface_qos(index, Some(q))?;
-        let mut t = TcInterface::new(name);
-        t.attach(loaded, TC_EGRESS, TcAttachType::Egress, how)?;
-        if q.vtep != 0 {
-            t.attach(loaded, TC_INGRESS, TcAttachType::Ingress, how)?;
-        }
-        tracing::info!(
-            interface = %name,
-            mode = if q.host != 0 { format!("{:?}", settings.mode).to_lowercase() } else { "-".into() },
-            vtep = q.vtep != 0,
-            ecn_propagation = ?settings.ecn_propagation,
-            mechanism = if t.tcx { "tcx" } else { "clsact" },
-            "tc QoS programs attached"
-        );
-        out.interfaces.push(t);
-    }
-    Ok(out)
-}
-
-/// Writes POLICY and QOS.
-pub fn write_policy(loaded: &mut Loaded, policy: &Policy) -> Result<(), QosError> {
-    loaded.set_policy(policy)?;
-    Ok(())
-}
-
-impl QosAttachments {
-    /// Logs each QoS action the first time it happens. Counts belong on /metrics and
-    /// GET /flows: a line per interval on every host, forever, helps nobody.
-    pub fn log_changes(&mut self, counters: &crate::doc::QosCounters) {
-        for (name, value) in counters.named() {
-            if value > 0 && self.logged.insert(name) {
-                tracing::info!(
-                    counter = name,
-                    packets = value,
-                    "QoS action seen for the first time (counts on GET /flows)"
-                );
-            }
-        }
     }
 }
 

@@ -246,6 +246,10 @@ fn run_help_shows_iface_and_listen() {
         "--config",
         "--interval",
         "127.0.0.1:9473",
+        "--pin-dir",
+        "/sys/fs/bpf/roce-agent",
+        "--no-pin",
+        "SIGHUP",
     ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
@@ -379,13 +383,22 @@ fn no_bpf_permission_exits_1_with_a_hint() {
 }
 
 #[test]
-fn agent_in_a_namespace_serves_flows_and_detaches_on_sigterm() {
+fn agent_in_a_namespace_serves_flows_and_with_no_pin_detaches_on_sigterm() {
     require_root!();
     let pair = Pair::new();
     let api = "127.0.0.1:9474";
     let mut agent = Agent::start(
         &pair.a,
-        &["run", "--iface", "va", "--listen", api, "--interval", "0.1"],
+        &[
+            "run",
+            "--iface",
+            "va",
+            "--listen",
+            api,
+            "--interval",
+            "0.1",
+            "--no-pin",
+        ],
     );
     let first = agent.wait_ready(&pair.a, api);
     assert!(first.flows.is_empty(), "{first:?}");
@@ -666,7 +679,14 @@ fn agent_with_the_lab_config_listens_on_the_default_port() {
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/lab.toml");
     let mut agent = Agent::start(
         &pair.a,
-        &["run", "--config", config.to_str().unwrap(), "--iface", "va"],
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--iface",
+            "va",
+            "--no-pin",
+        ],
     );
     agent.wait_ready(&pair.a, "127.0.0.1:9473");
     // `flows` with no --api finds it too.

@@ -49,8 +49,55 @@ fn systemd_unit_verifies() {
     assert!(!stderr.contains("roce-agent.service"), "{stderr}");
 }
 
-/// The agent under setpriv as nobody, with `caps` as its only capabilities.
-fn spawn_unprivileged(ns: &Netns, caps: &[String], listen: &str) -> Child {
+/// A bpffs mounted under /run with a pin directory owned by nobody, as the unit's
+/// ExecStartPre makes it; unmounted (pins and all) on drop.
+struct NobodysBpffs {
+    mount: std::path::PathBuf,
+}
+
+impl NobodysBpffs {
+    fn new() -> NobodysBpffs {
+        let (name, _) = unique_name("roce-test-bpf-");
+        let mount = std::path::PathBuf::from("/run").join(name);
+        std::fs::create_dir_all(&mount).expect("creating the mount point");
+        let st = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&mount)
+            .status()
+            .expect("mount");
+        assert!(st.success(), "mount -t bpf failed");
+        let guard = NobodysBpffs { mount };
+        let dir = guard.pin_dir();
+        std::fs::create_dir(&dir).expect("creating the pin directory");
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).expect("chown");
+        guard
+    }
+
+    fn pin_dir(&self) -> std::path::PathBuf {
+        self.mount.join("agent")
+    }
+}
+
+impl Drop for NobodysBpffs {
+    fn drop(&mut self) {
+        // Unmounting drops every pin: links detach, programs and maps go.
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+/// The agent under setpriv as nobody, with `caps` as its only capabilities, pinning
+/// under `pins` (None: --no-pin).
+fn spawn_unprivileged(
+    ns: &Netns,
+    caps: &[String],
+    listen: &str,
+    pins: Option<&NobodysBpffs>,
+) -> Child {
+    let pin_args = match pins {
+        Some(p) => vec!["--pin-dir".to_string(), p.pin_dir().display().to_string()],
+        None => vec!["--no-pin".to_string()],
+    };
     let set = caps
         .iter()
         .map(|c| format!("+{c}"))
@@ -75,8 +122,10 @@ fn spawn_unprivileged(ns: &Netns, caps: &[String], listen: &str) -> Child {
             listen,
             "--interval",
             "0.2",
+            &pin_args[0],
         ],
     )
+    .args(&pin_args[1..])
     .env_remove("RUST_LOG")
     .stdout(Stdio::null())
     .stderr(Stdio::piped())
@@ -109,7 +158,8 @@ fn agent_runs_as_nobody_with_exactly_the_units_capabilities() {
     ns.ip_ok(&["link", "set", "vb", "up"]);
     let listen = "127.0.0.1:9479";
 
-    let mut agent = Reap(spawn_unprivileged(&ns, &caps, listen));
+    let pins = NobodysBpffs::new();
+    let mut agent = Reap(spawn_unprivileged(&ns, &caps, listen, Some(&pins)));
     let start = Instant::now();
     let body = loop {
         let got = ns
@@ -142,11 +192,28 @@ fn agent_runs_as_nobody_with_exactly_the_units_capabilities() {
     }
     assert!(log.contains("tc QoS programs attached"), "{log}");
     drop(agent);
+    // It pinned as nobody: the links outlive it until `detach` (as root here).
+    let links = std::fs::read_dir(pins.pin_dir().join("links"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(links, 2, "XDP and tc egress links pinned:\n{log}");
+    assert!(ns.ip_ok(&["link", "show", "va"]).contains(" xdp"));
+    let out = Command::new(BIN)
+        .args(["detach", "--pin-dir"])
+        .arg(pins.pin_dir())
+        .output()
+        .expect("detach");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!ns.ip_ok(&["link", "show", "va"]).contains(" xdp"));
 
     // One capability fewer: refused at load, with the kernel's reason.
     for missing in &caps {
         let fewer: Vec<String> = caps.iter().filter(|c| *c != missing).cloned().collect();
-        let out = spawn_unprivileged(&ns, &fewer, listen)
+        let out = spawn_unprivileged(&ns, &fewer, listen, None)
             .wait_with_output()
             .expect("waiting for the agent");
         let err = String::from_utf8_lossy(&out.stderr);

@@ -3,6 +3,27 @@
 use crate::event::EVENTS_OFF;
 use crate::wire::{DEFAULT_ROCE_PORT, DEFAULT_VXLAN_PORT};
 
+/// The version of the kernel/agent map layout (names, types, key and value sizes of
+/// the maps in `names::map`). Pinned maps carry it in GENERATION: a binary that finds
+/// another version in a pin directory refuses to adopt it instead of misreading it.
+/// Raise it with every change of a map's type, key or value.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// CONFIG, QOS and POLICY hold two generations: the agent writes the one the programs
+/// do not read, then switches GENERATION, so no packet sees half a policy.
+pub const GENERATIONS: u32 = 2;
+
+/// GENERATION's single entry. Its two fields stay first in every layout version, so
+/// that any binary can read the version of a pin it finds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Generation {
+    /// The generation (0 or 1) of CONFIG, QOS and POLICY the programs read.
+    pub active: u32,
+    /// `LAYOUT_VERSION` of the agent that created the maps (0: not written yet).
+    pub layout: u32,
+}
+
 /// Path MTU (log2) assumed for READ requests until a flow's own is learnt: 4096.
 pub const DEFAULT_PMTU_LOG2: u8 = 12;
 

@@ -29,6 +29,7 @@ mod pod {
     unsafe impl aya::Pod for crate::flow::FlowKey4 {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
     unsafe impl aya::Pod for crate::config::RuntimeConfig {}
+    unsafe impl aya::Pod for crate::config::Generation {}
     unsafe impl aya::Pod for crate::policy::DscpEntry {}
     unsafe impl aya::Pod for crate::policy::QosConfig {}
     unsafe impl aya::Pod for crate::policy::IfaceQos {}

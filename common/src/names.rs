@@ -11,11 +11,14 @@ pub mod map {
     pub const FLOWS4: &str = "FLOWS4";
     /// Per-CPU counters by index (`counters`).
     pub const STATS: &str = "STATS";
-    /// The single RuntimeConfig entry.
+    /// The active generation of CONFIG, QOS and POLICY, and the layout version.
+    pub const GENERATION: &str = "GENERATION";
+    /// RuntimeConfig, one entry per generation.
     pub const CONFIG: &str = "CONFIG";
-    /// DSCP -> DscpEntry (priority, VTEP outer DSCP, lossless flag).
+    /// DSCP -> DscpEntry (priority, VTEP outer DSCP, lossless flag), 64 entries per
+    /// generation.
     pub const POLICY: &str = "POLICY";
-    /// The single QosConfig entry (RoCE, CNP and remark DSCPs).
+    /// QosConfig (RoCE, CNP and remark DSCPs), one entry per generation.
     pub const QOS: &str = "QOS";
     /// ifindex -> IfaceQos for ifindex below `policy::IFACE_DIRECT`.
     pub const IFACE_QOS_DIRECT: &str = "IFACE_QOS_DIRECT";
@@ -32,10 +35,11 @@ pub mod map {
     pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         FLOWS,
         FLOWS4,
         STATS,
+        GENERATION,
         CONFIG,
         POLICY,
         QOS,

@@ -2,7 +2,7 @@
 
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray};
-use roce_common::config::RuntimeConfig;
+use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
 use roce_common::counters::STATS_LEN;
 use roce_common::flow::{FlowKey, FlowKey4, FlowStats};
 pub use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN};
@@ -26,9 +26,14 @@ pub static FLOWS4: LruPerCpuHashMap<FlowKey4, FlowStats> =
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS_LEN, 0);
 
-/// Ports and defaults, written by the agent before attaching.
+/// Which generation of CONFIG, QOS and POLICY the programs read (the agent writes
+/// the other one, then switches), and the layout version of the maps.
 #[map]
-pub static CONFIG: Array<RuntimeConfig> = Array::with_max_entries(1, 0);
+pub static GENERATION: Array<Generation> = Array::with_max_entries(1, 0);
+
+/// Ports and defaults, one entry per generation, written by the agent.
+#[map]
+pub static CONFIG: Array<RuntimeConfig> = Array::with_max_entries(GENERATIONS, 0);
 
 #[inline(always)]
 pub fn bump(index: u32) {
@@ -38,9 +43,18 @@ pub fn bump(index: u32) {
     }
 }
 
+/// The generation this packet reads: read once per program run.
 #[inline(always)]
-pub fn runtime_config() -> RuntimeConfig {
-    match CONFIG.get(0) {
+pub fn generation() -> u32 {
+    match GENERATION.get(0) {
+        Some(g) => g.active & 1,
+        None => 0,
+    }
+}
+
+#[inline(always)]
+pub fn runtime_config(generation: u32) -> RuntimeConfig {
+    match CONFIG.get(generation) {
         Some(c) => *c,
         None => RuntimeConfig::default(),
     }
@@ -49,13 +63,13 @@ pub fn runtime_config() -> RuntimeConfig {
 // ---------------------------------------------------------------------------------
 // Host QoS (tc programs, see `roce_common::policy`), written by the agent.
 
-/// DSCP -> priority, lossless flag and VTEP outer DSCP, indexed by DSCP.
+/// DSCP -> priority, lossless flag and VTEP outer DSCP: generation * 64 + DSCP.
 #[map]
-pub static POLICY: Array<DscpEntry> = Array::with_max_entries(DSCP_COUNT, 0);
+pub static POLICY: Array<DscpEntry> = Array::with_max_entries(DSCP_COUNT * GENERATIONS, 0);
 
-/// The DSCPs the host policy writes (RoCE data, CNP, remark target).
+/// The DSCPs the host policy writes (RoCE data, CNP, remark target), per generation.
 #[map]
-pub static QOS: Array<QosConfig> = Array::with_max_entries(1, 0);
+pub static QOS: Array<QosConfig> = Array::with_max_entries(GENERATIONS, 0);
 
 /// ifindex -> what the tc programs do there, for ifindex < IFACE_DIRECT (all zero:
 /// untouched). An array: the lookup on every packet is the cheap kind.
@@ -91,19 +105,23 @@ pub static TC_TAIL: ProgramArray = ProgramArray::with_max_entries(TC_TAIL_LEN, 0
 pub static VTEPS: LruPerCpuHashMap<VtepKey, VtepStats> =
     LruPerCpuHashMap::with_max_entries(4096, 0);
 
-/// POLICY as the shared decision code reads it.
-pub struct PolicyMap;
+/// One generation of POLICY as the shared decision code reads it.
+pub struct PolicyMap {
+    pub generation: u32,
+}
 
 impl DscpTable for PolicyMap {
     #[inline(always)]
     fn entry(&self, dscp: u8) -> Option<DscpEntry> {
-        POLICY.get(dscp as u32).copied()
+        POLICY
+            .get(self.generation * DSCP_COUNT + (dscp as u32 & (DSCP_COUNT - 1)))
+            .copied()
     }
 }
 
 #[inline(always)]
-pub fn qos_config() -> QosConfig {
-    match QOS.get(0) {
+pub fn qos_config(generation: u32) -> QosConfig {
+    match QOS.get(generation) {
         Some(c) => *c,
         None => QosConfig::default(),
     }

@@ -18,7 +18,8 @@ use roce_common::policy::{
 
 use crate::flow::count_on_flow;
 use crate::maps::{
-    bump, iface_qos, qos_config, runtime_config, PolicyMap, TC_TAIL, TC_TAIL_EGRESS_FLOWS, VTEPS,
+    bump, generation, iface_qos, qos_config, runtime_config, PolicyMap, TC_TAIL,
+    TC_TAIL_EGRESS_FLOWS, VTEPS,
 };
 use crate::packet::KernelPacket;
 
@@ -91,10 +92,12 @@ fn egress(ctx: &TcContext) {
     if !pull_headers(ctx) {
         return;
     }
-    let cfg = runtime_config();
-    let qos = qos_config();
+    // One generation for the whole decision: a policy switch never splits it.
+    let generation = generation();
+    let cfg = runtime_config(generation);
+    let qos = qos_config(generation);
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
-    let action = decide(&pkt, &cfg, &qos, &PolicyMap, &iface);
+    let action = decide(&pkt, &cfg, &qos, &PolicyMap { generation }, &iface);
     if action.writes() && write_tos(&pkt, &action).is_none() {
         bump(STAT_TC_WRITE_FAILED);
     }
@@ -118,7 +121,7 @@ fn egress(ctx: &TcContext) {
 /// outer TOS as written, so `last_dscp` is the DSCP the host really sends).
 #[inline(always)]
 fn count_egress(ctx: &TcContext) {
-    let cfg = runtime_config();
+    let cfg = runtime_config(generation());
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
     if let Outcome::Flow(parsed) = classify(&pkt, &cfg) {
         // skb->len: the whole frame from the Ethernet header on, linear or not.
@@ -150,9 +153,10 @@ fn ingress(ctx: &TcContext) {
     if iface.vtep == 0 || !pull_headers(ctx) {
         return;
     }
-    let cfg = runtime_config();
+    let generation = generation();
+    let cfg = runtime_config(generation);
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
-    let Some(check) = decap_check(&pkt, &cfg, &PolicyMap) else {
+    let Some(check) = decap_check(&pkt, &cfg, &PolicyMap { generation }) else {
         return;
     };
     for s in decap_stats(&check).into_iter().flatten() {

@@ -7,7 +7,7 @@ use roce_common::classify::{classify, Outcome};
 use roce_common::counters::stat_indices;
 
 use crate::flow::count_on_flow;
-use crate::maps::{bump, runtime_config};
+use crate::maps::{bump, generation, runtime_config};
 use crate::packet::KernelPacket;
 
 #[xdp]
@@ -18,7 +18,7 @@ pub fn xdp_classify(ctx: XdpContext) -> u32 {
 
 #[inline(always)]
 fn classify_and_count(ctx: &XdpContext) {
-    let cfg = runtime_config();
+    let cfg = runtime_config(generation());
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
     let outcome = classify(&pkt, &cfg);
     let (main, extra) = stat_indices(&outcome);

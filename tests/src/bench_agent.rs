@@ -291,6 +291,7 @@ pub fn child(opts: &Options) -> Result<()> {
             interfaces: Vec::new(),
         },
         top_flows: 10,
+        reloads: Default::default(),
     });
     let routes = roce_agent::api::router(rx.clone(), frx.clone(), None)
         .merge(roce_agent::api::metrics_router(rx, frx, exporter));

@@ -51,10 +51,18 @@ impl Rig {
 
     fn start_agent(&mut self) -> Result<()> {
         let mut cmd = self.lab.command(&self.lab.b.ns, self.exe("roce-agent"));
-        cmd.args(["run", "--iface", &self.lab.b.veth, "--listen", API])
-            .args(["--interval", "0.2"])
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1");
+        // --no-pin: the programs go with the agent (stop_agent checks that).
+        cmd.args([
+            "run",
+            "--iface",
+            &self.lab.b.veth,
+            "--listen",
+            API,
+            "--no-pin",
+        ])
+        .args(["--interval", "0.2"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1");
         let mut agent = self.lab.spawn("roce-agent", cmd)?;
         agent.wait_for_output("serving GET /flows", Duration::from_secs(20))?;
         self.agent = Some(agent);

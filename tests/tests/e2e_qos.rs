@@ -19,9 +19,10 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use roce_agent::attach::Attachments;
 use roce_agent::config::{EcnPropagation, HostMode, Settings};
 use roce_agent::loader::{self, LoadOptions};
-use roce_agent::qos::{self, TcMechanism};
+use roce_agent::qos::TcMechanism;
 use roce_common::counters::*;
 use roce_common::policy::ecn_encapsulate;
 use roce_common::policy::{ECN_KERNEL, ECN_RFC6040};
@@ -63,10 +64,10 @@ fn with_programs(
 ) -> Result<(Vec<u64>, String)> {
     in_namespace(ns, move || {
         let mut loaded = loader::load(&LoadOptions::default()).context("loading")?;
-        let attached = qos::attach(&mut loaded, &settings, how).context("attaching")?;
+        let attached = Attachments::tc_only(&mut loaded, &settings, how).context("attaching")?;
         let dev = attached
-            .interfaces
-            .first()
+            .tc_interfaces()
+            .next()
             .map(|i| i.ifname.clone())
             .unwrap_or_default();
         let qdiscs = output(Command::new("tc").args(["qdisc", "show", "dev", &dev]))?;
@@ -759,8 +760,8 @@ fn a_program_attached_after_ours_still_sees_every_packet_tcx_and_clsact() {
             // Two independent loads (own maps), attached one after the other.
             let mut first = loader::load(&LoadOptions::default())?;
             let mut second = loader::load(&LoadOptions::default())?;
-            let a1 = qos::attach(&mut first, &s, how)?;
-            let a2 = qos::attach(&mut second, &s, how)?;
+            let a1 = Attachments::tc_only(&mut first, &s, how)?;
+            let a2 = Attachments::tc_only(&mut second, &s, how)?;
             let probes: Vec<Vec<u8>> = host_probes(src, dst, true)
                 .into_iter()
                 .map(|(_, p)| p)

@@ -24,3 +24,75 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
     declared.sort();
     assert_eq!(programs, declared);
 }
+
+/// The maps as layout version 1 lays them out: (name, BPF map type, key size, value
+/// size, entries; 0 where the configuration sizes the map). A change here is a change
+/// of layout: raise `LAYOUT_VERSION` with it, so that a new binary never reads an old
+/// pin the wrong way.
+const LAYOUT_1: [(&str, u32, u32, u32, u32); 13] = [
+    ("CONFIG", 2, 4, 16, 2),
+    ("EVENTS", 27, 0, 0, 0),
+    ("EVENT_BUDGET", 6, 4, 32, 1),
+    ("FLOWS", 10, 80, 160, 0),
+    ("FLOWS4", 10, 16, 160, 0),
+    ("GENERATION", 2, 4, 8, 1),
+    ("IFACE_QOS", 1, 4, 4, 256),
+    ("IFACE_QOS_DIRECT", 2, 4, 4, 4096),
+    ("POLICY", 2, 4, 8, 128),
+    ("QOS", 2, 4, 8, 2),
+    ("STATS", 6, 4, 8, 0),
+    ("TC_TAIL", 3, 4, 4, 1),
+    ("VTEPS", 10, 16, 40, 4096),
+];
+
+/// Maps whose size is not part of the layout (the configuration or a counter list
+/// sets it).
+const SIZED_ELSEWHERE: [&str; 4] = ["EVENTS", "FLOWS", "FLOWS4", "STATS"];
+
+#[test]
+fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
+    assert_eq!(
+        roce_common::config::LAYOUT_VERSION,
+        1,
+        "a new version: give it its table"
+    );
+    let mount =
+        std::path::PathBuf::from(format!("/run/roce-test-bpf-names-{}", std::process::id()));
+    std::fs::create_dir_all(&mount).expect("mount point");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(&mount)
+        .status()
+        .expect("mount");
+    assert!(mounted.success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let _unmount = Unmount(mount.clone());
+    let dir = mount.join("agent");
+    let pins = roce_agent::pin::PinDir::prepare(&dir).expect("pin directory");
+    let loaded = roce_agent::loader::load_pinned(&LoadOptions::default(), pins).expect("load");
+    let mut shapes = Vec::new();
+    for name in map::ALL {
+        let info = aya::maps::MapInfo::from_pin(dir.join("maps").join(name)).expect(name);
+        let kind = info.map_type().map(|t| t as u32).unwrap_or(u32::MAX);
+        let entries = if SIZED_ELSEWHERE.contains(&name) {
+            0
+        } else {
+            info.max_entries()
+        };
+        shapes.push((name, kind, info.key_size(), info.value_size(), entries));
+    }
+    drop(loaded);
+    shapes.sort();
+    let mut expected = LAYOUT_1.to_vec();
+    expected.sort();
+    assert_eq!(
+        shapes, expected,
+        "the map layout changed: raise LAYOUT_VERSION"
+    );
+}

@@ -204,7 +204,8 @@ pub async fn every(
     watcher: Watcher,
     interval: Duration,
     flows: watch::Receiver<Arc<LiveDocument>>,
-    publish: watch::Sender<Arc<Findings>>,
+    // Shared: a reload stops this task and starts another that publishes here too.
+    publish: Arc<watch::Sender<Arc<Findings>>>,
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

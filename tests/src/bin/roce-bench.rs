@@ -13,9 +13,10 @@ use std::os::fd::BorrowedFd;
 use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
 use clap::Parser;
+use roce_agent::attach::Attachments;
 use roce_agent::config::{HostMode, Settings};
 use roce_agent::loader::{self, LoadOptions};
-use roce_agent::qos::{self, TcMechanism};
+use roce_agent::qos::TcMechanism;
 use roce_agent::testrun::{test_run, TestRun};
 use roce_common::config::RuntimeConfig;
 use roce_common::policy::{IfaceQos, Policy, ECN_KERNEL, HOST_ENFORCE};
@@ -604,7 +605,7 @@ fn flood_in(ns: &str, settings: Option<Settings>, dst: Ipv4Addr, secs: f64) -> R
     in_namespace(ns, move || {
         let mut loaded = loader::load(&LoadOptions::default())?;
         let _attached = match &settings {
-            Some(s) => Some(qos::attach(&mut loaded, s, TcMechanism::Auto)?),
+            Some(s) => Some(Attachments::tc_only(&mut loaded, s, TcMechanism::Auto)?),
             None => None,
         };
         flood(dst, 106, secs)

@@ -1,0 +1,543 @@
+//! The datapath outlives the agent (needs root): the real `roce-agent` pinned under a
+//! bpffs that the test mounts itself, in a namespace lab with `roce-gen` sending from
+//! namespace A to the agent's veth in namespace B, tcpdump on A's veth as the wire.
+//!
+//! - kill -9 under traffic, a restart, and the same traffic again: every flow holds
+//!   exactly twice the first run's figures (nothing lost while no agent ran, nothing
+//!   counted twice), and non-RoCE traffic on the lossless DSCP sent while no agent ran
+//!   leaves remarked;
+//! - SIGHUP with a new lossless set changes the remarking on the wire; SIGHUP with a
+//!   broken file changes nothing and the log names its line;
+//! - `detach` leaves no program, link, qdisc or pin of the agent behind;
+//! - a pin of another layout version is refused with the command that removes it.
+//!
+//! The bpffs is mounted under /run, outside /sys, because `ip netns exec` remounts
+//! /sys and a bpffs mounted there dies with the session (DESIGN, facts of this
+//! machine kind). [`Bpffs`] detaches and unmounts on drop, also when a test fails.
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use roce_testkit::lab::oracle::{self, FlowTable};
+use roce_testkit::lab::{bins, Lab, LabOptions, Proc};
+use roce_testkit::sock::set_int_option;
+use roce_testkit::tshark;
+use serde_json::Value;
+
+const API: &str = "127.0.0.1:9473";
+/// A UDP port that is neither RoCE nor VXLAN.
+const OTHER_PORT: u16 = 5201;
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "the pinned-datapath tests need root (bpffs, ip netns, XDP attach)"
+    );
+}
+
+/// A bpffs mounted on a directory of its own under /run; on drop, whatever is pinned
+/// in it is detached (with `roce-agent detach`) and it is unmounted and removed.
+struct Bpffs {
+    mount: PathBuf,
+    agent_bin: PathBuf,
+}
+
+impl Bpffs {
+    fn new(agent_bin: &Path) -> Result<Bpffs> {
+        static SERIAL: AtomicU32 = AtomicU32::new(0);
+        let mount = PathBuf::from(format!(
+            "/run/roce-test-bpf-{}x{}",
+            std::process::id(),
+            SERIAL.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&mount).with_context(|| format!("creating {}", mount.display()))?;
+        let out = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&mount)
+            .output()
+            .context("running mount")?;
+        if !out.status.success() {
+            let _ = std::fs::remove_dir(&mount);
+            bail!("mount -t bpf: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(Bpffs {
+            mount,
+            agent_bin: agent_bin.to_path_buf(),
+        })
+    }
+
+    /// The agent's pin directory on it.
+    fn pin_dir(&self) -> PathBuf {
+        self.mount.join("agent")
+    }
+
+    fn pin_arg(&self) -> String {
+        self.pin_dir().display().to_string()
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.agent_bin)
+            .args(["detach", "--pin-dir"])
+            .arg(self.pin_dir())
+            .output();
+        let _ = Command::new("umount").arg(&self.mount).output();
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+/// A lab, a bpffs, and the agent on B's veth pinned there. Fields drop in order: the
+/// agent first, then the pins (detached), then the lab.
+struct Rig {
+    agent: Option<Proc>,
+    bpffs: Bpffs,
+    lab: Lab,
+    bin: PathBuf,
+    starts: u32,
+}
+
+impl Rig {
+    fn new() -> Result<Rig> {
+        require_root();
+        let bin = bins::agent_bins_for_test()?;
+        let lab = Lab::new(LabOptions {
+            vxlan: false,
+            ipv6: false,
+            ..LabOptions::default()
+        })?;
+        let bpffs = Bpffs::new(&bin.join("roce-agent"))?;
+        Ok(Rig {
+            agent: None,
+            bpffs,
+            lab,
+            bin,
+            starts: 0,
+        })
+    }
+
+    fn agent_exe(&self) -> String {
+        self.bin.join("roce-agent").display().to_string()
+    }
+
+    /// Starts `roce-agent run` in B with `args` plus the pin directory and the API.
+    fn start_agent(&mut self, args: &[&str]) -> Result<()> {
+        let mut cmd = self
+            .lab
+            .command(&self.lab.b.ns, self.bin.join("roce-agent"));
+        cmd.arg("run")
+            .args(args)
+            .args(["--listen", API, "--interval", "0.2", "--pin-dir"])
+            .arg(self.bpffs.pin_dir())
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        self.starts += 1;
+        let mut agent = self
+            .lab
+            .spawn(&format!("roce-agent-{}", self.starts), cmd)?;
+        agent.wait_for_output("serving GET /flows", Duration::from_secs(20))?;
+        self.agent = Some(agent);
+        Ok(())
+    }
+
+    fn agent(&mut self) -> Result<&mut Proc> {
+        self.agent.as_mut().context("no agent running")
+    }
+
+    /// Sends `signal` to the agent.
+    fn signal(&mut self, signal: i32) -> Result<()> {
+        let pid = self.agent()?.pid().context("the agent has no pid")?;
+        // SAFETY: kill(2) on our own child.
+        ensure!(
+            unsafe { libc::kill(pid as i32, signal) } == 0,
+            "kill({pid}, {signal})"
+        );
+        Ok(())
+    }
+
+    /// kill -9: the agent gets no chance to clean up.
+    fn kill_agent(&mut self) -> Result<()> {
+        if let Some(mut a) = self.agent.take() {
+            a.stop_with(libc::SIGKILL, Duration::from_secs(5))?;
+        }
+        Ok(())
+    }
+
+    /// Runs roce-gen in A with `args` (+ `--json`) and returns its report.
+    fn gen(&self, args: &[&str]) -> Result<Value> {
+        let mut cmd = self.lab.command(&self.lab.a.ns, self.bin.join("roce-gen"));
+        cmd.args(args).arg("--json");
+        let out = cmd.output().context("running roce-gen")?;
+        if !out.status.success() {
+            bail!(
+                "roce-gen {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        serde_json::from_slice(&out.stdout).context("roce-gen printed no JSON")
+    }
+
+    /// The agent's ingress flows on B's veth once they hold `packets` packets.
+    fn flows_settled(&self, packets: u64) -> Result<FlowTable> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let ifname = self.lab.b.veth.clone();
+        loop {
+            let out = self.lab.exec(
+                &self.lab.b.ns,
+                &self.agent_exe(),
+                &["flows", "--json", "--api", API],
+            )?;
+            let doc: Value = serde_json::from_slice(&out.stdout).context("flows --json")?;
+            let table = oracle::flows_from_doc(&doc, |f| {
+                f.get("ifname").and_then(Value::as_str) == Some(ifname.as_str())
+                    && f.get("direction").and_then(Value::as_str) == Some("ingress")
+            })?;
+            let n: u64 = table.values().map(|c| c.packets).sum();
+            if n == packets {
+                return Ok(table);
+            }
+            if n > packets || Instant::now() > deadline {
+                bail!("the agent holds {n} packets, expected {packets}: {doc}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Sends `count` non-RoCE UDP datagrams from B to A with DSCP `dscp`: they leave
+    /// through B's veth, where `tc_egress` applies the host policy.
+    fn send_other(&self, dscp: u8, count: u32) -> Result<()> {
+        let (src, dst) = (self.lab.b.ip4, self.lab.a.ip4);
+        roce_testkit::lab::in_namespace(&self.lab.b.ns, move || {
+            let sock = UdpSocket::bind((src, 0)).context("bind")?;
+            set_int_option(&sock, libc::IPPROTO_IP, libc::IP_TOS, i32::from(dscp) << 2)?;
+            for _ in 0..count {
+                sock.send_to(b"not roce", (dst, OTHER_PORT))
+                    .context("send")?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The DSCPs on the wire (A's veth) of `count` non-RoCE datagrams sent with `dscp`.
+    fn wire_dscps(&self, name: &str, dscp: u8, count: u32) -> Result<Vec<u64>> {
+        let filter = format!("udp dst port {OTHER_PORT}");
+        let capture = self
+            .lab
+            .capture(&self.lab.a.ns, &self.lab.a.veth, name, true, &filter)?;
+        self.send_other(dscp, count)?;
+        let pcap = capture.finish()?;
+        let rows = tshark::Fields::new(&["ip.dsfield.dscp"]).run(&pcap)?;
+        rows.iter()
+            .map(|r| tshark::number(r.first(0).unwrap_or("")))
+            .collect()
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        // The agent goes first so that `detach` finds the directory unlocked.
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.stop_with(libc::SIGKILL, Duration::from_secs(5));
+        }
+    }
+}
+
+/// Every flow's figures doubled, to compare a second identical run with (the
+/// last DSCP, source port and families stay).
+fn doubled(table: &FlowTable) -> FlowTable {
+    let twice = |e: &mut oracle::Ecn| {
+        e.not_ect *= 2;
+        e.ect1 *= 2;
+        e.ect0 *= 2;
+        e.ce *= 2;
+    };
+    let mut out = table.clone();
+    for c in out.values_mut() {
+        c.packets *= 2;
+        c.bytes *= 2;
+        twice(&mut c.ecn);
+        if let Some(e) = c.inner_ecn.as_mut() {
+            twice(e);
+        }
+        c.cnps *= 2;
+        c.acks *= 2;
+        c.naks *= 2;
+        c.rnr_naks *= 2;
+        // PSN gaps are no sum: the second run repeats the first one's PSNs (behind
+        // the expected one: retransmissions). The traffic has none.
+    }
+    out
+}
+
+#[test]
+fn kill_9_under_traffic_loses_no_count_and_counts_nothing_twice() -> Result<()> {
+    let mut rig = Rig::new()?;
+    let b_veth = rig.lab.b.veth.clone();
+    rig.start_agent(&["--iface", &b_veth, "--mode", "enforce"])?;
+    let dst = rig.lab.b.ip4.to_string();
+    let dst_mac = rig.lab.b.mac.clone();
+    // Three flows with CE marks and CNPs; long enough (0.4 s) to kill the agent
+    // while it flows.
+    let a_veth = rig.lab.a.veth.clone();
+    let args = [
+        "--iface",
+        &a_veth,
+        "--dst",
+        &dst,
+        "--dst-mac",
+        &dst_mac,
+        "--flows",
+        "3",
+        "--count",
+        "2000",
+        "--ce",
+        "50",
+        "--cnp",
+        "20",
+        "--rate",
+        "5000",
+    ];
+    let first = rig.gen(&args)?;
+    let sent = oracle::flows_from_doc(&first, |_| true)?;
+    let packets: u64 = sent.values().map(|c| c.packets).sum();
+    let once = rig.flows_settled(packets)?;
+
+    // The same traffic again, with the agent killed while it flows.
+    let sender = {
+        let mut cmd = rig.lab.command(&rig.lab.a.ns, rig.bin.join("roce-gen"));
+        cmd.args(&args).arg("--json");
+        rig.lab.spawn("roce-gen-2", cmd)?
+    };
+    std::thread::sleep(Duration::from_millis(150));
+    rig.kill_agent()?;
+    let mut sender = sender;
+    ensure!(
+        sender.wait()?.success(),
+        "roce-gen: {}",
+        sender.stderr_text()
+    );
+    // Non-RoCE on the lossless DSCP while no agent runs: the pinned tc program remarks.
+    let dscps = rig.wire_dscps("no-agent", 26, 20)?;
+    ensure!(
+        dscps == vec![0; 20],
+        "DSCPs on the wire with no agent: {dscps:?}"
+    );
+
+    rig.start_agent(&["--iface", &b_veth, "--mode", "enforce"])?;
+    let log = rig.agent()?.stderr_text();
+    ensure!(log.contains("adopted the pinned datapath"), "{log}");
+    let twice = rig.flows_settled(2 * packets)?;
+    ensure!(
+        twice == doubled(&once),
+        "after the restart:\n{twice:#?}\nexpected twice:\n{once:#?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn sighup_changes_remarking_on_the_wire_and_a_bad_file_changes_nothing() -> Result<()> {
+    let mut rig = Rig::new()?;
+    let config = rig.lab.dir.join("agent.toml");
+    let veth = rig.lab.b.veth.clone();
+    let write = |lossless: &str| -> Result<()> {
+        let text = format!(
+            "interfaces = [\"{}\"]\nmode = \"enforce\"\n\n[qos]\nlossless_dscps = [{lossless}]\nremark_dscp = 0\n",
+            veth
+        );
+        std::fs::write(&config, text).context("writing the config")
+    };
+    write("26")?;
+    let config_arg = config.display().to_string();
+    rig.start_agent(&["--config", &config_arg])?;
+    // DSCP 24 is not lossless yet: it leaves untouched.
+    let before = rig.wire_dscps("before", 24, 10)?;
+    ensure!(before == vec![24; 10], "before the reload: {before:?}");
+
+    write("24, 26")?;
+    rig.signal(libc::SIGHUP)?;
+    rig.agent()?
+        .wait_for_output("SIGHUP: configuration reloaded", Duration::from_secs(10))?;
+    let after = rig.wire_dscps("after", 24, 10)?;
+    ensure!(after == vec![0; 10], "after the reload: {after:?}");
+
+    // Line 5 is wrong (DSCP 99): refused, and the policy in force stays.
+    let broken = format!(
+        "interfaces = [\"{}\"]\nmode = \"enforce\"\n\n[qos]\nlossless_dscps = [24, 99]\n",
+        rig.lab.b.veth
+    );
+    std::fs::write(&config, broken)?;
+    rig.signal(libc::SIGHUP)?;
+    rig.agent()?
+        .wait_for_output("the configuration was refused", Duration::from_secs(10))?;
+    let log = rig.agent()?.stderr_text();
+    ensure!(
+        log.contains(&format!("{config_arg}:5:")),
+        "the refusal names no line: {log}"
+    );
+    let still = rig.wire_dscps("refused", 24, 10)?;
+    ensure!(still == vec![0; 10], "after a refused reload: {still:?}");
+    let metrics = rig.lab.exec(
+        &rig.lab.b.ns,
+        "curl",
+        &["-s", &format!("http://{API}/metrics")],
+    )?;
+    let metrics = String::from_utf8_lossy(&metrics.stdout).into_owned();
+    for line in [
+        "roce_agent_config_reloads_total 1",
+        "roce_agent_config_reload_failures_total 1",
+        "roce_agent_config_last_reload_successful 0",
+    ] {
+        ensure!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in /metrics:\n{metrics}"
+        );
+    }
+    Ok(())
+}
+
+/// The ids of the programs pinned under `dir/progs` (bpftool's JSON).
+fn pinned_program_ids(dir: &Path) -> Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(dir.join("progs"))? {
+        let path = entry?.path();
+        let out = Command::new("bpftool")
+            .args(["-j", "prog", "show", "pinned"])
+            .arg(&path)
+            .output()
+            .context("bpftool")?;
+        let v: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "bpftool on {}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        ids.push(v["id"].as_u64().context("no id")?);
+    }
+    Ok(ids)
+}
+
+/// Whether the kernel still has program `id` / any link of it.
+fn program_exists(id: u64) -> bool {
+    Command::new("bpftool")
+        .args(["prog", "show", "id", &id.to_string()])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn links_of(ids: &[u64]) -> Result<Vec<Value>> {
+    let out = Command::new("bpftool")
+        .args(["-j", "link", "show"])
+        .output()?;
+    let links: Vec<Value> = serde_json::from_slice(&out.stdout).context("bpftool link show")?;
+    Ok(links
+        .into_iter()
+        .filter(|l| l["prog_id"].as_u64().is_some_and(|p| ids.contains(&p)))
+        .collect())
+}
+
+#[test]
+fn sigterm_leaves_the_datapath_running_and_detach_removes_all_of_it() -> Result<()> {
+    let mut rig = Rig::new()?;
+    let (b_veth, a_veth) = (rig.lab.b.veth.clone(), rig.lab.a.veth.clone());
+    let _ = a_veth;
+    rig.start_agent(&["--iface", &b_veth, "--vtep", &b_veth, "--mode", "enforce"])?;
+    let ids = pinned_program_ids(&rig.bpffs.pin_dir())?;
+    ensure!(ids.len() == 4, "pinned programs: {ids:?}");
+    rig.signal(libc::SIGTERM)?;
+    let mut agent = rig.agent.take().context("agent")?;
+    ensure!(agent.wait()?.success(), "{}", agent.stderr_text());
+    // XDP, tc egress and tc ingress stay attached without the agent.
+    let links = links_of(&ids)?;
+    ensure!(links.len() == 3, "links after SIGTERM: {links:?}");
+    let dscps = rig.wire_dscps("after-sigterm", 26, 5)?;
+    ensure!(dscps == vec![0; 5], "no remarking after SIGTERM: {dscps:?}");
+
+    let out = rig.lab.exec(
+        &rig.lab.b.ns,
+        &rig.agent_exe(),
+        &["detach", "--pin-dir", &rig.bpffs.pin_arg()],
+    )?;
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(said.contains("detached 3 links"), "{said}");
+    ensure!(
+        !rig.bpffs.pin_dir().exists(),
+        "the pin directory is still there"
+    );
+    // Programs go once the kernel has let go of their last reference (RCU).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ids.iter().any(|id| program_exists(*id)) {
+        ensure!(Instant::now() < deadline, "programs left: {ids:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ensure!(links_of(&ids)?.is_empty(), "links left");
+    let qdiscs = rig
+        .lab
+        .exec(&rig.lab.b.ns, "tc", &["qdisc", "show", "dev", &b_veth])?;
+    let qdiscs = String::from_utf8_lossy(&qdiscs.stdout).into_owned();
+    ensure!(!qdiscs.contains("clsact"), "a qdisc left: {qdiscs}");
+    let dscps = rig.wire_dscps("after-detach", 26, 5)?;
+    ensure!(
+        dscps == vec![26; 5],
+        "still remarked after detach: {dscps:?}"
+    );
+    // A second detach finds nothing and says so.
+    let out = rig.lab.exec(
+        &rig.lab.b.ns,
+        &rig.agent_exe(),
+        &["detach", "--pin-dir", &rig.bpffs.pin_arg()],
+    )?;
+    ensure!(String::from_utf8_lossy(&out.stdout).contains("nothing pinned"));
+    Ok(())
+}
+
+#[test]
+fn a_pin_of_another_layout_version_is_refused_with_the_command_to_run() -> Result<()> {
+    let mut rig = Rig::new()?;
+    let b_veth = rig.lab.b.veth.clone();
+    rig.start_agent(&["--iface", &b_veth])?;
+    rig.kill_agent()?;
+    // GENERATION is {active: u32, layout: u32}: make the layout 999.
+    let generation = rig.bpffs.pin_dir().join("maps/GENERATION");
+    let out = Command::new("bpftool")
+        .args(["map", "update", "pinned"])
+        .arg(&generation)
+        .args([
+            "key", "0", "0", "0", "0", "value", "0", "0", "0", "0", "0xe7", "3", "0", "0",
+        ])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "bpftool: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cmd = rig.lab.command(&rig.lab.b.ns, rig.bin.join("roce-agent"));
+    cmd.args([
+        "run",
+        "--iface",
+        &b_veth,
+        "--listen",
+        API,
+        "--pin-dir",
+        &rig.bpffs.pin_arg(),
+    ]);
+    let out = cmd.output()?;
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    ensure!(out.status.code() == Some(1), "{err}");
+    ensure!(err.contains("layout version 999"), "{err}");
+    ensure!(
+        err.contains(&format!(
+            "roce-agent detach --pin-dir {}",
+            rig.bpffs.pin_arg()
+        )),
+        "{err}"
+    );
+    // The old datapath was not touched: its XDP link is still there.
+    ensure!(rig.bpffs.pin_dir().join("links").read_dir()?.count() >= 1);
+    Ok(())
+}
