@@ -2,6 +2,9 @@
 //! and the agent runs as an unprivileged user with exactly the capabilities the unit
 //! grants (and not with one fewer). Needs root (namespaces, setpriv).
 
+// Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

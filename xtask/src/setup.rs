@@ -57,7 +57,27 @@ pub fn ensure_all() -> Result<()> {
     ensure_debian_tools()
 }
 
-/// nightly with rust-src (for `-Z build-std=core`) and bpf-linker.
+/// clippy on the toolchain that builds the workspace: `cargo xtask test` runs the
+/// workspace's lint set ([workspace.lints] in Cargo.toml) before the tests.
+pub fn ensure_clippy() -> Result<()> {
+    let works = Command::new(env!("CARGO"))
+        .args(["clippy", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if works {
+        return Ok(());
+    }
+    if !have("rustup") {
+        bail!("cargo clippy is missing and there is no rustup to add it");
+    }
+    say("adding clippy to the toolchain");
+    run(Command::new("rustup").args(["component", "add", "clippy"]))
+        .context("adding clippy (rustup component add clippy)")
+}
+
+/// nightly with rust-src (for `-Z build-std=core`), bpf-linker, and clippy.
 pub fn ensure_rust() -> Result<()> {
     if !have("rustup") {
         bail!(
@@ -110,7 +130,7 @@ pub fn ensure_rust() -> Result<()> {
         ]))
         .context("installing bpf-linker")?;
     }
-    Ok(())
+    ensure_clippy()
 }
 
 /// tshark, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool, tmux, prometheus
