@@ -19,7 +19,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what building and testing need: nightly rust-src, bpf-linker, Debian tools.
+    /// Install what building and testing need: nightly rust-src, bpf-linker, clippy, Debian tools, kubernetes-validate.
     Setup,
     /// Run the lint set, then every test: unit tests, BPF_PROG_TEST_RUN cases, namespace end-to-end runs.
     Test(test::Args),
