@@ -8,6 +8,9 @@
 //! Tests that need BPF (the kernel engine) or tshark say so on stderr and skip that
 //! part when it is not available.
 
+// Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::net::{Ipv4Addr, Ipv6Addr};

@@ -7,6 +7,9 @@
 //! attaches to lives in a namespace named `roce-t-<pid>x<n>` (the test kit's
 //! `netns::Netns`).
 
+// Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::fs::File;
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};

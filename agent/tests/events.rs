@@ -3,6 +3,9 @@
 //! test kit's frame builder): human lines, JSON lines, kind filters, and pcapng that
 //! tshark decodes as RoCE.
 
+// Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::Command;

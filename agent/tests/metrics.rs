@@ -9,6 +9,9 @@
 //! Without it the promtool tests are skipped with a note, except under CI (`CI` set),
 //! where a missing promtool fails them. Namespace tests need root and skip without it.
 
+// Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};

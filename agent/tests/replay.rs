@@ -13,6 +13,9 @@
 //! Needs root (namespaces, XDP) and tcpreplay; without them the tests say so on
 //! stderr and pass.
 
+// Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};

@@ -7,6 +7,9 @@
 //! Needs tmux (`cargo xtask setup` installs it); without it the terminal tests are
 //! skipped with a note on stderr. No root needed.
 
+// Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -19,10 +19,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what building and testing need: nightly rust-src, bpf-linker, Debian tools.
+    /// Install what building and testing need: nightly rust-src, bpf-linker, clippy, Debian tools, kubernetes-validate.
     Setup,
-    /// Run every test: unit tests, BPF_PROG_TEST_RUN cases, namespace end-to-end runs.
+    /// Run the lint set, then every test: unit tests, BPF_PROG_TEST_RUN cases, namespace end-to-end runs.
     Test(test::Args),
+    /// Run clippy over the workspace (but the kernel crate) with warnings as errors.
+    Lint,
     /// Build a namespace lab, run the agent and a traffic generator, show the flow table.
     Demo(demo::Args),
     /// Measure per-packet cost and throughput against baselines in the same run.
@@ -33,6 +35,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Setup => xtask::setup::ensure_all(),
         Cmd::Test(a) => test::run(a),
+        Cmd::Lint => test::lint(),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
     }

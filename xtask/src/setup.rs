@@ -1,5 +1,6 @@
-//! Makes a fresh machine ready: nightly rust-src, bpf-linker, and the Debian tools that
-//! tests, demo and bench use. Each step says what it does; nothing is done twice.
+//! Makes a fresh machine ready: nightly rust-src, bpf-linker, clippy, the Debian tools
+//! that tests, demo and bench use, and kubernetes-validate (PyPI). Each step says what
+//! it does; nothing is done twice.
 
 use std::process::{Command, Stdio};
 
@@ -51,13 +52,62 @@ fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Everything at once: the Rust side, then the Debian tools.
+/// The kubernetes-validate release agent/tests/deploy.rs checks the Kubernetes
+/// manifest with (it ships the schemas: no cluster or network needed).
+pub const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+
+/// Everything at once: the Rust side, the Debian tools, then the Python ones.
 pub fn ensure_all() -> Result<()> {
     ensure_rust()?;
-    ensure_debian_tools()
+    ensure_debian_tools()?;
+    ensure_python_tools()
 }
 
-/// nightly with rust-src (for `-Z build-std=core`) and bpf-linker.
+/// kubernetes-validate from PyPI (it brings PyYAML), for `python3 -m kubernetes_validate`.
+pub fn ensure_python_tools() -> Result<()> {
+    let works = Command::new("python3")
+        .args(["-c", "import kubernetes_validate, yaml"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if works {
+        return Ok(());
+    }
+    say(&format!(
+        "installing kubernetes-validate {KUBERNETES_VALIDATE_VERSION} (python3 -m pip)"
+    ));
+    run(Command::new("python3").args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
+    ]))
+    .context("installing kubernetes-validate (needs python3 with pip)")
+}
+
+/// clippy on the toolchain that builds the workspace: `cargo xtask test` runs the
+/// workspace's lint set ([workspace.lints] in Cargo.toml) before the tests.
+pub fn ensure_clippy() -> Result<()> {
+    let works = Command::new(env!("CARGO"))
+        .args(["clippy", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if works {
+        return Ok(());
+    }
+    if !have("rustup") {
+        bail!("cargo clippy is missing and there is no rustup to add it");
+    }
+    say("adding clippy to the toolchain");
+    run(Command::new("rustup").args(["component", "add", "clippy"]))
+        .context("adding clippy (rustup component add clippy)")
+}
+
+/// nightly with rust-src (for `-Z build-std=core`), bpf-linker, and clippy.
 pub fn ensure_rust() -> Result<()> {
     if !have("rustup") {
         bail!(
@@ -110,7 +160,7 @@ pub fn ensure_rust() -> Result<()> {
         ]))
         .context("installing bpf-linker")?;
     }
-    Ok(())
+    ensure_clippy()
 }
 
 /// tshark, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool, tmux, prometheus

@@ -1,6 +1,7 @@
-//! `cargo xtask test`: set-up, then every test of the workspace (unit tests, kernel
-//! tests through BPF_PROG_TEST_RUN, namespace end-to-end runs), the demo (as the
-//! README runs it), then a check that nothing was left behind.
+//! `cargo xtask test`: set-up, the lint set (clippy, warnings as errors), then every
+//! test of the workspace (unit tests, kernel tests through BPF_PROG_TEST_RUN,
+//! namespace end-to-end runs), the demo (as the README runs it), then a check that
+//! nothing was left behind. `cargo xtask lint` runs the lint set alone.
 
 use std::process::Command;
 
@@ -28,6 +29,11 @@ pub fn run(args: Args) -> Result<()> {
     xtask::setup::ensure_all()?;
     if !xtask::setup::is_root() {
         bail!("the kernel and namespace tests need root (BPF_PROG_TEST_RUN, XDP attach, ip netns): run as root");
+    }
+    // The lint set first: it takes a minute and fails fast. Not with a filter (a
+    // developer running a few tests); `cargo xtask lint` runs it alone.
+    if args.filter.is_none() {
+        lint()?;
     }
     let before = namespaces();
     // The end-to-end tests run the real binaries (roce-agent, and roce-gen from the
@@ -59,6 +65,24 @@ pub fn run(args: Args) -> Result<()> {
         bail!("tests left network namespaces behind: {new:?}");
     }
     result
+}
+
+/// clippy over every crate but the kernel one, warnings as errors: the workspace's
+/// lint set (no unwrap, expect or panic outside tests in agent/ and common/, see
+/// [workspace.lints] in Cargo.toml) and clippy's defaults everywhere.
+pub fn lint() -> Result<()> {
+    // clippy builds the agent's build script, which builds the kernel object.
+    xtask::setup::ensure_rust()?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "roce-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])
 }
 
 /// Runs `cargo test ...` with every test binary run (`--no-fail-fast`), its output
