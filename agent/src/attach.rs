@@ -25,15 +25,27 @@ use crate::qos::{iface_qos, QosError, TcInterface, TcMechanism};
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
     #[error(transparent)]
-    Load(#[from] LoadError),
+    Load(Box<LoadError>),
     #[error("attaching XDP to {ifname}{hint}: {source}")]
     Xdp {
         ifname: String,
         hint: String,
-        source: LoadError,
+        source: Box<LoadError>,
     },
     #[error("attaching the tc QoS programs: {0}")]
-    Qos(#[from] QosError),
+    Qos(Box<QosError>),
+}
+
+impl From<LoadError> for AttachError {
+    fn from(e: LoadError) -> Self {
+        AttachError::Load(Box::new(e))
+    }
+}
+
+impl From<QosError> for AttachError {
+    fn from(e: QosError) -> Self {
+        AttachError::Qos(Box::new(e))
+    }
 }
 
 /// The interfaces `run` has programs on.
@@ -156,7 +168,7 @@ impl Attachments {
                 AttachError::Xdp {
                     ifname: ifname.clone(),
                     hint,
-                    source,
+                    source: Box::new(source),
                 }
             })?;
             tracing::info!(interface = %ifname, ifindex = index, %mode, "XDP classifier attached");

@@ -51,7 +51,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9473";
 pub const DEFAULT_INTERVAL_SECS: f64 = 1.0;
 /// Entries of the FLOWS map.
 pub const DEFAULT_FLOWS_MAP_SIZE: u32 = 65536;
-/// Largest FLOWS map accepted (per-CPU values make each entry cost ~100 B per CPU).
+/// Largest FLOWS map accepted (per-CPU values make each entry cost 160 B per CPU).
 pub const MAX_FLOWS_MAP_SIZE: u32 = 1 << 24;
 /// Path MTU assumed until a flow's own is learnt.
 pub const DEFAULT_PMTU: u32 = 4096;

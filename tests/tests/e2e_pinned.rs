@@ -310,7 +310,7 @@ fn kill_9_under_traffic_loses_no_count_and_counts_nothing_twice() -> Result<()> 
     // The same traffic again, with the agent killed while it flows.
     let sender = {
         let mut cmd = rig.lab.command(&rig.lab.a.ns, rig.bin.join("roce-gen"));
-        cmd.args(&args).arg("--json");
+        cmd.args(args).arg("--json");
         rig.lab.spawn("roce-gen-2", cmd)?
     };
     std::thread::sleep(Duration::from_millis(150));
