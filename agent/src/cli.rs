@@ -400,10 +400,25 @@ impl Launch {
             .filter(|i| netif::index_of(i).is_none())
             .cloned()
             .collect();
-        if !missing.is_empty() && !self.wait_for_interfaces {
-            return Err(RunError::NoInterface(missing).into());
+        if missing.is_empty() || self.wait_for_interfaces {
+            return Ok(settings);
         }
-        Ok(settings)
+        // A name from the file is a configuration error: say where it is.
+        if let Some((origin, field)) = file
+            .as_ref()
+            .and_then(|f| missing.iter().find_map(|m| f.interface_origin(m)))
+        {
+            return Err(ConfigError::Invalid {
+                origin,
+                field,
+                message: format!(
+                    "no such interface: {} (run --wait-for-interfaces waits for it)",
+                    missing.join(", ")
+                ),
+            }
+            .into());
+        }
+        Err(RunError::NoInterface(missing).into())
     }
 
     /// The host audit as `settings` asks for it: at start and every interval, in its
@@ -537,6 +552,14 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
     tracing::info!(listen = %local, interval = ?settings.interval, required_mtu = settings.required_mtu(), "serving GET /flows, GET /findings and GET /metrics");
 
     let mut ticker = new_ticker(settings.interval).await;
+    // Link changes wake the loop at once; the interval check catches what they miss.
+    let mut link_events = match netif::link_events() {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            tracing::warn!(error = %e, "no rtnetlink link events: interfaces are checked every interval only");
+            None
+        }
+    };
     let mut server_done = None;
     let mut throttle = crate::throttle::Throttle::default();
     loop {
@@ -549,13 +572,7 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
                         // Shared, not copied: the collector keeps it for the next rates.
                         tx.send_replace(p.document);
                         // Interfaces that appeared, went away or were re-created.
-                        if attachments.drifted(&settings) {
-                            if let Err(e) = attachments.apply(collector.loaded_mut(), &settings) {
-                                if let Some(left_out) = throttle.allow("interfaces", std::time::Instant::now()) {
-                                    tracing::warn!(error = %error_text(&anyhow!(e)), left_out, "attaching to an interface that changed failed; trying again next interval");
-                                }
-                            }
-                        }
+                        follow_interfaces(&mut attachments, collector.loaded_mut(), &settings, &mut throttle);
                     }
                     Err(e) => {
                         if let Some(left_out) = throttle.allow("poll", std::time::Instant::now()) {
@@ -563,6 +580,16 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
                         }
                     }
                 }
+            }
+            Some(()) = async {
+                match link_events.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                tokio::task::block_in_place(|| {
+                    follow_interfaces(&mut attachments, collector.loaded_mut(), &settings, &mut throttle)
+                });
             }
             _ = sighup.recv() => {
                 let reloaded = tokio::task::block_in_place(|| {
@@ -610,6 +637,25 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
                 server.abort();
             }
             Ok(())
+        }
+    }
+}
+
+/// Applies `settings` again when an interface is not where its programs are (it
+/// appeared, went away, was re-created or renamed); a failure is retried at the next
+/// check.
+fn follow_interfaces(
+    attachments: &mut Attachments,
+    loaded: &mut loader::Loaded,
+    settings: &Settings,
+    throttle: &mut crate::throttle::Throttle,
+) {
+    if !attachments.drifted(settings) {
+        return;
+    }
+    if let Err(e) = attachments.apply(loaded, settings) {
+        if let Some(left_out) = throttle.allow("interfaces", std::time::Instant::now()) {
+            tracing::warn!(error = %error_text(&anyhow!(e)), left_out, "attaching to an interface that changed failed; trying again at the next check");
         }
     }
 }

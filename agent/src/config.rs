@@ -290,6 +290,21 @@ impl ConfigFile {
             column,
         }
     }
+
+    /// Where the file names interface `name` (in `interfaces` or `vteps`), and which
+    /// of the two keys it is under.
+    pub fn interface_origin(&self, name: &str) -> Option<(Origin, &'static str)> {
+        for (key, list) in [
+            ("interfaces", &self.values.interfaces),
+            ("vteps", &self.values.vteps),
+        ] {
+            let Some(list) = list else { continue };
+            if let Some(i) = list.get_ref().iter().find(|i| i.get_ref() == name) {
+                return Some((self.origin(i.span()), key));
+            }
+        }
+        None
+    }
 }
 
 /// 1-based line and column (in characters) of byte `offset` of `text`.

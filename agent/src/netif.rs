@@ -25,3 +25,63 @@ pub fn name_of(index: u32) -> Option<String> {
             .into_owned(),
     )
 }
+
+/// A wake-up for every rtnetlink link message (RTMGRP_LINK: a link added, removed,
+/// renamed, up or down), read on a thread of its own. What changed is not parsed:
+/// the receiver compares names and ifindexes itself (`attach::Attachments::drifted`).
+/// The thread ends when the receiver is dropped (at the next message).
+pub fn link_events() -> std::io::Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    const RTMGRP_LINK: u32 = 1;
+    // SAFETY: plain socket calls on a descriptor we own and a sockaddr we filled.
+    let fd = unsafe {
+        let fd = libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_nl = std::mem::zeroed();
+        addr.nl_family = libc::AF_NETLINK as u16;
+        addr.nl_groups = RTMGRP_LINK;
+        if libc::bind(
+            fd.as_raw_fd(),
+            &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        fd
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("link-events".into())
+        .spawn(move || {
+            let mut buf = [0u8; 8192];
+            loop {
+                // SAFETY: recv into a buffer we own, of its size.
+                let n = unsafe {
+                    libc::recv(
+                        fd.as_raw_fd(),
+                        buf.as_mut_ptr() as *mut libc::c_void,
+                        buf.len(),
+                        0,
+                    )
+                };
+                if n < 0
+                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+                {
+                    continue;
+                }
+                // ENOBUFS (messages lost) is a change too: look again.
+                if tx.send(()).is_err() {
+                    return;
+                }
+            }
+        })?;
+    Ok(rx)
+}

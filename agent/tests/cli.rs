@@ -328,6 +328,26 @@ fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
     let err = text(&out.stderr);
     assert!(err.contains(&format!("{}:2:1: ", file.arg())), "{err}");
     assert!(!has_xdp(&ns, "lo"));
+
+    // An interface the host does not have, named by the file: where it is named.
+    let file = roce_testkit::temp::TempFile::new(
+        "unknown-if.toml",
+        "interfaces = [\"lo\", \"nosuch0\"]\n",
+    );
+    let out = ns
+        .cmd(BIN, &["run", "--config", file.arg()])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}:1:21: interfaces: no such interface: nosuch0",
+            file.arg()
+        )),
+        "{err}"
+    );
+    assert!(!has_xdp(&ns, "lo"));
 }
 
 #[test]
@@ -375,6 +395,7 @@ fn no_bpf_permission_exits_1_with_a_hint() {
                 "lo",
                 "--listen",
                 "127.0.0.1:0",
+                "--no-pin",
             ],
         )
         .output()
@@ -382,6 +403,32 @@ fn no_bpf_permission_exits_1_with_a_hint() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(err.contains("are you root"), "{err}");
+    assert!(!has_xdp(&ns, "lo"));
+
+    // Pinning (the default) needs a bpffs first; mounting one needs CAP_SYS_ADMIN.
+    let out = ns
+        .cmd(
+            "setpriv",
+            &[
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                BIN,
+                "run",
+                "--iface",
+                "lo",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+        )
+        .output()
+        .expect("run setpriv");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("mount -t bpf bpf /sys/fs/bpf") && err.contains("--no-pin"),
+        "{err}"
+    );
     assert!(!has_xdp(&ns, "lo"));
 }
 

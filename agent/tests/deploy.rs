@@ -55,14 +55,15 @@ fn systemd_unit_verifies() {
     assert!(!stderr.contains("roce-agent.service"), "{stderr}");
 }
 
-/// A bpffs mounted under /run with a pin directory owned by nobody, as the unit's
-/// ExecStartPre makes it; unmounted (pins and all) on drop.
-struct NobodysBpffs {
+/// A bpffs mounted under /run with a pin directory owned by `uid`, as the unit's
+/// ExecStartPre (or the node, for the DaemonSet's hostPath) makes it; unmounted (pins
+/// and all) on drop.
+struct TestBpffs {
     mount: std::path::PathBuf,
 }
 
-impl NobodysBpffs {
-    fn new() -> NobodysBpffs {
+impl TestBpffs {
+    fn new(uid: u32) -> TestBpffs {
         let (name, _) = unique_name("roce-test-bpf-");
         let mount = std::path::PathBuf::from("/run").join(name);
         std::fs::create_dir_all(&mount).expect("creating the mount point");
@@ -72,10 +73,10 @@ impl NobodysBpffs {
             .status()
             .expect("mount");
         assert!(st.success(), "mount -t bpf failed");
-        let guard = NobodysBpffs { mount };
+        let guard = TestBpffs { mount };
         let dir = guard.pin_dir();
         std::fs::create_dir(&dir).expect("creating the pin directory");
-        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).expect("chown");
+        std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).expect("chown");
         guard
     }
 
@@ -84,7 +85,7 @@ impl NobodysBpffs {
     }
 }
 
-impl Drop for NobodysBpffs {
+impl Drop for TestBpffs {
     fn drop(&mut self) {
         // Unmounting drops every pin: links detach, programs and maps go.
         let _ = Command::new("umount").arg(&self.mount).status();
@@ -98,7 +99,7 @@ fn spawn_unprivileged(
     ns: &Netns,
     caps: &[String],
     listen: &str,
-    pins: Option<&NobodysBpffs>,
+    pins: Option<&TestBpffs>,
 ) -> Child {
     let pin_args = match pins {
         Some(p) => vec!["--pin-dir".to_string(), p.pin_dir().display().to_string()],
@@ -164,7 +165,7 @@ fn agent_runs_as_nobody_with_exactly_the_units_capabilities() {
     ns.ip_ok(&["link", "set", "vb", "up"]);
     let listen = "127.0.0.1:9479";
 
-    let pins = NobodysBpffs::new();
+    let pins = TestBpffs::new(65534);
     let mut agent = Reap(spawn_unprivileged(&ns, &caps, listen, Some(&pins)));
     let start = Instant::now();
     let body = loop {
@@ -588,6 +589,12 @@ fn daemonset_command_line_runs_with_exactly_the_containers_capabilities() {
         })
         .collect();
     args.extend(["--iface".to_string(), "va".to_string()]);
+    // The pod's /sys/fs/bpf is the node's bpffs (hostPath); here one of the test's own.
+    let pins = TestBpffs::new(0);
+    args.extend([
+        "--pin-dir".to_string(),
+        pins.pin_dir().display().to_string(),
+    ]);
     let listen = flag(&args, "--listen");
     assert_eq!(listen, format!("{node_ip}:9473"));
 

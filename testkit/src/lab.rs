@@ -544,6 +544,44 @@ impl Lab {
         Ok(Capture { proc, path })
     }
 
+    /// Deletes the veth pair (both ends go, as when a NIC or VF goes away) and makes
+    /// it again with the same names, MACs and addresses: a new pair of ifindexes. Labs
+    /// without VXLAN only (the VXLAN devices would lose their underlay).
+    pub fn recreate_veth(&self) -> Result<()> {
+        if self.options.vxlan {
+            bail!("recreate_veth: the VXLAN devices sit on the veth pair");
+        }
+        let (a, b) = (&self.a, &self.b);
+        ip(&a.ns, &["link", "del", &a.veth])?;
+        ip(
+            &a.ns,
+            &[
+                "link", "add", &a.veth, "address", &a.mac, "type", "veth", "peer", "name", &b.veth,
+                "address", &b.mac, "netns", &b.ns,
+            ],
+        )?;
+        for side in [a, b] {
+            ip(
+                &side.ns,
+                &[
+                    "addr",
+                    "add",
+                    &format!("{}/24", side.ip4),
+                    "dev",
+                    &side.veth,
+                ],
+            )?;
+            ip(
+                &side.ns,
+                &["link", "set", &side.veth, "addrgenmode", "none", "up"],
+            )?;
+        }
+        for (this, peer) in [(a, b), (b, a)] {
+            permanent_neighbour(&this.ns, peer.ip4.into(), &peer.mac, &this.veth)?;
+        }
+        Ok(())
+    }
+
     /// Removes everything: kills the processes still running, deletes the
     /// namespaces (and with them the links), removes the directory unless kept.
     /// Idempotent; also run on drop. Returns the first error, after trying all.

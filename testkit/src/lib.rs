@@ -1,6 +1,7 @@
 //! roce-agent's test kit: what tests, benches, the demo and the lab need to make
 //! traffic and check it, kept out of the agent crate that ships to hosts.
 //!
+//! - [`bpffs`]: a bpffs of the test's own for agents that pin their datapath.
 //! - [`frame`]: RoCEv2 frames (plain, tagged, in VXLAN, IPv4/IPv6) as bytes, with a
 //!   correct ICRC.
 //! - [`gen`]: the `roce-gen` traffic generator (the binary is `src/bin/roce-gen.rs`).
@@ -14,6 +15,7 @@
 //! The BPF_PROG_TEST_RUN wrapper stays in the agent (`roce_agent::testrun`): its
 //! `analyze --engine kernel` runs captures through it in production.
 
+pub mod bpffs;
 pub mod frame;
 pub mod gen;
 pub mod lab;

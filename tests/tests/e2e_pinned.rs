@@ -11,17 +11,16 @@
 //! - `detach` leaves no program, link, qdisc or pin of the agent behind;
 //! - a pin of another layout version is refused with the command that removes it.
 //!
-//! The bpffs is mounted under /run, outside /sys, because `ip netns exec` remounts
-//! /sys and a bpffs mounted there dies with the session (DESIGN, facts of this
-//! machine kind). [`Bpffs`] detaches and unmounts on drop, also when a test fails.
+//! The bpffs is the test kit's [`Bpffs`] (under /run, outside /sys, which `ip netns
+//! exec` remounts), detached and unmounted on drop, also when a test fails.
 
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use roce_testkit::bpffs::Bpffs;
 use roce_testkit::lab::oracle::{self, FlowTable};
 use roce_testkit::lab::{bins, Lab, LabOptions, Proc};
 use roce_testkit::sock::set_int_option;
@@ -38,58 +37,6 @@ fn require_root() {
         unsafe { libc::geteuid() } == 0,
         "the pinned-datapath tests need root (bpffs, ip netns, XDP attach)"
     );
-}
-
-/// A bpffs mounted on a directory of its own under /run; on drop, whatever is pinned
-/// in it is detached (with `roce-agent detach`) and it is unmounted and removed.
-struct Bpffs {
-    mount: PathBuf,
-    agent_bin: PathBuf,
-}
-
-impl Bpffs {
-    fn new(agent_bin: &Path) -> Result<Bpffs> {
-        static SERIAL: AtomicU32 = AtomicU32::new(0);
-        let mount = PathBuf::from(format!(
-            "/run/roce-test-bpf-{}x{}",
-            std::process::id(),
-            SERIAL.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&mount).with_context(|| format!("creating {}", mount.display()))?;
-        let out = Command::new("mount")
-            .args(["-t", "bpf", "bpf"])
-            .arg(&mount)
-            .output()
-            .context("running mount")?;
-        if !out.status.success() {
-            let _ = std::fs::remove_dir(&mount);
-            bail!("mount -t bpf: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(Bpffs {
-            mount,
-            agent_bin: agent_bin.to_path_buf(),
-        })
-    }
-
-    /// The agent's pin directory on it.
-    fn pin_dir(&self) -> PathBuf {
-        self.mount.join("agent")
-    }
-
-    fn pin_arg(&self) -> String {
-        self.pin_dir().display().to_string()
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.agent_bin)
-            .args(["detach", "--pin-dir"])
-            .arg(self.pin_dir())
-            .output();
-        let _ = Command::new("umount").arg(&self.mount).output();
-        let _ = std::fs::remove_dir(&self.mount);
-    }
 }
 
 /// A lab, a bpffs, and the agent on B's veth pinned there. Fields drop in order: the
@@ -539,5 +486,83 @@ fn a_pin_of_another_layout_version_is_refused_with_the_command_to_run() -> Resul
     );
     // The old datapath was not touched: its XDP link is still there.
     ensure!(rig.bpffs.pin_dir().join("links").read_dir()?.count() >= 1);
+    Ok(())
+}
+
+/// Whether `dev` in namespace `ns` has an XDP program (as `ip link` shows it).
+fn has_xdp(lab: &Lab, ns: &str, dev: &str) -> Result<bool> {
+    let out = lab.exec(ns, "ip", &["link", "show", "dev", dev])?;
+    Ok(String::from_utf8_lossy(&out.stdout).contains(" xdp"))
+}
+
+/// Polls `cond` for up to 5 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond()? {
+        ensure!(
+            Instant::now() < deadline,
+            "{what} did not happen within 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+#[test]
+fn interfaces_that_appear_or_are_recreated_get_their_programs() -> Result<()> {
+    let mut rig = Rig::new()?;
+    let b_ns = rig.lab.b.ns.clone();
+    let b_veth = rig.lab.b.veth.clone();
+    rig.start_agent(&[
+        "--iface",
+        &b_veth,
+        "--iface",
+        "late0",
+        "--wait-for-interfaces",
+    ])?;
+    let log = rig.agent()?.stderr_text();
+    ensure!(
+        log.contains("waiting for the interface to appear") && log.contains("late0"),
+        "{log}"
+    );
+    ensure!(has_xdp(&rig.lab, &b_ns, &b_veth)?, "no XDP on {b_veth}");
+
+    // late0 appears: attached without a restart.
+    rig.lab.exec(
+        &b_ns,
+        "ip",
+        &[
+            "link", "add", "late0", "type", "veth", "peer", "name", "late1",
+        ],
+    )?;
+    rig.lab.exec(&b_ns, "ip", &["link", "set", "late0", "up"])?;
+    eventually("XDP on late0", || has_xdp(&rig.lab, &b_ns, "late0"))?;
+
+    // The veth pair deleted and made again (a new ifindex under the same name).
+    rig.lab.recreate_veth()?;
+    eventually("XDP on the re-created veth", || {
+        has_xdp(&rig.lab, &b_ns, &b_veth)
+    })?;
+    let dst = rig.lab.b.ip4.to_string();
+    let (a_veth, mac) = (rig.lab.a.veth.clone(), rig.lab.b.mac.clone());
+    let sent = rig.gen(&[
+        "--iface",
+        &a_veth,
+        "--dst",
+        &dst,
+        "--dst-mac",
+        &mac,
+        "--count",
+        "50",
+    ])?;
+    let sent = oracle::flows_from_doc(&sent, |_| true)?;
+    let packets: u64 = sent.values().map(|c| c.packets).sum();
+    rig.flows_settled(packets)?;
+    // One pinned XDP link per live interface, none left for the old ifindex.
+    let links = std::fs::read_dir(rig.bpffs.pin_dir().join("links"))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("xdp_classify@"))
+        .count();
+    ensure!(links == 2, "pinned XDP links: {links}");
     Ok(())
 }

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod intruder;
+mod soak;
 mod test;
 
 #[derive(Parser)]
@@ -29,6 +30,8 @@ enum Cmd {
     Demo(demo::Args),
     /// Measure per-packet cost and throughput against baselines in the same run.
     Bench(bench::Args),
+    /// Soak the agent in a namespace lab (10 minutes): traffic, reloads, kill -9 restarts, an interface re-created.
+    Soak(soak::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +41,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Lint => test::lint(),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Soak(a) => soak::run(a),
     }
 }
