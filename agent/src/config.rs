@@ -838,6 +838,26 @@ mod tests {
         ConfigFile::parse(Path::new("t.toml"), text.to_string())
     }
 
+    #[test]
+    fn a_file_any_user_can_write_is_refused_and_a_private_one_is_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("roce-perm-{}.toml", std::process::id()));
+        std::fs::write(&path, "interfaces = [\"eth1\"]\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let refused = ConfigFile::load(&path);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let read = ConfigFile::load(&path);
+        std::fs::remove_file(&path).unwrap();
+        match refused {
+            Err(e @ ConfigError::WorldWritable { .. }) => {
+                assert!(e.to_string().contains("mode 0666"), "{e}");
+                assert!(e.to_string().contains("chmod o-w"), "{e}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(read.is_ok(), "{read:?}");
+    }
+
     fn resolve(text: &str, flags: &Overrides) -> Result<Settings, ConfigError> {
         let f = parse(text)?;
         Settings::resolve(Some(&f), flags, true)

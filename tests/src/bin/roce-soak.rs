@@ -351,7 +351,7 @@ fn main() -> Result<()> {
         "rss": rss,
         "worst_rss_growth": worst_growth,
         "events": doc["counters"]["events"],
-        "event_drops": doc["counters"]["event_drops"],
+        "events_dropped": doc["counters"]["events_dropped"],
         "flows_created": doc["counters"]["flows_created"],
     });
     if args.json {
