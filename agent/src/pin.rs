@@ -194,12 +194,7 @@ impl PinDir {
                 .rsplit_once('@')
                 .map(|(p, _)| p.to_string())
                 .unwrap_or(name);
-            let fd = obj_get(&path)?;
-            let facts = link_info(fd.as_fd()).map_err(|source| PinError::Syscall {
-                call: "BPF_OBJ_GET_INFO_BY_FD",
-                path: path.clone(),
-                source,
-            })?;
+            let (fd, facts) = open_link(&path)?;
             out.push(PinnedLinkFacts {
                 path,
                 program,
@@ -218,18 +213,24 @@ impl PinDir {
         if !path.exists() {
             return Ok(None);
         }
-        let fd = obj_get(&path)?;
-        let facts = link_info(fd.as_fd()).map_err(|source| PinError::Syscall {
-            call: "BPF_OBJ_GET_INFO_BY_FD",
-            path: path.clone(),
-            source,
-        })?;
+        let (fd, facts) = open_link(&path)?;
         if facts.ifindex == ifindex {
             return Ok(Some(fd));
         }
         remove_link(&path, fd.as_fd())?;
         Ok(None)
     }
+}
+
+/// The link pinned at `path`, and what the kernel says about it.
+fn open_link(path: &Path) -> Result<(OwnedFd, LinkFacts), PinError> {
+    let fd = obj_get(path)?;
+    let facts = link_info(fd.as_fd()).map_err(|source| PinError::Syscall {
+        call: "BPF_OBJ_GET_INFO_BY_FD",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok((fd, facts))
 }
 
 /// A link found in a pin directory.

@@ -382,49 +382,30 @@ fn missing_interface_exits_1_and_attaches_nothing() {
 fn no_bpf_permission_exits_1_with_a_hint() {
     require_root!();
     let ns = new_ns();
-    let out = ns
-        .cmd(
-            "setpriv",
-            &[
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                BIN,
-                "run",
-                "--iface",
-                "lo",
-                "--listen",
-                "127.0.0.1:0",
-                "--no-pin",
-            ],
-        )
-        .output()
-        .expect("run setpriv");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    let err = text(&out.stderr);
+    // `roce-agent run` as nobody, without any capability.
+    let as_nobody = |extra: &[&str]| {
+        let mut args = vec![
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            BIN,
+            "run",
+            "--iface",
+            "lo",
+            "--listen",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(extra);
+        let out = ns.cmd("setpriv", &args).output().expect("run setpriv");
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        text(&out.stderr)
+    };
+    let err = as_nobody(&["--no-pin"]);
     assert!(err.contains("are you root"), "{err}");
     assert!(!has_xdp(&ns, "lo"));
 
     // Pinning (the default) needs a bpffs first; mounting one needs CAP_SYS_ADMIN.
-    let out = ns
-        .cmd(
-            "setpriv",
-            &[
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                BIN,
-                "run",
-                "--iface",
-                "lo",
-                "--listen",
-                "127.0.0.1:0",
-            ],
-        )
-        .output()
-        .expect("run setpriv");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    let err = text(&out.stderr);
+    let err = as_nobody(&[]);
     assert!(
         err.contains("mount -t bpf bpf /sys/fs/bpf") && err.contains("--no-pin"),
         "{err}"

@@ -378,36 +378,7 @@ impl Lab {
             ],
         )?;
         for side in [&a, &b] {
-            ip(
-                &side.ns,
-                &[
-                    "addr",
-                    "add",
-                    &format!("{}/24", side.ip4),
-                    "dev",
-                    &side.veth,
-                ],
-            )?;
-            if let Some(v6) = side.ip6 {
-                ip(
-                    &side.ns,
-                    &[
-                        "-6",
-                        "addr",
-                        "add",
-                        &format!("{v6}/64"),
-                        "dev",
-                        &side.veth,
-                        "nodad",
-                    ],
-                )?;
-            }
-            // No IPv6 link-local address: no router solicitations or MLD reports
-            // adding noise to the counters (neighbours are static, see below).
-            ip(
-                &side.ns,
-                &["link", "set", &side.veth, "addrgenmode", "none", "up"],
-            )?;
+            address_veth(side)?;
         }
         if self.options.vxlan {
             for (this, peer) in [(&a, &b), (&b, &a)] {
@@ -544,6 +515,25 @@ impl Lab {
         Ok(Capture { proc, path })
     }
 
+    /// Starts `roce-agent run ARGS` (the binary `agent`) in `ns` as process `name`,
+    /// logging at info level without colours, and waits until it serves its API.
+    pub fn start_agent<S: AsRef<std::ffi::OsStr>>(
+        &self,
+        ns: &str,
+        agent: &Path,
+        name: &str,
+        args: &[S],
+    ) -> Result<Proc> {
+        let mut cmd = self.command(ns, agent);
+        cmd.arg("run")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        let mut proc = self.spawn(name, cmd)?;
+        proc.wait_for_output("serving GET /flows", Duration::from_secs(30))?;
+        Ok(proc)
+    }
+
     /// Deletes the veth pair (both ends go, as when a NIC or VF goes away) and makes
     /// it again with the same names, MACs and addresses: a new pair of ifindexes. Labs
     /// without VXLAN only (the VXLAN devices would lose their underlay).
@@ -561,23 +551,13 @@ impl Lab {
             ],
         )?;
         for side in [a, b] {
-            ip(
-                &side.ns,
-                &[
-                    "addr",
-                    "add",
-                    &format!("{}/24", side.ip4),
-                    "dev",
-                    &side.veth,
-                ],
-            )?;
-            ip(
-                &side.ns,
-                &["link", "set", &side.veth, "addrgenmode", "none", "up"],
-            )?;
+            address_veth(side)?;
         }
         for (this, peer) in [(a, b), (b, a)] {
             permanent_neighbour(&this.ns, peer.ip4.into(), &peer.mac, &this.veth)?;
+            if let Some(v6) = peer.ip6 {
+                permanent_neighbour(&this.ns, v6.into(), &peer.mac, &this.veth)?;
+            }
         }
         Ok(())
     }
@@ -675,6 +655,34 @@ fn check_root() -> Result<()> {
 }
 
 /// A permanent neighbour entry in `ns`: `addr` is at `mac` on `dev`.
+/// Gives a side's veth its addresses and sets it up.
+fn address_veth(side: &Side) -> Result<()> {
+    ip(
+        &side.ns,
+        &[
+            "addr",
+            "add",
+            &format!("{}/24", side.ip4),
+            "dev",
+            &side.veth,
+        ],
+    )?;
+    if let Some(v6) = side.ip6 {
+        let v6 = format!("{v6}/64");
+        ip(
+            &side.ns,
+            &["-6", "addr", "add", &v6, "dev", &side.veth, "nodad"],
+        )?;
+    }
+    // No IPv6 link-local address: no router solicitations or MLD reports adding
+    // noise to the counters (neighbours are static).
+    ip(
+        &side.ns,
+        &["link", "set", &side.veth, "addrgenmode", "none", "up"],
+    )?;
+    Ok(())
+}
+
 fn permanent_neighbour(ns: &str, addr: IpAddr, mac: &str, dev: &str) -> Result<()> {
     let family = if addr.is_ipv6() { "-6" } else { "-4" };
     let addr = addr.to_string();

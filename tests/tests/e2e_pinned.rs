@@ -74,20 +74,14 @@ impl Rig {
 
     /// Starts `roce-agent run` in B with `args` plus the pin directory and the API.
     fn start_agent(&mut self, args: &[&str]) -> Result<()> {
-        let mut cmd = self
-            .lab
-            .command(&self.lab.b.ns, self.bin.join("roce-agent"));
-        cmd.arg("run")
-            .args(args)
-            .args(["--listen", API, "--interval", "0.2", "--pin-dir"])
-            .arg(self.bpffs.pin_dir())
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1");
+        let pin_dir = self.bpffs.pin_arg();
+        let mut all = args.to_vec();
+        all.extend(["--listen", API, "--interval", "0.2", "--pin-dir", &pin_dir]);
         self.starts += 1;
-        let mut agent = self
-            .lab
-            .spawn(&format!("roce-agent-{}", self.starts), cmd)?;
-        agent.wait_for_output("serving GET /flows", Duration::from_secs(20))?;
+        let name = format!("roce-agent-{}", self.starts);
+        let agent =
+            self.lab
+                .start_agent(&self.lab.b.ns, &self.bin.join("roce-agent"), &name, &all)?;
         self.agent = Some(agent);
         Ok(())
     }

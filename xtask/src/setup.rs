@@ -63,15 +63,17 @@ pub fn ensure_all() -> Result<()> {
     ensure_python_tools()
 }
 
-/// kubernetes-validate from PyPI (it brings PyYAML), for `python3 -m kubernetes_validate`.
-pub fn ensure_python_tools() -> Result<()> {
-    let works = Command::new("python3")
-        .args(["-c", "import kubernetes_validate, yaml"])
-        .stdout(Stdio::null())
+/// Whether `cmd` runs and exits 0 (its output thrown away).
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok_and(|s| s.success());
-    if works {
+        .is_ok_and(|s| s.success())
+}
+
+/// kubernetes-validate from PyPI (it brings PyYAML), for `python3 -m kubernetes_validate`.
+pub fn ensure_python_tools() -> Result<()> {
+    if succeeds(Command::new("python3").args(["-c", "import kubernetes_validate, yaml"])) {
         return Ok(());
     }
     say(&format!(
@@ -90,13 +92,7 @@ pub fn ensure_python_tools() -> Result<()> {
 /// clippy on the toolchain that builds the workspace: `cargo xtask test` runs the
 /// workspace's lint set ([workspace.lints] in Cargo.toml) before the tests.
 pub fn ensure_clippy() -> Result<()> {
-    let works = Command::new(env!("CARGO"))
-        .args(["clippy", "--version"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if works {
+    if succeeds(Command::new(env!("CARGO")).args(["clippy", "--version"])) {
         return Ok(());
     }
     if !have("rustup") {

@@ -103,19 +103,20 @@ impl Soak {
     }
 
     fn start_agent(&mut self) -> Result<()> {
-        let mut cmd = self
-            .lab
-            .command(&self.lab.b.ns, self.bin.join("roce-agent"));
-        cmd.arg("run")
-            .arg("--config")
-            .arg(&self.config)
-            .args(["--listen", API, "--interval", "0.5", "--pin-dir"])
-            .arg(self.bpffs.pin_dir())
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1");
+        let args = [
+            "--config".to_string(),
+            self.config.display().to_string(),
+            "--listen".to_string(),
+            API.to_string(),
+            "--interval".to_string(),
+            "0.5".to_string(),
+            "--pin-dir".to_string(),
+            self.bpffs.pin_arg(),
+        ];
         let name = format!("roce-agent-{}", self.lives.len() + 1);
-        let mut agent = self.lab.spawn(&name, cmd)?;
-        agent.wait_for_output("serving GET /flows", Duration::from_secs(30))?;
+        let agent =
+            self.lab
+                .start_agent(&self.lab.b.ns, &self.bin.join("roce-agent"), &name, &args)?;
         let pid = agent.pid().context("no pid")?;
         self.lives.push(Life {
             pid,
