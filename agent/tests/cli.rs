@@ -300,54 +300,43 @@ fn flows_without_an_agent_is_a_clear_error() {
 fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
     require_root!();
     let ns = new_ns();
-    let file = roce_testkit::temp::TempFile::new(
+    // `run --config FILE ARGS` with `text` in FILE: exit 2, nothing attached; returns
+    // stderr and the file's path.
+    let refused = |name: &str, contents: &str, args: &[&str]| {
+        let file = roce_testkit::temp::TempFile::new(name, contents);
+        let mut all = vec!["run", "--config", file.arg()];
+        all.extend_from_slice(args);
+        let out = ns.cmd(BIN, &all).output().expect("run");
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert!(!has_xdp(&ns, "lo"));
+        (text(&out.stderr), file.arg().to_string())
+    };
+    let (err, path) = refused(
         "bad.toml",
         "# comment\nlisten = \"127.0.0.1:9473\"\ndefault_pmtu = 1500\n",
+        &["--iface", "lo"],
     );
-    let out = ns
-        .cmd(BIN, &["run", "--config", file.arg(), "--iface", "lo"])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    let err = text(&out.stderr);
-    assert!(
-        err.contains(&format!("{}:3:16: default_pmtu", file.arg())),
-        "{err}"
-    );
-    assert!(!has_xdp(&ns, "lo"));
+    assert!(err.contains(&format!("{path}:3:16: default_pmtu")), "{err}");
 
-    let file = roce_testkit::temp::TempFile::new(
+    let (err, path) = refused(
         "syntax.toml",
         "interfaces = [\"lo\"\nroce_port = 4791\n",
+        &[],
     );
-    let out = ns
-        .cmd(BIN, &["run", "--config", file.arg()])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    let err = text(&out.stderr);
-    assert!(err.contains(&format!("{}:2:1: ", file.arg())), "{err}");
-    assert!(!has_xdp(&ns, "lo"));
+    assert!(err.contains(&format!("{path}:2:1: ")), "{err}");
 
     // An interface the host does not have, named by the file: where it is named.
-    let file = roce_testkit::temp::TempFile::new(
+    let (err, path) = refused(
         "unknown-if.toml",
         "interfaces = [\"lo\", \"nosuch0\"]\n",
+        &[],
     );
-    let out = ns
-        .cmd(BIN, &["run", "--config", file.arg()])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    let err = text(&out.stderr);
     assert!(
         err.contains(&format!(
-            "{}:1:21: interfaces: no such interface: nosuch0",
-            file.arg()
+            "{path}:1:21: interfaces: no such interface: nosuch0"
         )),
         "{err}"
     );
-    assert!(!has_xdp(&ns, "lo"));
 }
 
 #[test]

@@ -169,6 +169,18 @@ impl Proc {
         }
     }
 
+    /// Sends `signal` (e.g. `libc::SIGHUP`) and returns at once.
+    pub fn signal(&self, signal: i32) -> Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| anyhow!("{} is not running", self.name))?;
+        // SAFETY: kill(2) on a child we have not reaped.
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+            bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Asks the process to end with `signal` (e.g. `libc::SIGINT`), waits up to
     /// `grace` for it, then kills it. Returns its exit status.
     pub fn stop_with(&mut self, signal: i32, grace: Duration) -> Result<ExitStatus> {

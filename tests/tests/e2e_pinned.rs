@@ -90,15 +90,8 @@ impl Rig {
         self.agent.as_mut().context("no agent running")
     }
 
-    /// Sends `signal` to the agent.
     fn signal(&mut self, signal: i32) -> Result<()> {
-        let pid = self.agent()?.pid().context("the agent has no pid")?;
-        // SAFETY: kill(2) on our own child.
-        ensure!(
-            unsafe { libc::kill(pid as i32, signal) } == 0,
-            "kill({pid}, {signal})"
-        );
-        Ok(())
+        self.agent()?.signal(signal)
     }
 
     /// kill -9: the agent gets no chance to clean up.

@@ -132,10 +132,7 @@ impl Soak {
     }
 
     fn signal(&mut self, signal: i32) -> Result<()> {
-        let pid = self.agent()?.pid().context("no pid")?;
-        // SAFETY: kill(2) on our own child.
-        ensure!(unsafe { libc::kill(pid as i32, signal) } == 0, "kill {pid}");
-        Ok(())
+        self.agent()?.signal(signal)
     }
 
     /// One burst of four flows with CE marks and CNPs; its report joins the truth.
