@@ -32,8 +32,8 @@ use roce_common::counters::{STATS_LEN, STAT_FLOW_CREATED};
 use roce_common::flow::{FlowKey, FlowStats, KEY_EGRESS};
 use roce_common::packet::SlicePacket;
 use roce_common::policy::{
-    action_stats, apply, decap_check, decap_stats, ipv4_checksum, IfaceQos, Kind, Policy, VtepKey,
-    VtepStats, ECN_KERNEL, ECN_RFC6040, HOST_AUDIT, HOST_ENFORCE, HOST_OFF,
+    action_stats, apply, decap_check, decap_stats, ipv4_checksum, DscpEntry, IfaceQos, Kind,
+    Policy, VtepKey, VtepStats, ECN_KERNEL, ECN_RFC6040, HOST_AUDIT, HOST_ENFORCE, HOST_OFF,
 };
 use roce_common::reference::ReferenceTable;
 use roce_testkit::frame::{roce_frame_to, Eth, RoceMsg, L3};
@@ -225,6 +225,27 @@ impl fmt::Display for Report {
         }
         Ok(())
     }
+}
+
+/// A policy unlike the default in every table the programs read.
+pub fn other_policy() -> Policy {
+    let mut p = Policy::default();
+    p.qos.roce_dscp = 24;
+    p.qos.cnp_dscp = 56;
+    p.qos.remark_dscp = 8;
+    p.set_lossless(&[24, 46, 0]);
+    p.table[24].priority = 4;
+    p.table[56].priority = 7;
+    p.table[10] = DscpEntry {
+        priority: 2,
+        vtep_outer: 26,
+        flags: 0,
+        _pad: [0; 2],
+    };
+    p.config.roce_port = 4792;
+    p.config.vxlan_port = 8472;
+    p.config.default_pmtu_log2 = 10;
+    p
 }
 
 /// The interface modes of the tc lanes, each loaded in an object of its own.

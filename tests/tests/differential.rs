@@ -14,10 +14,10 @@ use roce_common::counters::{
     class_index, reason_index, Class, Reason, CLASS_NAMES, REASON_COUNT, STAT_FLOW_INSERT_FAILED,
     STAT_QOS_AUDIT_INTRUDER_REMARK, STAT_QOS_AUDIT_ROCE_REWRITE,
 };
-use roce_common::policy::{DscpEntry, Policy, ENTRY_LOSSLESS};
+use roce_common::policy::{Policy, ENTRY_LOSSLESS};
 use roce_common::reference::ReferenceTable;
 use roce_tests::differential::{
-    kernel_ifindex, narrow_down_xdp, DiffOptions, Differential, Report,
+    kernel_ifindex, narrow_down_xdp, other_policy, DiffOptions, Differential, Report,
 };
 use roce_tests::expect::{compare_with_reference, stat_name};
 use roce_tests::gen::{Gen, Sample};
@@ -57,27 +57,6 @@ fn differential(name: &str, o: &DiffOptions, seed: u64, n: u64) -> Report {
     }
     println!("{name}: {report}");
     report
-}
-
-/// A policy unlike the default in every table the programs read.
-fn other_policy() -> Policy {
-    let mut p = Policy::default();
-    p.qos.roce_dscp = 24;
-    p.qos.cnp_dscp = 56;
-    p.qos.remark_dscp = 8;
-    p.set_lossless(&[24, 46, 0]);
-    p.table[24].priority = 4;
-    p.table[56].priority = 7;
-    p.table[10] = DscpEntry {
-        priority: 2,
-        vtep_outer: 26,
-        flags: 0,
-        _pad: [0; 2],
-    };
-    p.config.roce_port = 4792;
-    p.config.vxlan_port = 8472;
-    p.config.default_pmtu_log2 = 10;
-    p
 }
 
 #[test]

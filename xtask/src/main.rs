@@ -1,9 +1,10 @@
-//! `cargo xtask`: set-up, tests, the lab demo and benchmarks.
+//! `cargo xtask`: set-up, tests, the lab demo, benchmarks and differential fuzzing.
 
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod fuzz;
 mod intruder;
 mod test;
 
@@ -27,6 +28,9 @@ enum Cmd {
     Demo(demo::Args),
     /// Measure per-packet cost and throughput against baselines in the same run.
     Bench(bench::Args),
+    /// Differential fuzzing: N random and mutated frames through the real XDP and tc
+    /// programs and the reference (default 1,000,000); any disagreement fails.
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -35,5 +39,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Test(a) => test::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Fuzz(a) => fuzz::run(a),
     }
 }
