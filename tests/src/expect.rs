@@ -8,7 +8,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use roce_common::counters::Reason;
 use roce_common::counters::{
     class_index, reason_index, Class, CLASS_NAMES, REASON_NAMES, STATS_LEN, STAT_CLASS_BASE,
-    STAT_FLOW_CREATED, STAT_NAMES_OTHER, STAT_REASON_BASE,
+    STAT_FLOW_CREATED, STAT_NAMES_EVENTS, STAT_NAMES_EVENTS_DROPPED, STAT_NAMES_OTHER,
+    STAT_NAMES_QOS, STAT_REASON_BASE,
 };
 use roce_common::flow::{
     addr_v4_mapped, FlowKey, FlowStats, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
@@ -144,7 +145,12 @@ pub fn stat_name(i: usize) -> String {
     if (STAT_REASON_BASE..STAT_REASON_BASE + REASON_NAMES.len() as u32).contains(&i32) {
         return REASON_NAMES[(i32 - STAT_REASON_BASE) as usize].to_string();
     }
-    for (idx, name) in STAT_NAMES_OTHER {
+    for (idx, name) in STAT_NAMES_OTHER
+        .iter()
+        .chain(STAT_NAMES_QOS)
+        .chain(STAT_NAMES_EVENTS)
+        .chain(STAT_NAMES_EVENTS_DROPPED)
+    {
         if *idx == i32 {
             return name.to_string();
         }

@@ -1,9 +1,12 @@
 //! Shared helpers of the integration tests: a BPF_PROG_TEST_RUN harness around the
 //! real XDP program (and one that reads the EVENTS ring), expected-value builders (flow keys, STATS vectors), comparison
-//! with the reference classifier, and a small pcap reader.
+//! with the reference classifier, and a small pcap reader; the frame generator and
+//! the differential runs shared by `tests/differential.rs` and `roce-fuzz`.
 
+pub mod differential;
 pub mod events;
 pub mod expect;
+pub mod gen;
 pub mod harness;
 pub mod pcap;
 pub mod tc;

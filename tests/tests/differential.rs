@@ -1,513 +1,28 @@
-//! Differential testing: random and structure-aware mutated frames through the real
-//! `xdp_classify` (BPF_PROG_TEST_RUN) and through the reference classifier
-//! (`roce_common::reference::ReferenceTable`); after every batch the STATS vector and
-//! the whole FLOWS table (timestamps aside) must be identical. On a mismatch the batch
-//! is replayed packet by packet to name the first packet where the two part, printed
-//! in hex with the seed that reproduces it.
+//! Differential testing: random and structure-aware mutated frames (`roce_tests::gen`)
+//! through the real `xdp_classify`, `tc_egress` (audit, enforce, VTEP, VTEP + enforce)
+//! and `tc_ingress` (VTEP) programs (BPF_PROG_TEST_RUN) and through the pure reference
+//! (`ReferenceTable`, `policy::apply`, `policy::decap_check`): verdicts, output bytes,
+//! skb priority, STATS, FLOWS and VTEPS must agree (`roce_tests::differential`). On a
+//! disagreement the seed and the first frame that shows it are printed in hex.
 //!
-//! `ROCE_DIFF_SEED=<u64>` replays a run; `ROCE_DIFF_PACKETS=<n>` changes its size.
-//! Needs root.
+//! `ROCE_DIFF_SEED=<u64>` replays a run; `ROCE_DIFF_PACKETS=<n>` changes its size
+//! (`cargo xtask fuzz` runs a million). Needs root.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-use std::time::Instant;
-
-use rand::rngs::StdRng;
-use rand::seq::IndexedRandom;
-use rand::{Rng, SeedableRng};
-use roce_agent::loader::LoadOptions;
+use roce_agent::loader::TC_EGRESS;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{
-    class_index, reason_index, Reason, CLASS_NAMES, REASON_COUNT, STATS_LEN,
-    STAT_FLOW_INSERT_FAILED,
+    class_index, reason_index, Class, Reason, CLASS_NAMES, REASON_COUNT, STAT_FLOW_INSERT_FAILED,
+    STAT_QOS_AUDIT_INTRUDER_REMARK, STAT_QOS_AUDIT_ROCE_REWRITE,
 };
+use roce_common::policy::{Policy, ENTRY_LOSSLESS};
 use roce_common::reference::ReferenceTable;
-use roce_common::wire::{ETH_HLEN, UDP_HLEN, VLAN_HLEN, VXLAN_HLEN};
-use roce_testkit::frame::{
-    cnp, defined_opcodes, eth_frame, ip_frame, roce_frame_to, udp_frame, vxlan_frame, Eth, Ipv6Ext,
-    RoceMsg, VlanTag, L3,
+use roce_tests::differential::{
+    kernel_ifindex, narrow_down_xdp, other_policy, DiffOptions, Differential, Report,
 };
 use roce_tests::expect::{compare_with_reference, stat_name};
+use roce_tests::gen::{Gen, Sample};
 use roce_tests::harness::Harness;
-use roce_tests::hex;
-
-const BATCH: usize = 500;
-
-// ---------------------------------------------------------------------------------
-// Frame generation
-
-/// Offsets of the fields the structure-aware mutations aim at.
-#[derive(Default, Debug)]
-struct Marks {
-    /// EtherType fields (outer Ethernet, each VLAN tag, inner Ethernet).
-    ethertypes: Vec<usize>,
-    /// IP headers and whether each is IPv6.
-    ips: Vec<(usize, bool)>,
-    /// IPv6 extension headers.
-    v6_ext: Vec<usize>,
-    udps: Vec<usize>,
-    vxlan: Option<usize>,
-    bth: Option<usize>,
-}
-
-struct Sample {
-    frame: Vec<u8>,
-    marks: Marks,
-}
-
-struct Gen {
-    rng: StdRng,
-    opcodes: Vec<u8>,
-    psn: u32,
-    config: RuntimeConfig,
-}
-
-impl Gen {
-    fn new(seed: u64, config: RuntimeConfig) -> Self {
-        Gen {
-            rng: StdRng::seed_from_u64(seed),
-            opcodes: defined_opcodes(),
-            psn: 0xFF_FFF0,
-            config,
-        }
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        *items.choose(&mut self.rng).expect("non-empty")
-    }
-
-    /// One of `items`, or (as often as any one of them) a uniformly random value.
-    fn pick_or_random<T: Copy>(&mut self, items: &[T]) -> T
-    where
-        rand::distr::StandardUniform: rand::distr::Distribution<T>,
-    {
-        if self.rng.random_range(0..=items.len()) == items.len() {
-            self.rng.random()
-        } else {
-            self.pick(items)
-        }
-    }
-
-    fn eth(&mut self) -> Eth {
-        let tags = match self.rng.random_range(0..100) {
-            0..60 => 0,
-            60..85 => 1,
-            85..97 => 2,
-            _ => 3,
-        };
-        let mut e = Eth::default();
-        for _ in 0..tags {
-            let vid = self.rng.random_range(0..4096);
-            let tag = if self.rng.random_bool(0.5) {
-                VlanTag::dot1q(vid)
-            } else {
-                VlanTag::dot1ad(vid)
-            };
-            e = e.with_vlan(tag.with_pcp(self.rng.random_range(0..8)));
-        }
-        e
-    }
-
-    fn tos(&mut self) -> u8 {
-        match self.rng.random_range(0..4) {
-            0 => 106,
-            1 => 0,
-            2 => 0xC3,
-            _ => self.rng.random(),
-        }
-    }
-
-    fn ext(&mut self) -> Ipv6Ext {
-        let len = self.pick(&[0u8, 0, 1, 2, 3]);
-        match self.rng.random_range(0..4) {
-            0 => Ipv6Ext::HopByHop { len },
-            1 => Ipv6Ext::Routing {
-                len,
-                routing_type: self.rng.random(),
-                segments_left: self.rng.random(),
-            },
-            2 => Ipv6Ext::DestOpts { len },
-            _ => Ipv6Ext::Fragment {
-                offset: if self.rng.random_bool(0.8) {
-                    0
-                } else {
-                    self.rng.random_range(1..0x2000)
-                },
-                more: self.rng.random(),
-                id: self.rng.random(),
-            },
-        }
-    }
-
-    /// An IP layer from a small address pool, so that flows collide and accumulate.
-    fn l3(&mut self) -> L3 {
-        let a = self.rng.random_range(1..4u8);
-        let b = self.rng.random_range(1..4u8);
-        let l3 = if self.rng.random_bool(0.6) {
-            let mut l = L3::v4(Ipv4Addr::new(198, 18, 0, a), Ipv4Addr::new(198, 18, 0, b));
-            if self.rng.random_bool(0.2) {
-                let n = self.rng.random_range(1..=40);
-                let opts: Vec<u8> = (0..n).map(|_| self.rng.random()).collect();
-                l = l.with_options(&opts);
-            }
-            if self.rng.random_bool(0.05) {
-                if let L3::V4(h) = &mut l {
-                    h.flags_frag = self.rng.random();
-                }
-            }
-            l
-        } else {
-            let mut l = L3::v6(
-                Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, a as u16),
-                Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, b as u16),
-            );
-            if self.rng.random_bool(0.3) {
-                for _ in 0..self.rng.random_range(1..=5) {
-                    let e = self.ext();
-                    l = l.with_ext(e);
-                }
-            }
-            l
-        };
-        l3.with_tos(self.tos())
-    }
-
-    fn msg(&mut self) -> RoceMsg {
-        let op = if self.rng.random_bool(0.85) {
-            let ops = self.opcodes.clone();
-            self.pick(&ops)
-        } else {
-            self.rng.random()
-        };
-        // PSNs mostly in order, sometimes skipping ahead or going back.
-        let step = self.pick(&[0i64, 1, 1, 1, 1, 2, 3, 6, -1, -5, 0x80_0000]);
-        self.psn = (self.psn as i64 + step).rem_euclid(0x100_0000) as u32;
-        let qp = self.pick(&[1u32, 2, 3, 0xFF_FFFF, 0x12_3456]);
-        let payload = self.pick(&[0usize, 1, 2, 3, 4, 17, 64, 256, 512, 1024, 2048]);
-        let mut m = RoceMsg::new(op, qp, self.psn)
-            .with_payload(payload)
-            .with_ack_req(self.rng.random())
-            .with_fecn(self.rng.random_bool(0.1))
-            .with_becn(self.rng.random_bool(0.1));
-        m.syndrome = self.pick(&[0x00, 0x1F, 0x20, 0x3F, 0x60, 0x61, 0x62, 0x63, 0x40, 0xE0]);
-        m.reth.dma_len = self.pick(&[0u32, 1, 256, 1000, 3000, 4096, 8192, 65536, u32::MAX]);
-        m.reth.rkey = self.rng.random();
-        m.xrc_srq = self.rng.random::<u32>() & 0xFF_FFFF;
-        if self.rng.random_bool(0.05) {
-            m.pad = Some(self.rng.random_range(0..4));
-        }
-        m
-    }
-
-    fn ip_marks(marks: &mut Marks, at: usize, l3: &L3) -> usize {
-        match l3 {
-            L3::V4(_) => marks.ips.push((at, false)),
-            L3::V6(h) => {
-                marks.ips.push((at, true));
-                let mut e = at + 40;
-                for x in &h.ext {
-                    marks.v6_ext.push(e);
-                    e += x.len();
-                }
-            }
-        }
-        at + l3.header_len()
-    }
-
-    fn eth_marks(marks: &mut Marks, at: usize, eth: &Eth) -> usize {
-        marks.ethertypes.push(at + 12);
-        for i in 0..eth.vlans.len() {
-            marks.ethertypes.push(at + ETH_HLEN + VLAN_HLEN * i + 2);
-        }
-        at + eth.header_len()
-    }
-
-    /// A RoCE frame, plain or in VXLAN, with its marks.
-    fn roce(&mut self, tunnelled: bool) -> Sample {
-        let m = if self.rng.random_bool(0.08) {
-            let mut c = cnp(self.pick(&[1, 2, 3]));
-            c.opcode = self.pick(&[0x80, 0x81]);
-            c
-        } else {
-            self.msg()
-        };
-        let sport = self.pick(&[0xC000u16, 0xC001, 0xFFFF, 69, 4791]);
-        let inner_eth = if tunnelled {
-            Eth::default()
-        } else {
-            self.eth()
-        };
-        let inner_l3 = self.l3();
-        let inner = roce_frame_to(&inner_eth, &inner_l3, sport, self.config.roce_port, &m);
-        let mut marks = Marks::default();
-        if !tunnelled {
-            let l3 = Self::eth_marks(&mut marks, 0, &inner_eth);
-            let l4 = Self::ip_marks(&mut marks, l3, &inner_l3);
-            marks.udps.push(l4);
-            marks.bth = Some(l4 + UDP_HLEN);
-            return Sample {
-                frame: inner,
-                marks,
-            };
-        }
-        let eth = self.eth();
-        let outer = self.l3();
-        let vni = self.pick(&[1u32, 5001, 0xFF_FFFF]);
-        let mut frame = vxlan_frame(&eth, &outer, 0xD000, vni, &inner);
-        // vxlan_frame writes the default VXLAN port; follow the configuration.
-        let l3 = Self::eth_marks(&mut marks, 0, &eth);
-        let l4 = Self::ip_marks(&mut marks, l3, &outer);
-        marks.udps.push(l4);
-        frame[l4 + 2..l4 + 4].copy_from_slice(&self.config.vxlan_port.to_be_bytes());
-        let vx = l4 + UDP_HLEN;
-        marks.vxlan = Some(vx);
-        let il3 = Self::eth_marks(&mut marks, vx + VXLAN_HLEN, &inner_eth);
-        let il4 = Self::ip_marks(&mut marks, il3, &inner_l3);
-        marks.udps.push(il4);
-        marks.bth = Some(il4 + UDP_HLEN);
-        Sample { frame, marks }
-    }
-
-    /// Traffic that is not RoCE: TCP, other UDP, ARP, VXLAN carrying those.
-    fn other(&mut self) -> Sample {
-        let eth = self.eth();
-        let l3 = self.l3();
-        let mut marks = Marks::default();
-        let l3_off = Self::eth_marks(&mut marks, 0, &eth);
-        let frame = match self.rng.random_range(0..5) {
-            0 => {
-                Self::ip_marks(&mut marks, l3_off, &l3);
-                ip_frame(&eth, &l3, self.pick(&[6u8, 1, 58, 47]), &[0u8; 20])
-            }
-            1 => {
-                let l4 = Self::ip_marks(&mut marks, l3_off, &l3);
-                marks.udps.push(l4);
-                let dport = self.pick(&[
-                    53u16,
-                    4790,
-                    4792,
-                    8472,
-                    self.config.roce_port.wrapping_add(1),
-                ]);
-                udp_frame(&eth, &l3, self.config.roce_port, dport, &[0u8; 32])
-            }
-            2 => eth_frame(
-                &eth,
-                self.pick(&[0x0806u16, 0x88CC, 0x8915, 0x0000]),
-                &[0u8; 46],
-            ),
-            _ => {
-                let inner = match self.rng.random_range(0..3) {
-                    0 => ip_frame(&Eth::default(), &self.l3(), 6, &[0u8; 20]),
-                    1 => udp_frame(&Eth::default(), &self.l3(), 1, 53, &[0u8; 8]),
-                    _ => eth_frame(&Eth::default(), 0x0806, &[0u8; 28]),
-                };
-                let l4 = Self::ip_marks(&mut marks, l3_off, &l3);
-                marks.udps.push(l4);
-                marks.vxlan = Some(l4 + UDP_HLEN);
-                marks.ethertypes.push(l4 + UDP_HLEN + VXLAN_HLEN + 12);
-                let mut f = vxlan_frame(&eth, &l3, 0xD000, 7, &inner);
-                f[l4 + 2..l4 + 4].copy_from_slice(&self.config.vxlan_port.to_be_bytes());
-                f
-            }
-        };
-        Sample { frame, marks }
-    }
-
-    /// IPv6 extension headers long enough to push the rest past the parser's depth.
-    fn deep(&mut self) -> Sample {
-        let big = Ipv6Ext::HopByHop {
-            len: self.rng.random_range(90..=127),
-        };
-        let tunnelled = self.rng.random();
-        let mut s = self.roce(tunnelled);
-        let eth = Eth::default();
-        let l3 = L3::v6(Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST).with_ext(big);
-        let inner = s.frame.clone();
-        s.frame = vxlan_frame(&eth, &l3, 1, 1, &inner);
-        let mut marks = Marks::default();
-        let l3_off = Self::eth_marks(&mut marks, 0, &eth);
-        let l4 = Self::ip_marks(&mut marks, l3_off, &l3);
-        marks.udps.push(l4);
-        marks.vxlan = Some(l4 + UDP_HLEN);
-        s.frame[l4 + 2..l4 + 4].copy_from_slice(&self.config.vxlan_port.to_be_bytes());
-        s.marks = marks;
-        s
-    }
-
-    /// Random bytes behind a plausible EtherType (and sometimes a plausible IP version).
-    fn noise(&mut self) -> Sample {
-        let len = self.rng.random_range(14..200);
-        let mut f: Vec<u8> = (0..len).map(|_| self.rng.random()).collect();
-        let t: u16 = self.pick_or_random(&[0x0800, 0x86DD, 0x8100, 0x88A8]);
-        f[12..14].copy_from_slice(&t.to_be_bytes());
-        if len > 14 && self.rng.random_bool(0.5) {
-            f[14] = (f[14] & 0x0F) | if t == 0x86DD { 0x60 } else { 0x40 };
-        }
-        let mut marks = Marks::default();
-        marks.ethertypes.push(12);
-        Sample { frame: f, marks }
-    }
-
-    fn sample(&mut self) -> Sample {
-        let mut s = match self.rng.random_range(0..100) {
-            0..40 => self.roce(false),
-            40..75 => self.roce(true),
-            75..87 => self.other(),
-            87..92 => self.deep(),
-            _ => self.noise(),
-        };
-        if self.rng.random_bool(0.6) {
-            for _ in 0..self.rng.random_range(1..=3) {
-                self.mutate(&mut s);
-            }
-        }
-        if s.frame.len() < ETH_HLEN {
-            s.frame.resize(ETH_HLEN, 0);
-        }
-        s
-    }
-
-    /// Sets a declared length (IPv4 total length, IPv6 payload length, UDP length) to
-    /// a value around the real one, around the headers' boundaries, beyond the frame,
-    /// or at random: bytes beyond it are not the datagram's.
-    fn mutate_length(&mut self, s: &mut Sample) {
-        let mut fields: Vec<usize> = s
-            .marks
-            .ips
-            .iter()
-            .map(|&(at, v6)| if v6 { at + 4 } else { at + 2 })
-            .collect();
-        fields.extend(s.marks.udps.iter().map(|at| at + 4));
-        let Some(&at) = fields.choose(&mut self.rng) else {
-            return;
-        };
-        let f = &mut s.frame;
-        if at + 2 > f.len() {
-            return;
-        }
-        let old = u16::from_be_bytes([f[at], f[at + 1]]);
-        let new = match self.rng.random_range(0..6) {
-            0 => old.wrapping_sub(self.rng.random_range(1..=24)),
-            1 => old.wrapping_add(self.rng.random_range(1..=24)),
-            2 => self.rng.random_range(0..=40),
-            3 => (f.len() + self.rng.random_range(1..=2000)) as u16,
-            4 => 0,
-            _ => self.rng.random(),
-        };
-        f[at..at + 2].copy_from_slice(&new.to_be_bytes());
-    }
-
-    fn mutate(&mut self, s: &mut Sample) {
-        let f = &mut s.frame;
-        let len = f.len();
-        let set16 = |f: &mut Vec<u8>, at: usize, v: u16| {
-            if at + 2 <= f.len() {
-                f[at..at + 2].copy_from_slice(&v.to_be_bytes());
-            }
-        };
-        match self.rng.random_range(0..13) {
-            12 => self.mutate_length(s),
-            0 => {
-                let i = self.rng.random_range(0..len);
-                f[i] ^= self.rng.random_range(1..=255u8);
-            }
-            1 => {
-                let i = self.rng.random_range(0..len.min(160));
-                f[i] = self.rng.random();
-            }
-            2 => {
-                let n = self.rng.random_range(ETH_HLEN..=len);
-                f.truncate(n);
-            }
-            3 => {
-                if let Some(&at) = s.marks.ethertypes.choose(&mut self.rng) {
-                    let t = self.pick_or_random(&[0x0800u16, 0x86DD, 0x8100, 0x88A8, 0x0806]);
-                    set16(f, at, t);
-                }
-            }
-            4 => {
-                if let Some(&at) = s.marks.udps.choose(&mut self.rng) {
-                    let p = self.pick_or_random(&[
-                        self.config.roce_port,
-                        self.config.vxlan_port,
-                        4791,
-                        4789,
-                    ]);
-                    // Mostly the destination port, sometimes the source port.
-                    let field = if self.rng.random_bool(0.8) { 2 } else { 0 };
-                    set16(f, at + field, p);
-                }
-            }
-            5 => {
-                if let Some(&(at, v6)) = s.marks.ips.choose(&mut self.rng) {
-                    if at < f.len() {
-                        if !v6 && self.rng.random_bool(0.7) {
-                            f[at] = 0x40 | self.rng.random_range(0..16u8);
-                        } else {
-                            f[at] = (f[at] & 0x0F) | (self.rng.random_range(0..16u8) << 4);
-                        }
-                    }
-                }
-            }
-            6 => {
-                if let Some(at) = s.marks.vxlan {
-                    if at < f.len() {
-                        f[at] = self.pick_or_random(&[0x00, 0x08, 0x0C, 0xF7]);
-                    }
-                }
-            }
-            7 => {
-                // IPv6 next header / extension header chain.
-                let mut spots: Vec<usize> = s
-                    .marks
-                    .ips
-                    .iter()
-                    .filter(|(_, v6)| *v6)
-                    .map(|(at, _)| at + 6)
-                    .collect();
-                spots.extend(s.marks.v6_ext.iter().copied());
-                if let Some(&at) = spots.choose(&mut self.rng) {
-                    if at + 1 < f.len() {
-                        f[at] = self.pick_or_random(&[0u8, 43, 44, 60, 17, 6, 59]);
-                        if self.rng.random_bool(0.3) && s.marks.v6_ext.contains(&at) {
-                            f[at + 1] = self.rng.random();
-                        }
-                    }
-                }
-            }
-            8 => {
-                // Fragment fields: IPv4 flags/offset, IPv6 fragment offset.
-                if let Some(&(at, v6)) = s.marks.ips.choose(&mut self.rng) {
-                    let v: u16 = self.pick_or_random(&[0, 0x2000, 0x4000, 1, 0x2001]);
-                    if !v6 {
-                        set16(f, at + 6, v);
-                    } else if let Some(&e) = s.marks.v6_ext.choose(&mut self.rng) {
-                        set16(f, e + 2, v);
-                    }
-                }
-            }
-            9 => {
-                let n = self.rng.random_range(1..64);
-                f.extend((0..n).map(|_| self.rng.random::<u8>()));
-            }
-            10 => {
-                if let Some(at) = s.marks.bth {
-                    if at < f.len() {
-                        f[at] = self.rng.random();
-                    }
-                }
-            }
-            _ => {
-                // Cut inside the headers, where the interesting boundaries are.
-                let n = self.rng.random_range(ETH_HLEN..=len.min(180));
-                f.truncate(n);
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// The run
+use roce_tests::tc::{refuses_skb_test_run, TcHarness};
 
 fn seed() -> u64 {
     match std::env::var("ROCE_DIFF_SEED") {
@@ -522,152 +37,47 @@ fn seed() -> u64 {
     }
 }
 
-fn packets(default: usize) -> usize {
+fn packets(default: u64) -> u64 {
     std::env::var("ROCE_DIFF_PACKETS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
 }
 
-/// The ifindex the kernel puts into keys under BPF_PROG_TEST_RUN, read from a key.
-fn kernel_ifindex(h: &mut Harness, config: &RuntimeConfig) -> u32 {
-    let f = roce_frame_to(
-        &Eth::default(),
-        &L3::v4(Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::new(2, 2, 2, 2)),
-        1,
-        config.roce_port,
-        &RoceMsg::send_only(1, 0, 0),
-    );
-    h.pass(&f);
-    let flows = h.flows();
-    let ifindex = match flows.keys().next() {
-        Some(k) => k.ifindex,
-        None => panic!("the probe frame made no flow"),
-    };
-    h.reset();
-    ifindex
-}
-
-/// What the flows of all batches counted, to show the run exercised every counter.
-#[derive(Debug, Default)]
-struct FlowTotals {
-    packets: u64,
-    cnps: u64,
-    acks: u64,
-    naks: u64,
-    rnr_naks: u64,
-    psn_gaps: u64,
-    inner_ce: u64,
-    pmtu_learnt: u64,
-}
-
-impl FlowTotals {
-    fn add(&mut self, r: &ReferenceTable) {
-        for s in r.flows.values() {
-            self.packets += s.packets;
-            self.cnps += s.cnps;
-            self.acks += s.acks;
-            self.naks += s.naks;
-            self.rnr_naks += s.rnr_naks;
-            self.psn_gaps += s.psn_gaps;
-            self.inner_ce += s.inner_ecn[3];
-            self.pmtu_learnt += (s.psn.pmtu_log2 != 0) as u64;
-        }
-    }
-}
-
-/// Runs `n` generated frames through both classifiers, comparing after each batch;
-/// returns the reference's STATS summed over all batches.
-fn differential(name: &str, opts: &LoadOptions, seed: u64, n: usize) -> (Vec<u64>, FlowTotals) {
-    let start = Instant::now();
-    let mut h = Harness::load_with(opts);
-    let ifindex = kernel_ifindex(&mut h, &opts.config);
+/// Runs `n` frames through every lane; panics with the first disagreement.
+fn differential(name: &str, o: &DiffOptions, seed: u64, n: u64) -> Report {
+    let mut d = Differential::new(o, seed);
     println!(
-        "{name}: seed {seed} (ROCE_DIFF_SEED={seed} to replay), {n} packets, ifindex {ifindex}"
+        "{name}: seed {seed} (ROCE_DIFF_SEED={seed} to replay), {n} packets, ifindex {}",
+        d.ifindex()
     );
-    let mut gen = Gen::new(seed, opts.config);
-    let mut totals = vec![0u64; STATS_LEN as usize];
-    let mut flow_totals = FlowTotals::default();
-    let mut done = 0;
-    let mut batch_no = 0;
-    while done < n {
-        let count = BATCH.min(n - done);
-        let batch: Vec<Sample> = (0..count).map(|_| gen.sample()).collect();
-        h.reset();
-        let mut reference = ReferenceTable::new(opts.config);
-        for s in &batch {
-            h.pass(&s.frame);
-            reference.process(&s.frame, ifindex, 0);
-        }
-        if let Err(diff) = compare_with_reference(&h.flows(), &h.stats(), &reference) {
-            let culprit = narrow_down(&mut h, opts.config, ifindex, &batch);
-            panic!(
-                "{name}: seed {seed}, batch {batch_no}: kernel and reference differ\n{diff}\n{culprit}"
-            );
-        }
-        flow_totals.add(&reference);
-        for (t, v) in totals.iter_mut().zip(reference.stats.iter()) {
-            *t += v;
-        }
-        done += count;
-        batch_no += 1;
+    let report = d.run(n, |_| {}).clone();
+    if let Some(first) = report.first_disagreement() {
+        panic!("{name}: kernel and reference differ\n{first}");
     }
-    println!(
-        "{name}: {n} packets agreed in {:.2?}\n  counters: {}\n  flows: {flow_totals:?}",
-        start.elapsed(),
-        roce_tests::expect::describe(&totals)
-    );
-    (totals, flow_totals)
-}
-
-/// Replays a failing batch one packet at a time, comparing after each: the first
-/// packet after which the tables differ is the culprit (with the packets before it
-/// as the state it met).
-fn narrow_down(h: &mut Harness, config: RuntimeConfig, ifindex: u32, batch: &[Sample]) -> String {
-    h.reset();
-    let mut reference = ReferenceTable::new(config);
-    for (i, s) in batch.iter().enumerate() {
-        h.pass(&s.frame);
-        let outcome = reference.process(&s.frame, ifindex, 0);
-        if let Err(diff) = compare_with_reference(&h.flows(), &h.stats(), &reference) {
-            // Does it fail on its own, too?
-            h.reset();
-            let mut alone = ReferenceTable::new(config);
-            h.pass(&s.frame);
-            alone.process(&s.frame, ifindex, 0);
-            let alone_diff = compare_with_reference(&h.flows(), &h.stats(), &alone);
-            return format!(
-                "first differing packet: #{i} of the batch, {} bytes, reference outcome {outcome:?}\n{}\n{diff}\non its own: {}",
-                s.frame.len(),
-                hex(&s.frame),
-                match alone_diff {
-                    Ok(()) => "agrees (depends on the packets before it)".to_string(),
-                    Err(d) => format!("differs too: {d}"),
-                }
-            );
-        }
-    }
-    "replayed one by one, the batch agreed (the difference depends on batching)".to_string()
+    println!("{name}: {report}");
+    report
 }
 
 #[test]
 fn kernel_and_reference_agree_on_100k_random_and_mutated_frames() {
     let seed = seed();
     let n = packets(100_000);
-    let (totals, flows) = differential("default config", &LoadOptions::default(), seed, n);
-    assert_eq!(totals[STAT_FLOW_INSERT_FAILED as usize], 0);
-    // The generator must reach every class and every reason a frame of 14 bytes or
-    // more can have; otherwise this test proves less than it claims.
+    let r = differential("default policy", &DiffOptions::default(), seed, n);
+    assert_eq!(r.xdp_stats[STAT_FLOW_INSERT_FAILED as usize], 0);
+    // The generator must reach every class, every reason a frame of 14 bytes or more
+    // can have, every BTH opcode and every decision of the policy; otherwise this test
+    // proves less than it claims.
     if n >= 100_000 {
         let mut missing = Vec::new();
         for (i, name) in CLASS_NAMES.iter().enumerate() {
-            if totals[class_index(class_at(i)) as usize] == 0 {
+            if r.xdp_stats[class_index(class_at(i)) as usize] == 0 {
                 missing.push(name.to_string());
             }
         }
-        for r in 0..REASON_COUNT {
-            let idx = reason_index(Reason::TruncatedEth) as usize + r;
-            if r != Reason::TruncatedEth as usize && totals[idx] == 0 {
+        for i in 0..REASON_COUNT {
+            let idx = reason_index(Reason::TruncatedEth) as usize + i;
+            if i != Reason::TruncatedEth as usize && r.xdp_stats[idx] == 0 {
                 missing.push(stat_name(idx));
             }
         }
@@ -675,7 +85,8 @@ fn kernel_and_reference_agree_on_100k_random_and_mutated_frames() {
             missing.is_empty(),
             "seed {seed}: never produced: {missing:?}"
         );
-        let f = &flows;
+        assert_eq!(r.opcodes.len(), 256, "seed {seed}: BTH opcodes seen");
+        let f = &r.flows;
         assert!(
             [
                 f.cnps,
@@ -688,25 +99,54 @@ fn kernel_and_reference_agree_on_100k_random_and_mutated_frames() {
             ]
             .iter()
             .all(|&c| c > 0),
-            "seed {seed}: some flow counter never moved: {flows:?}"
+            "seed {seed}: some flow counter never moved: {f:?}"
         );
+        for (lane, t) in &r.lanes {
+            let moved = match *lane {
+                "tc_ingress/vtep" => t.decap_checked > 0,
+                // Audit mode counts what enforce would do and writes nothing.
+                "tc_egress/audit" => {
+                    t.stats[STAT_QOS_AUDIT_ROCE_REWRITE as usize] > 0
+                        && t.stats[STAT_QOS_AUDIT_INTRUDER_REMARK as usize] > 0
+                        && t.rewritten == 0
+                        && t.priority_set == 0
+                }
+                _ => t.rewritten > 0 && t.priority_set > 0,
+            };
+            assert!(moved, "seed {seed}: {lane} never acted: {t:?}");
+        }
+        let kinds = |lane: &str| {
+            r.lanes
+                .iter()
+                .find(|(n, _)| *n == lane)
+                .map(|(_, t)| t.kinds.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            kinds("tc_egress/enforce"),
+            ["Cnp", "Intruder", "Other", "RoceData", "Untouched"]
+        );
+        assert_eq!(kinds("tc_egress/vtep"), ["Untouched", "Vtep"]);
+        let flows = |lane: &str| {
+            r.lanes
+                .iter()
+                .find(|(n, _)| *n == lane)
+                .map(|(_, t)| t.flows)
+        };
+        assert!(flows("tc_egress/audit") > Some(0) && flows("tc_egress/enforce") > Some(0));
     }
 }
 
 #[test]
-fn kernel_and_reference_agree_with_other_ports_and_default_pmtu() {
+fn kernel_and_reference_agree_with_other_ports_policy_and_default_pmtu() {
     let seed = seed() ^ 0x5EED;
-    let mut opts = LoadOptions::default();
-    opts.config.roce_port = 4792;
-    opts.config.vxlan_port = 8472;
-    opts.config.default_pmtu_log2 = 10;
-    let (totals, _) = differential(
-        "ports 4792/8472, PMTU 1024",
-        &opts,
+    let r = differential(
+        "ports 4792/8472, PMTU 1024, other DSCPs",
+        &DiffOptions::new(other_policy()),
         seed,
         packets(100_000) / 2,
     );
-    assert!(totals[class_index(roce_common::counters::Class::RoceInVxlan) as usize] > 0);
+    assert!(r.xdp_stats[class_index(Class::RoceInVxlan) as usize] > 0);
 }
 
 #[test]
@@ -728,7 +168,8 @@ fn a_difference_is_caught_and_narrowed_to_the_first_packet_that_shows_it() {
         wrong.process(&s.frame, ifindex + 1, 0);
     }
     assert!(compare_with_reference(&h.flows(), &h.stats(), &wrong).is_err());
-    let report = narrow_down(&mut h, config, ifindex + 1, &batch);
+    let (index, report) = narrow_down_xdp(&mut h, config, ifindex + 1, &batch);
+    assert_eq!(index, Some(3), "{report}");
     assert!(
         report.starts_with("first differing packet: #3 of the batch"),
         "{report}"
@@ -736,8 +177,128 @@ fn a_difference_is_caught_and_narrowed_to_the_first_packet_that_shows_it() {
     assert!(report.contains("on its own: differs too"), "{report}");
 }
 
+/// Plain RoCE on DSCP 26 and non-RoCE on DSCP 26: the frames the wrong references
+/// below must trip over.
+fn roce_then_intruder() -> Vec<Sample> {
+    let mut gen = Gen::new(7, RuntimeConfig::default());
+    let mut batch: Vec<Sample> = Vec::new();
+    // Frames the policy leaves alone first, so that the culprit is not frame 0.
+    while batch.len() < 3 {
+        let s = gen.other();
+        let mut f = s.frame.clone();
+        let a = roce_common::policy::apply(
+            &mut f,
+            &Policy::default(),
+            &roce_tests::differential::tc_lanes()[1].2,
+        );
+        if !a.rewrites() && a.priority.is_none() {
+            batch.push(s);
+        }
+    }
+    batch.push(gen.roce(false));
+    batch
+}
+
+#[test]
+fn a_wrong_dscp_in_the_reference_is_caught_on_the_first_rewritten_frame() {
+    // The kernel writes DSCP 26 for RoCE, the reference (wrongly) 30: enforce-mode
+    // bytes differ on the first RoCE frame (audit mode writes nothing, but counts the
+    // same; the priority differs too).
+    let mut o = DiffOptions::default();
+    o.reference_policy.qos.roce_dscp = 30;
+    let mut d = Differential::new(&o, 1);
+    let batch = roce_then_intruder();
+    d.run_frames(&batch);
+    let r = d.report().clone();
+    let enforce: Vec<_> = r
+        .first
+        .iter()
+        .filter(|x| x.lane == "tc_egress/enforce")
+        .collect();
+    assert!(!enforce.is_empty(), "not caught: {r}");
+    assert_eq!(enforce[0].index, Some(3), "{}", enforce[0]);
+    assert!(
+        enforce[0].detail.contains("output bytes differ"),
+        "{}",
+        enforce[0]
+    );
+    assert_eq!(enforce[0].frame, batch[3].frame);
+    let text = r.first_disagreement().unwrap_or_default();
+    assert!(text.starts_with("seed 1 (ROCE_DIFF_SEED=1"), "{text}");
+    assert!(text.contains("0000  "), "the frame in hex: {text}");
+}
+
+#[test]
+fn a_wrong_counter_in_the_reference_is_caught_and_narrowed_to_its_frame() {
+    // The reference (wrongly) thinks DSCP 48 is lossless: in audit mode no byte and no
+    // priority differs, only the QoS counters at the end of the batch; narrowing down
+    // must name the first frame on DSCP 48 that is not RoCE.
+    let mut o = DiffOptions::default();
+    o.reference_policy.table[48].flags |= ENTRY_LOSSLESS;
+    let mut d = Differential::new(&o, 1);
+    let mut gen = Gen::new(3, RuntimeConfig::default());
+    let mut batch = roce_then_intruder();
+    // A non-RoCE frame on DSCP 48, last.
+    loop {
+        let s = gen.other();
+        let mut f = s.frame.clone();
+        let a = roce_common::policy::apply(
+            &mut f,
+            &Policy::default(),
+            &roce_tests::differential::tc_lanes()[0].2,
+        );
+        if a.kind == roce_common::policy::Kind::Other && a.old_tos >> 2 == 48 {
+            batch.push(s);
+            break;
+        }
+    }
+    d.run_frames(&batch);
+    let r = d.report().clone();
+    let audit: Vec<_> = r
+        .first
+        .iter()
+        .filter(|x| x.lane == "tc_egress/audit")
+        .collect();
+    assert_eq!(audit.len(), 1, "{r}");
+    assert_eq!(audit[0].index, Some(batch.len() - 1), "{}", audit[0]);
+    assert!(audit[0].detail.contains("STATS differ"), "{}", audit[0]);
+    assert!(
+        audit[0].detail.contains("audit_intruders_would_remark"),
+        "{}",
+        audit[0]
+    );
+}
+
+#[test]
+fn skb_test_runs_refuse_ip_frames_shorter_than_their_ip_header() {
+    // The tc lanes skip what the kernel will not run (`tc::refuses_skb_test_run`):
+    // the rule must be the kernel's, neither more nor less.
+    let mut h = TcHarness::load(
+        &Policy::default(),
+        roce_tests::differential::tc_lanes()[0].2,
+    );
+    for ethertype in [0x0800u16, 0x86DD, 0x8100, 0x88A8, 0x0806, 0x1234] {
+        for fill in [0u8, 0x45, 0x60, 0xFF] {
+            for len in 14..100 {
+                let mut f = vec![fill; len];
+                f[12..14].copy_from_slice(&ethertype.to_be_bytes());
+                let refused = match h.try_run_on(TC_EGRESS, &f, 0, 0) {
+                    Ok(_) => false,
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => true,
+                    Err(e) => panic!("{ethertype:#x} len {len}: {e}"),
+                };
+                assert_eq!(
+                    refused,
+                    refuses_skb_test_run(&f),
+                    "EtherType {ethertype:#06x}, {len} bytes of {fill:#04x}"
+                );
+            }
+        }
+    }
+}
+
 /// The class with STATS index `i`.
-fn class_at(i: usize) -> roce_common::counters::Class {
-    use roce_common::counters::Class::*;
+fn class_at(i: usize) -> Class {
+    use Class::*;
     [Roce, RoceInVxlan, VxlanOther, OtherUdp, OtherIp, NonIp][i]
 }

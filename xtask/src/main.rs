@@ -1,9 +1,10 @@
-//! `cargo xtask`: set-up, tests, the lab demo and benchmarks.
+//! `cargo xtask`: set-up, tests, the lab demo, benchmarks and differential fuzzing.
 
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod fuzz;
 mod intruder;
 mod soak;
 mod test;
@@ -32,6 +33,9 @@ enum Cmd {
     Bench(bench::Args),
     /// Soak the agent in a namespace lab (10 minutes): traffic, reloads, kill -9 restarts, an interface re-created.
     Soak(soak::Args),
+    /// Differential fuzzing: N random and mutated frames through the real XDP and tc
+    /// programs and the reference (default 1,000,000); any disagreement fails.
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,5 +46,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Soak(a) => soak::run(a),
+        Cmd::Fuzz(a) => fuzz::run(a),
     }
 }
