@@ -36,6 +36,7 @@ pub fn run(args: Args) -> Result<()> {
         lint()?;
     }
     let before = namespaces();
+    let mounts_before = test_bpffs_mounts();
     // The end-to-end tests run the real binaries (roce-agent, and roce-gen from the
     // test kit): build them first.
     cargo(&[
@@ -59,12 +60,27 @@ pub fn run(args: Args) -> Result<()> {
     }
     let after = namespaces();
     let new: Vec<_> = after.iter().filter(|x| !before.contains(x)).collect();
-    if !new.is_empty() {
-        eprintln!("[test] left behind by the tests: {new:?}");
+    let mounts: Vec<String> = test_bpffs_mounts()
+        .into_iter()
+        .filter(|m| !mounts_before.contains(m))
+        .collect();
+    if !new.is_empty() || !mounts.is_empty() {
+        eprintln!("[test] left behind by the tests: {new:?} {mounts:?}");
         result?;
-        bail!("tests left network namespaces behind: {new:?}");
+        bail!("tests left network namespaces {new:?} or bpffs mounts {mounts:?} behind");
     }
     result
+}
+
+/// The bpffs mounts the test kit makes for pinning agents (`roce_testkit::bpffs`).
+fn test_bpffs_mounts() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|m| m.starts_with("/run/roce-test-bpf-"))
+        .map(str::to_string)
+        .collect()
 }
 
 /// clippy over every crate but the kernel one, warnings as errors: the workspace's
