@@ -476,17 +476,20 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
             .join(roce_common::names::map::GENERATION)
             .exists()
     });
-    let loaded = load_datapath(&settings, pin_dir)?;
+    let loaded = match load_datapath(&settings, pin_dir) {
+        Ok(l) => l,
+        Err(e) => {
+            // Maps may be pinned already (a verifier refusal comes after them).
+            remove_fresh_datapath(fresh, pin_dir);
+            return Err(e);
+        }
+    };
     let mut collector = Collector::new(loaded);
     let mut attachments = Attachments::new(crate::qos::TcMechanism::Auto);
     if let Err(e) = attachments.apply(collector.loaded_mut(), &settings) {
         attachments.release(collector.loaded_mut());
         drop(collector);
-        if let (true, Some(dir)) = (fresh, pin_dir) {
-            if let Err(cleanup) = crate::pin::detach(dir) {
-                tracing::warn!(error = %cleanup, "removing the half-made datapath failed: run `roce-agent detach`");
-            }
-        }
+        remove_fresh_datapath(fresh, pin_dir);
         return Err(anyhow!(e));
     }
     match pin_dir {
@@ -657,6 +660,17 @@ fn follow_interfaces(
         if let Some(left_out) = throttle.allow("interfaces", std::time::Instant::now()) {
             tracing::warn!(error = %error_text(&anyhow!(e)), left_out, "attaching to an interface that changed failed; trying again at the next check");
         }
+    }
+}
+
+/// After a failed start: removes what this start pinned when there was no datapath
+/// before it (an adopted one is left running), so that the next start is a clean one.
+fn remove_fresh_datapath(fresh: bool, pin_dir: Option<&Path>) {
+    let (true, Some(dir)) = (fresh, pin_dir) else {
+        return;
+    };
+    if let Err(e) = crate::pin::detach(dir) {
+        tracing::warn!(error = %e, "removing the half-made datapath failed: run `roce-agent detach`");
     }
 }
 

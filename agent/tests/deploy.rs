@@ -74,10 +74,15 @@ impl TestBpffs {
             .expect("mount");
         assert!(st.success(), "mount -t bpf failed");
         let guard = TestBpffs { mount };
-        let dir = guard.pin_dir();
-        std::fs::create_dir(&dir).expect("creating the pin directory");
-        std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).expect("chown");
+        guard.make_pin_dir(uid);
         guard
+    }
+
+    /// (Re)makes the pin directory, owned by `uid`.
+    fn make_pin_dir(&self, uid: u32) {
+        let dir = self.pin_dir();
+        std::fs::create_dir_all(&dir).expect("creating the pin directory");
+        std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).expect("chown");
     }
 
     fn pin_dir(&self) -> std::path::PathBuf {
@@ -220,9 +225,12 @@ fn agent_runs_as_nobody_with_exactly_the_units_capabilities() {
     // One capability fewer: refused at load, with the kernel's reason.
     for missing in &caps {
         let fewer: Vec<String> = caps.iter().filter(|c| *c != missing).cloned().collect();
-        let out = spawn_unprivileged(&ns, &fewer, listen, None)
+        pins.make_pin_dir(65534);
+        let out = spawn_unprivileged(&ns, &fewer, listen, Some(&pins))
             .wait_with_output()
             .expect("waiting for the agent");
+        // A refused first start leaves no pin behind (not even the maps it made).
+        assert!(!pins.pin_dir().exists(), "pins left without {missing}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "ran without {missing}");
         assert!(
