@@ -479,8 +479,12 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
     let loaded = match load_datapath(&settings, pin_dir) {
         Ok(l) => l,
         Err(e) => {
-            // Maps may be pinned already (a verifier refusal comes after them).
-            remove_fresh_datapath(fresh, pin_dir);
+            // Maps may be pinned already (a verifier refusal comes after them); but
+            // a directory another agent holds is that agent's.
+            let busy = e
+                .chain()
+                .any(|c| matches!(c.downcast_ref(), Some(crate::pin::PinError::Busy(_))));
+            remove_fresh_datapath(fresh && !busy, pin_dir);
             return Err(e);
         }
     };

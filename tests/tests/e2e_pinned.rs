@@ -383,6 +383,40 @@ fn sigterm_leaves_the_datapath_running_and_detach_removes_all_of_it() -> Result<
     rig.start_agent(&["--iface", &b_veth, "--vtep", &b_veth, "--mode", "enforce"])?;
     let ids = pinned_program_ids(&rig.bpffs.pin_dir())?;
     ensure!(ids.len() == 4, "pinned programs: {ids:?}");
+    // While it runs, the directory is its own: a second agent and `detach` are refused
+    // and change nothing.
+    let pin = rig.bpffs.pin_arg();
+    let second = rig.lab.exec_status(
+        &rig.lab.b.ns,
+        &rig.agent_exe(),
+        &[
+            "run",
+            "--iface",
+            &b_veth,
+            "--listen",
+            "127.0.0.1:9480",
+            "--pin-dir",
+            &pin,
+        ],
+    )?;
+    let err = String::from_utf8_lossy(&second.stderr).into_owned();
+    ensure!(
+        second.status.code() == Some(1) && err.contains("another roce-agent is running"),
+        "{err}"
+    );
+    let refused = rig.lab.exec_status(
+        &rig.lab.b.ns,
+        &rig.agent_exe(),
+        &["detach", "--pin-dir", &pin],
+    )?;
+    ensure!(
+        !refused.status.success(),
+        "detach under a running agent succeeded"
+    );
+    ensure!(
+        pinned_program_ids(&rig.bpffs.pin_dir())? == ids,
+        "pins changed"
+    );
     rig.signal(libc::SIGTERM)?;
     let mut agent = rig.agent.take().context("agent")?;
     ensure!(agent.wait()?.success(), "{}", agent.stderr_text());
