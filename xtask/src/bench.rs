@@ -1,9 +1,7 @@
 //! `cargo xtask bench`: set-up, then the benchmark harness (`roce-bench` in the
 //! tests crate, which loads the real programs), printing its table or JSON lines.
 
-use std::process::Command;
-
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,32 +25,16 @@ pub fn run(args: Args) -> Result<()> {
     if !xtask::setup::is_root() {
         bail!("benchmarks load eBPF programs: run as root");
     }
-    let repeat = args.repeat.to_string();
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args([
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "roce-tests",
-        "--bin",
-        "roce-bench",
-        "--",
-        "--repeat",
-        &repeat,
-    ]);
+    let mut cli = vec!["--repeat".to_string(), args.repeat.to_string()];
     if args.json {
-        cmd.arg("--json");
+        cli.push("--json".to_string());
     }
     if args.only_analyze {
-        cmd.arg("--only-analyze");
+        cli.push("--only-analyze".to_string());
     }
     if let Some(only) = &args.only {
-        cmd.args(["--only", only]);
+        cli.extend(["--only".to_string(), only.clone()]);
     }
-    let status = cmd.status().context("running roce-bench")?;
-    if !status.success() {
-        bail!("roce-bench failed ({status})");
-    }
+    xtask::run_tests_bin("roce-bench", &cli, "roce-bench failed")?;
     Ok(())
 }

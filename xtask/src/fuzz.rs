@@ -3,9 +3,7 @@
 //! through the real XDP and tc programs and the reference, zero disagreements allowed.
 //! The cargo-fuzz targets of the parsers (`fuzz/`) run apart: docs/testing.md.
 
-use std::process::Command;
-
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,28 +24,15 @@ pub fn run(args: Args) -> Result<()> {
     if !xtask::setup::is_root() {
         bail!("the differential fuzzer loads eBPF programs: run as root");
     }
-    let packets = args.packets.to_string();
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args([
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "roce-tests",
-        "--bin",
-        "roce-fuzz",
-        "--",
-        "--packets",
-        &packets,
-        "--policy",
-        &args.policy,
-    ]);
+    let mut cli = vec![
+        "--packets".to_string(),
+        args.packets.to_string(),
+        "--policy".to_string(),
+        args.policy.clone(),
+    ];
     if let Some(seed) = args.seed {
-        cmd.args(["--seed", &seed.to_string()]);
+        cli.extend(["--seed".to_string(), seed.to_string()]);
     }
-    let status = cmd.status().context("running roce-fuzz")?;
-    if !status.success() {
-        bail!("roce-fuzz found disagreements or failed ({status})");
-    }
+    xtask::run_tests_bin("roce-fuzz", &cli, "roce-fuzz found disagreements or failed")?;
     Ok(())
 }
