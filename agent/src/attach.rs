@@ -20,7 +20,7 @@ use aya::programs::TcAttachType;
 use crate::config::{HostMode, Settings};
 use crate::loader::{AttachMode, LoadError, Loaded, TC_EGRESS, TC_INGRESS, XDP_PROGRAM};
 use crate::netif;
-use crate::qos::{iface_qos, QosError, TcInterface, TcMechanism};
+use crate::qos::{caused_by_os_error, iface_qos, QosError, TcInterface, TcMechanism};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
@@ -99,7 +99,7 @@ impl Attachments {
             .iter()
             .any(|n| self.xdp.get(n).map(|(i, _)| *i) != netif::index_of(n));
         let tc = !self.tc_unavailable
-            && tc_interfaces(settings)
+            && tc_names(settings)
                 .iter()
                 .any(|n| self.tc.get(n).map(|(i, _)| *i) != netif::index_of(n));
         xdp || tc
@@ -112,11 +112,11 @@ impl Attachments {
         }
     }
 
-    /// Makes the kernel side match `settings` (see the module comment). Every
-    /// interface must exist (the caller checked). On an error, what was attached until
-    /// then stays: the caller applies the previous settings again.
+    /// Makes the kernel side match `settings` (see the module comment). An interface
+    /// that does not exist is waited for. On an error, what was attached until then
+    /// stays: the caller applies the previous settings again.
     pub fn apply(&mut self, loaded: &mut Loaded, settings: &Settings) -> Result<(), AttachError> {
-        loaded.commit(&runtime_config(settings), &settings.policy)?;
+        loaded.commit(&settings.runtime_config(), &settings.policy)?;
         self.apply_xdp(loaded, settings)?;
         match self.apply_tc(loaded, settings) {
             Ok(()) => self.tc_unavailable = false,
@@ -158,7 +158,8 @@ impl Attachments {
             };
             self.waiting.remove(ifname);
             let mode = loaded.attach_xdp(ifname).map_err(|source| {
-                let hint = if already_attached(&source) {
+                // An XDP link is exclusive: EEXIST/EBUSY when another program is there.
+                let hint = if caused_by_os_error(&source, &[libc::EEXIST, libc::EBUSY]) {
                     format!(
                         " (another XDP program is attached there: see `ip link show dev {ifname}`)"
                     )
@@ -178,7 +179,7 @@ impl Attachments {
     }
 
     fn apply_tc(&mut self, loaded: &mut Loaded, settings: &Settings) -> Result<(), AttachError> {
-        let wanted = tc_interfaces(settings);
+        let wanted = tc_names(settings);
         let stale: Vec<String> = self
             .tc
             .iter()
@@ -269,7 +270,7 @@ impl Attachments {
 }
 
 /// The interfaces that get tc programs: `interfaces` (host policy) and VTEPs.
-fn tc_interfaces(settings: &Settings) -> Vec<String> {
+fn tc_names(settings: &Settings) -> Vec<String> {
     let mut names = settings.interfaces.clone();
     for v in &settings.vteps {
         if !names.contains(v) {
@@ -277,26 +278,4 @@ fn tc_interfaces(settings: &Settings) -> Vec<String> {
         }
     }
     names
-}
-
-/// CONFIG as `settings` asks for it (events sampling included).
-pub fn runtime_config(settings: &Settings) -> roce_common::config::RuntimeConfig {
-    settings.load_options().config
-}
-
-/// Whether an attach failed because the interface already has an XDP program.
-fn already_attached(e: &LoadError) -> bool {
-    let mut cur: Option<&dyn std::error::Error> = Some(e);
-    while let Some(c) = cur {
-        if let Some(code) = c
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-        {
-            if code == libc::EEXIST || code == libc::EBUSY {
-                return true;
-            }
-        }
-        cur = c.source();
-    }
-    false
 }

@@ -73,22 +73,9 @@ struct ElemAttr {
     flags: u64,
 }
 
+/// bpf(2) for the commands here, whose answer is only success or an error.
 fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<()> {
-    // SAFETY: `attr` is a live, correctly laid out bpf_attr of the size passed; the
-    // pointers inside it point at buffers the caller keeps alive for the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut A as *mut libc::c_void,
-            size_of::<A>() as libc::c_uint,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    crate::sys::bpf(cmd, attr).map(drop)
 }
 
 /// One BPF_MAP_LOOKUP_BATCH call: the raw syscall, replaceable in tests to play an old

@@ -389,7 +389,7 @@ struct Launch {
 
 impl Launch {
     /// The settings of the config file and the flags, validated in full, with every
-    /// interface present.
+    /// interface present (unless `--wait-for-interfaces`).
     fn settings(&self) -> anyhow::Result<Settings> {
         let file = self.config.as_deref().map(ConfigFile::load).transpose()?;
         let settings = Settings::resolve(file.as_ref(), &self.flags, true)?;
@@ -471,11 +471,7 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
     let pin_dir = launch.pin_dir.as_deref();
     // A datapath pinned earlier is adopted; one made now is removed again should the
     // start fail, so that a refused start leaves nothing behind.
-    let fresh = pin_dir.is_none_or(|d| {
-        !d.join("maps")
-            .join(roce_common::names::map::GENERATION)
-            .exists()
-    });
+    let fresh = pin_dir.is_none_or(|d| !crate::pin::holds_datapath(d));
     let loaded = match load_datapath(&settings, pin_dir) {
         Ok(l) => l,
         Err(e) => {

@@ -751,11 +751,16 @@ impl Settings {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             flows_max_entries: self.flows_map_size,
-            config: RuntimeConfig {
-                events_sample: self.events_sample,
-                ..self.runtime
-            },
+            config: self.runtime_config(),
             ..LoadOptions::default()
+        }
+    }
+
+    /// CONFIG as these settings ask for it, events sampling included.
+    pub fn runtime_config(&self) -> RuntimeConfig {
+        RuntimeConfig {
+            events_sample: self.events_sample,
+            ..self.runtime
         }
     }
 }

@@ -7,7 +7,7 @@
 //! attach to an interface that already has a pinned link swaps the program inside
 //! that link atomically, so the datapath never pauses across agent restarts.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Mutex;
 
 use aya::maps::{
@@ -255,7 +255,7 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
     }
     // The policy in force stays (an adopted datapath keeps enforcing it) until the
     // caller commits its own; a fresh one starts with an empty policy.
-    let (_, policy) = loaded.active()?;
+    let policy = loaded.active()?;
     loaded.commit(&opts.config, &policy)?;
     if loaded.pins.is_some() {
         loaded.pin_programs()?;
@@ -293,7 +293,6 @@ impl Loaded {
         if self.adopt_link(XDP_PROGRAM, ifindex)? {
             return Ok(AttachMode::Adopted);
         }
-        let link_pin = self.pins.as_ref().map(|p| p.link(XDP_PROGRAM, ifindex));
         let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_PROGRAM)?;
         let (link, mode) = match prog.attach(ifname, XdpMode::Driver) {
             Ok(link) => (link, AttachMode::Native),
@@ -305,34 +304,29 @@ impl Loaded {
                 (link, AttachMode::Generic)
             }
         };
-        match link_pin {
-            Some(path) => {
-                let owned = prog.take_link(link).map_err(program_error(XDP_PROGRAM))?;
-                let fd_link = FdLink::try_from(owned).map_err(|e| LoadError::Link {
-                    what: format!("the XDP link of {ifname} is not a bpf_link"),
-                    source: std::io::Error::other(e),
-                })?;
-                fd_link.pin(&path).map_err(|source| LoadError::Pinning {
-                    what: "the XDP link",
-                    path,
-                    source,
-                })?;
-            }
-            None => self.attached.push((ifname.to_string(), link)),
+        if self.pins.is_some() {
+            let owned = prog.take_link(link).map_err(program_error(XDP_PROGRAM))?;
+            self.pin_link(XDP_PROGRAM, ifindex, owned)?;
+        } else {
+            self.attached.push((ifname.to_string(), link));
         }
         Ok(mode)
     }
 
     /// With pins, when `program` has a live pinned link on `ifindex`: swaps the
     /// program inside it (BPF_LINK_UPDATE, atomic) and says true.
-    pub fn adopt_link(&mut self, program: &'static str, ifindex: u32) -> Result<bool, LoadError> {
+    pub fn adopt_link(&self, program: &'static str, ifindex: u32) -> Result<bool, LoadError> {
         let Some(pins) = &self.pins else {
             return Ok(false);
         };
         let Some(link) = pins.live_link(program, ifindex)? else {
             return Ok(false);
         };
-        let prog_fd = self.program_fd(program)?;
+        let prog = self
+            .ebpf
+            .program(program)
+            .ok_or(LoadError::Missing(program))?;
+        let prog_fd = prog.fd().map_err(program_error(program))?;
         pin::link_update(link.as_fd(), prog_fd.as_fd()).map_err(|source| LoadError::Link {
             what: format!("updating the pinned link of {program} on ifindex {ifindex}"),
             source,
@@ -340,19 +334,22 @@ impl Loaded {
         Ok(true)
     }
 
-    /// Pins the link of `program` on `ifindex` (a TCX link just made).
-    pub fn pin_link(
-        &self,
-        program: &'static str,
-        ifindex: u32,
-        link: FdLink,
-    ) -> Result<(), LoadError> {
+    /// Pins `link`, just made for `program` on `ifindex` (an XDP or a TCX link): it
+    /// outlives this process from now on. Without pins it is dropped, and detaches.
+    pub fn pin_link<L>(&self, program: &'static str, ifindex: u32, link: L) -> Result<(), LoadError>
+    where
+        FdLink: TryFrom<L, Error = aya::programs::links::LinkError>,
+    {
         let Some(pins) = &self.pins else {
             return Ok(());
         };
+        let link = FdLink::try_from(link).map_err(|e| LoadError::Link {
+            what: format!("the link of {program} on ifindex {ifindex} is not a bpf_link"),
+            source: std::io::Error::other(e),
+        })?;
         let path = pins.link(program, ifindex);
         link.pin(&path).map_err(|source| LoadError::Pinning {
-            what: "a tc link",
+            what: program,
             path,
             source,
         })?;
@@ -375,22 +372,13 @@ impl Loaded {
         for l in pins.pinned_links()? {
             let wanted = keep
                 .iter()
-                .any(|(p, i)| *p == l.program && *i == l.facts.ifindex && *i != 0);
+                .any(|(p, i)| *p == l.program && *i == l.ifindex && *i != 0);
             if !wanted {
                 pin::remove_link(&l.path, l.fd.as_fd())?;
                 removed.push(l.path.display().to_string());
             }
         }
         Ok(removed)
-    }
-
-    /// A descriptor of loaded program `name`.
-    fn program_fd(&self, name: &'static str) -> Result<OwnedFd, LoadError> {
-        let prog = self.ebpf.program(name).ok_or(LoadError::Missing(name))?;
-        let fd = prog.fd().map_err(program_error(name))?;
-        fd.as_fd()
-            .try_clone_to_owned()
-            .map_err(|source| LoadError::Fd { name, source })
     }
 
     /// Loads the attachable programs and pins them (replacing an earlier agent's
@@ -570,8 +558,8 @@ impl Loaded {
         g.get(&0, 0).map_err(map_error(map::GENERATION))
     }
 
-    /// The runtime configuration and policy the programs read now.
-    pub fn active(&self) -> Result<(RuntimeConfig, Policy), LoadError> {
+    /// The policy the programs read now, its runtime configuration in `config`.
+    pub fn active(&self) -> Result<Policy, LoadError> {
         let g = self.generation()?.active % GENERATIONS;
         let config: Array<&MapData, RuntimeConfig> = typed_map(&self.ebpf, map::CONFIG)?;
         let qos: Array<&MapData, QosConfig> = typed_map(&self.ebpf, map::QOS)?;
@@ -586,7 +574,7 @@ impl Loaded {
                 .get(&(g * DSCP_COUNT + dscp as u32), 0)
                 .map_err(map_error(map::POLICY))?;
         }
-        Ok((policy.config, policy))
+        Ok(policy)
     }
 
     /// Writes `config` and `policy` (its QOS and DSCP table) into the generation the
@@ -616,7 +604,7 @@ impl Loaded {
 
     /// Writes the host QoS policy (QOS and POLICY); the runtime configuration stays.
     pub fn set_policy(&mut self, policy: &Policy) -> Result<(), LoadError> {
-        let (config, _) = self.active()?;
+        let config = self.active()?.config;
         self.commit(&config, policy)
     }
 
@@ -692,7 +680,7 @@ impl Loaded {
     /// Writes CONFIG: the programs read it on their next packet (e.g. a new
     /// `events_sample`); the policy stays.
     pub fn set_config(&mut self, config: &RuntimeConfig) -> Result<(), LoadError> {
-        let (_, policy) = self.active()?;
+        let policy = self.active()?;
         self.commit(config, &policy)
     }
 

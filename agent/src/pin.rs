@@ -23,6 +23,8 @@ use std::path::{Path, PathBuf};
 use roce_common::config::{Generation, LAYOUT_VERSION};
 use roce_common::names::map;
 
+use crate::sys::bpf;
+
 /// Where `run` pins by default (DESIGN: `--pin-dir`).
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/roce-agent";
 /// The conventional bpffs mount point, mounted by the agent when nothing is there.
@@ -84,6 +86,16 @@ fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
+/// Whether `root` holds a datapath already (its GENERATION map is pinned): a start
+/// then adopts it rather than making one.
+pub fn holds_datapath(root: &Path) -> bool {
+    generation_pin(root).exists()
+}
+
+fn generation_pin(root: &Path) -> PathBuf {
+    root.join("maps").join(map::GENERATION)
+}
+
 /// An open pin directory, locked for this process while the value lives.
 #[derive(Debug)]
 pub struct PinDir {
@@ -122,10 +134,6 @@ impl PinDir {
         })
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     pub fn maps(&self) -> PathBuf {
         self.root.join("maps")
     }
@@ -150,7 +158,7 @@ impl PinDir {
     /// The layout version of the maps pinned here: None when there are none yet (a
     /// fresh datapath), an error when it is not ours to read.
     pub fn check_layout(&self) -> Result<Option<u32>, PinError> {
-        let generation = self.map(map::GENERATION);
+        let generation = generation_pin(&self.root);
         if !generation.exists() {
             let any = fs::read_dir(self.maps())
                 .map_err(io_error("reading", &self.maps()))?
@@ -182,8 +190,8 @@ impl PinDir {
         }
     }
 
-    /// Every link pinned here, as (pin path, program name, what the kernel says).
-    pub fn pinned_links(&self) -> Result<Vec<PinnedLinkFacts>, PinError> {
+    /// Every link pinned here.
+    pub fn pinned_links(&self) -> Result<Vec<PinnedLink>, PinError> {
         let mut out = Vec::new();
         let dir = self.links();
         for entry in fs::read_dir(&dir).map_err(io_error("reading", &dir))? {
@@ -194,11 +202,11 @@ impl PinDir {
                 .rsplit_once('@')
                 .map(|(p, _)| p.to_string())
                 .unwrap_or(name);
-            let (fd, facts) = open_link(&path)?;
-            out.push(PinnedLinkFacts {
+            let (fd, ifindex) = open_link(&path)?;
+            out.push(PinnedLink {
                 path,
                 program,
-                facts,
+                ifindex,
                 fd,
             });
         }
@@ -213,8 +221,8 @@ impl PinDir {
         if !path.exists() {
             return Ok(None);
         }
-        let (fd, facts) = open_link(&path)?;
-        if facts.ifindex == ifindex {
+        let (fd, on) = open_link(&path)?;
+        if on == ifindex {
             return Ok(Some(fd));
         }
         remove_link(&path, fd.as_fd())?;
@@ -222,39 +230,27 @@ impl PinDir {
     }
 }
 
-/// The link pinned at `path`, and what the kernel says about it.
-fn open_link(path: &Path) -> Result<(OwnedFd, LinkFacts), PinError> {
+/// The link pinned at `path`, and the interface the kernel says it is on.
+fn open_link(path: &Path) -> Result<(OwnedFd, u32), PinError> {
     let fd = obj_get(path)?;
-    let facts = link_info(fd.as_fd()).map_err(|source| PinError::Syscall {
+    let ifindex = link_ifindex(fd.as_fd()).map_err(|source| PinError::Syscall {
         call: "BPF_OBJ_GET_INFO_BY_FD",
         path: path.to_path_buf(),
         source,
     })?;
-    Ok((fd, facts))
+    Ok((fd, ifindex))
 }
 
 /// A link found in a pin directory.
 #[derive(Debug)]
-pub struct PinnedLinkFacts {
+pub struct PinnedLink {
     pub path: PathBuf,
     /// The program name the pin is named after.
     pub program: String,
-    pub facts: LinkFacts,
+    /// The interface of the XDP or TCX link; 0 once the interface is gone.
+    pub ifindex: u32,
     pub fd: OwnedFd,
 }
-
-/// What the kernel says about a bpf_link (bpf_link_info).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LinkFacts {
-    pub kind: u32,
-    pub id: u32,
-    pub prog_id: u32,
-    /// The interface of an XDP or TCX link; 0 once the interface is gone.
-    pub ifindex: u32,
-}
-
-pub const LINK_TYPE_XDP: u32 = 6;
-pub const LINK_TYPE_TCX: u32 = 11;
 
 /// Mounts a bpffs on /sys/fs/bpf when `root` is below it and none is mounted there;
 /// refuses a `root` on any other filesystem.
@@ -344,24 +340,6 @@ const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_LINK_DETACH: libc::c_long = 34;
 
-fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a live bpf_attr prefix of the size passed; pointers inside it
-    // point at buffers the caller keeps alive for the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut A as *mut libc::c_void,
-            std::mem::size_of::<A>() as libc::c_uint,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 /// BPF_OBJ_GET: a descriptor of the object pinned at `path`.
 pub fn obj_get(path: &Path) -> Result<OwnedFd, PinError> {
     #[repr(C)]
@@ -390,8 +368,9 @@ pub fn obj_get(path: &Path) -> Result<OwnedFd, PinError> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// BPF_OBJ_GET_INFO_BY_FD on a link.
-pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkFacts> {
+/// BPF_OBJ_GET_INFO_BY_FD on an XDP or TCX link: its interface (0 once the
+/// interface is gone).
+pub fn link_ifindex(fd: BorrowedFd<'_>) -> io::Result<u32> {
     #[repr(C)]
     struct Attr {
         bpf_fd: u32,
@@ -407,12 +386,7 @@ pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkFacts> {
         info: info.as_mut_ptr() as u64,
     };
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    Ok(LinkFacts {
-        kind: info[0],
-        id: info[1],
-        prog_id: info[2],
-        ifindex: info[4],
-    })
+    Ok(info[4])
 }
 
 /// BPF_LINK_UPDATE: `link` runs `program` from the next packet on, atomically.

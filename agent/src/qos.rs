@@ -8,7 +8,6 @@
 
 use std::io;
 
-use aya::programs::links::FdLink;
 use aya::programs::tc::SchedClassifierLink;
 use aya::programs::tc::{self, NlOptions, TcAttachOptions};
 use aya::programs::{LinkOrder, TcAttachType};
@@ -124,11 +123,7 @@ impl TcInterface {
                     self.tcx = true;
                     if pinned {
                         // Pinned, the link outlives this process; not ours to drop.
-                        let fd_link = FdLink::try_from(link).map_err(|e| LoadError::Link {
-                            what: format!("the TCX link of {} is not a bpf_link", self.ifname),
-                            source: io::Error::other(e),
-                        })?;
-                        loaded.pin_link(program, ifindex, fd_link)?;
+                        loaded.pin_link(program, ifindex, link)?;
                     } else {
                         self.links.push((program, link));
                     }
@@ -169,16 +164,22 @@ impl TcInterface {
 }
 
 fn is_exists(e: &aya::programs::tc::TcError) -> bool {
-    let mut cur: Option<&dyn std::error::Error> = Some(e);
+    caused_by_os_error(e, &[libc::EEXIST]) || e.to_string().contains("exists")
+}
+
+/// Whether `e` or one of its sources is an I/O error with one of `codes` (errno).
+pub fn caused_by_os_error(e: &(dyn std::error::Error + 'static), codes: &[i32]) -> bool {
+    let mut cur = Some(e);
     while let Some(c) = cur {
-        if let Some(io) = c.downcast_ref::<io::Error>() {
-            if io.raw_os_error() == Some(libc::EEXIST) {
-                return true;
-            }
+        let code = c
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error);
+        if code.is_some_and(|code| codes.contains(&code)) {
+            return true;
         }
         cur = c.source();
     }
-    e.to_string().contains("exists")
+    false
 }
 
 impl Drop for TcInterface {

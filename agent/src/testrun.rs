@@ -121,17 +121,5 @@ fn check_input(data: &[u8]) -> io::Result<()> {
 /// # Safety
 /// Every buffer `attr` points at is valid for its size and alive for the call.
 unsafe fn bpf_test_run(attr: &mut TestRunAttr) -> io::Result<()> {
-    // SAFETY: the caller's promise about attr's buffers.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            attr as *mut TestRunAttr,
-            std::mem::size_of::<TestRunAttr>() as u32,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    crate::sys::bpf(BPF_PROG_TEST_RUN, attr).map(drop)
 }

@@ -3,9 +3,7 @@
 //! reload every minute, two kill -9 restarts and the veth pair re-created, then the
 //! flows checked against what was sent and the agent's RSS against itself.
 
-use std::process::Command;
-
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,30 +20,12 @@ pub fn run(args: Args) -> Result<()> {
     if !xtask::setup::is_root() {
         bail!("the soak runs the agent in network namespaces: run as root");
     }
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "roce-agent",
-            "-p",
-            "roce-testkit",
-            "--bins",
-        ])
-        .args(["-p", "roce-tests", "--bin", "roce-soak"])
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("building the soak's binaries failed ({status})");
-    }
-    let mut cmd = Command::new(roce_testkit::lab::bins::target_dir().join("release/roce-soak"));
-    cmd.args(["--minutes", &args.minutes.to_string()]);
+    // roce-soak runs the agent and roce-gen from the target directory.
+    roce_testkit::lab::bins::build_agent(true)?;
+    let mut cli = vec!["--minutes".to_string(), args.minutes.to_string()];
     if args.json {
-        cmd.arg("--json");
+        cli.push("--json".to_string());
     }
-    let status = cmd.status().context("running roce-soak")?;
-    if !status.success() {
-        bail!("the soak failed ({status})");
-    }
+    xtask::run_tests_bin("roce-soak", &cli, "the soak failed")?;
     Ok(())
 }

@@ -39,15 +39,7 @@ pub fn run(args: Args) -> Result<()> {
     let mounts_before = test_bpffs_mounts();
     // The end-to-end tests run the real binaries (roce-agent, and roce-gen from the
     // test kit): build them first.
-    cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "roce-agent",
-        "-p",
-        "roce-testkit",
-        "--bins",
-    ])?;
+    roce_testkit::lab::bins::build_agent(true)?;
     // roce-ebpf targets bpfel-unknown-none only; the agent's build script builds it.
     let mut test = vec!["test", "--workspace", "--exclude", "roce-ebpf", "--release"];
     if let Some(f) = args.filter.as_deref() {

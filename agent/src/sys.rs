@@ -1,0 +1,29 @@
+//! The bpf(2) system call itself, for the commands aya 0.14 does not offer: batch map
+//! operations (`batch`), BPF_PROG_TEST_RUN without aya's copies (`testrun`), and the
+//! link commands on pins found on a bpffs (`pin`). Each caller lays out its own
+//! `union bpf_attr` prefix and names its command.
+
+use std::io;
+
+/// bpf(`cmd`, `attr`, sizeof `attr`): the kernel's non-negative answer (a new file
+/// descriptor for the commands that make one), or the error it set.
+///
+/// `attr` must be a `#[repr(C)]` prefix of `union bpf_attr` for `cmd`; the pointers
+/// inside it must point at buffers the caller keeps alive for the call.
+pub fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a live value of the size passed; the caller keeps the
+    // buffers its fields point at alive for the call (see above).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut A as *mut libc::c_void,
+            std::mem::size_of::<A>() as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
