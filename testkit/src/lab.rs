@@ -510,7 +510,9 @@ impl Lab {
         // packets of a burst unread in the ring, for good. Without it they reach the
         // file when their ring block retires, within tcpdump's 1 s timeout; `finish`
         // waits for that.
-        cmd.args(["-i", iface, "-n", "-U", "-s", "0", "-w"])
+        // A 32 MiB kernel buffer (-B, in KiB) instead of libpcap's 2 MiB: a flood of
+        // small frames on a busy machine must not overflow it before tcpdump runs.
+        cmd.args(["-i", iface, "-n", "-U", "-s", "0", "-B", "32768", "-w"])
             .arg(&path);
         // Not the `inbound` filter primitive: with it, libpcap 1.10 loses the first
         // packet after start-up.

@@ -47,6 +47,28 @@ fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Runs a step that downloads (apt, rustup, crates.io, PyPI) up to three times, 10 s
+/// and 30 s apart: a fresh CI machine meets mirror hiccups and the dpkg lock of its
+/// boot-time apt timers, and one refused download must not fail the whole run.
+fn run_retrying(what: &str, make: impl Fn() -> Command) -> Result<()> {
+    let pauses = [10, 30];
+    let mut attempt = 0;
+    loop {
+        match run(&mut make()) {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < pauses.len() => {
+                say(&format!(
+                    "{what} failed ({e:#}); trying again in {} s",
+                    pauses[attempt]
+                ));
+                std::thread::sleep(std::time::Duration::from_secs(pauses[attempt]));
+                attempt += 1;
+            }
+            Err(e) => return Err(e).with_context(|| format!("{what}, {} attempts", attempt + 1)),
+        }
+    }
+}
+
 fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -79,13 +101,17 @@ pub fn ensure_python_tools() -> Result<()> {
     say(&format!(
         "installing kubernetes-validate {KUBERNETES_VALIDATE_VERSION} (python3 -m pip)"
     ));
-    run(Command::new("python3").args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
-    ]))
+    run_retrying("pip install kubernetes-validate", || {
+        let mut cmd = Command::new("python3");
+        cmd.args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
+        ]);
+        cmd
+    })
     .context("installing kubernetes-validate (needs python3 with pip)")
 }
 
@@ -99,8 +125,12 @@ pub fn ensure_clippy() -> Result<()> {
         bail!("cargo clippy is missing and there is no rustup to add it");
     }
     say("adding clippy to the toolchain");
-    run(Command::new("rustup").args(["component", "add", "clippy"]))
-        .context("adding clippy (rustup component add clippy)")
+    run_retrying("rustup component add clippy", || {
+        let mut cmd = Command::new("rustup");
+        cmd.args(["component", "add", "clippy"]);
+        cmd
+    })
+    .context("adding clippy (rustup component add clippy)")
 }
 
 /// nightly with rust-src (for `-Z build-std=core`), bpf-linker, and clippy.
@@ -113,13 +143,11 @@ pub fn ensure_rust() -> Result<()> {
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"]))?;
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
         say("installing the nightly toolchain");
-        run(Command::new("rustup").args([
-            "toolchain",
-            "install",
-            "nightly",
-            "--profile",
-            "minimal",
-        ]))
+        run_retrying("rustup toolchain install nightly", || {
+            let mut cmd = Command::new("rustup");
+            cmd.args(["toolchain", "install", "nightly", "--profile", "minimal"]);
+            cmd
+        })
         .context("the eBPF programs need a nightly toolchain")?;
     }
     let components = output(Command::new("rustup").args([
@@ -131,13 +159,11 @@ pub fn ensure_rust() -> Result<()> {
     ]))?;
     if !components.lines().any(|l| l.starts_with("rust-src")) {
         say("adding rust-src to the nightly toolchain");
-        run(Command::new("rustup").args([
-            "component",
-            "add",
-            "rust-src",
-            "--toolchain",
-            "nightly",
-        ]))?;
+        run_retrying("rustup component add rust-src", || {
+            let mut cmd = Command::new("rustup");
+            cmd.args(["component", "add", "rust-src", "--toolchain", "nightly"]);
+            cmd
+        })?;
     }
     let linker = if have("bpf-linker") {
         output(Command::new("bpf-linker").arg("--version"))?
@@ -148,12 +174,16 @@ pub fn ensure_rust() -> Result<()> {
         say(&format!(
             "installing bpf-linker {BPF_LINKER_VERSION} (about a minute)"
         ));
-        run(Command::new("cargo").args([
-            "install",
-            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
-            "--locked",
-            "--force",
-        ]))
+        run_retrying("cargo install bpf-linker", || {
+            let mut cmd = Command::new("cargo");
+            cmd.args([
+                "install",
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                "--locked",
+                "--force",
+            ]);
+            cmd
+        })
         .context("installing bpf-linker")?;
     }
     ensure_clippy()
@@ -184,14 +214,21 @@ pub fn ensure_debian_tools() -> Result<()> {
     run(Command::new("sh").arg("-c").arg(
         "echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections",
     ))?;
-    run(Command::new("apt-get")
-        .args(["update", "-q"])
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    // DPkg::Lock::Timeout: wait for apt's own timers instead of failing on their lock.
+    run_retrying("apt-get update", || {
+        let mut cmd = Command::new("apt-get");
+        cmd.args(["update", "-q", "-o", "DPkg::Lock::Timeout=120"])
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        cmd
+    })
     .context("apt-get update (are you root?)")?;
-    run(Command::new("apt-get")
-        .args(["install", "-y", "-q", "-o", "DPkg::Lock::Timeout=120"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    run_retrying("apt-get install", || {
+        let mut cmd = Command::new("apt-get");
+        cmd.args(["install", "-y", "-q", "-o", "DPkg::Lock::Timeout=120"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        cmd
+    })
     .context("apt-get install")?;
     Ok(())
 }
