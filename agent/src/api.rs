@@ -29,8 +29,16 @@ pub struct Findings {
     pub findings: Vec<Finding>,
 }
 
-/// Where sampled events are published (None: the kernel side has no events).
-pub type EventSender = Option<tokio::sync::broadcast::Sender<Arc<crate::events::Event>>>;
+/// Where sampled events are published, and the sampling in force.
+#[derive(Clone, Debug)]
+pub struct EventFeed {
+    pub sender: tokio::sync::broadcast::Sender<Arc<crate::events::Event>>,
+    /// `events_sample` now: 0 while events are off (a reload may turn them on).
+    pub sample: Arc<std::sync::atomic::AtomicU32>,
+}
+
+/// The events of `GET /events` (None: the agent has no reader of the kernel's ring).
+pub type EventSender = Option<EventFeed>;
 
 #[derive(Clone)]
 struct Sources {
@@ -54,13 +62,20 @@ pub fn router(flows: Latest, findings: LatestFindings, events: EventSender) -> R
 
 /// JSON lines, one per event published from now on (`?kind=ce,cnp` filters).
 async fn serve_events(State(s): State<Sources>, uri: axum::http::Uri) -> Response {
-    let Some(sender) = &s.events else {
+    let Some(feed) = &s.events else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "this agent collects no events\n",
         )
             .into_response();
     };
+    if feed.sample.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "events are off (events_sample = 0): set events_sample in the config file and reload the agent (SIGHUP)\n",
+        )
+            .into_response();
+    }
     let kinds = match uri
         .query()
         .into_iter()
@@ -72,7 +87,7 @@ async fn serve_events(State(s): State<Sources>, uri: axum::http::Uri) -> Respons
         Ok(k) => k,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     };
-    let lines = crate::events::stream_lines(sender.subscribe(), kinds);
+    let lines = crate::events::stream_lines(feed.sender.subscribe(), kinds);
     (
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         axum::body::Body::from_stream(lines),
@@ -462,6 +477,7 @@ mod tests {
             },
             top_flows: 10,
             reloads: Default::default(),
+            events_ring: None,
         });
         let routes = router(rx.clone(), frx.clone(), None).merge(metrics_router(rx, frx, exporter));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

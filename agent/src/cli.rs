@@ -522,6 +522,9 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
         findings_tx.clone(),
     ));
 
+    // Sampled events from the kernel programs; GET /events subscribes here.
+    let events = start_events(collector.loaded_mut(), &settings);
+    let events_sample = Arc::new(std::sync::atomic::AtomicU32::new(settings.events_sample));
     let reloads = Arc::new(crate::metrics::ReloadCounts::default());
     let exporter = Arc::new(crate::metrics::Exporter {
         host: crate::metrics::HostSources {
@@ -535,10 +538,13 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
         },
         top_flows: settings.top_flows,
         reloads: reloads.clone(),
+        events_ring: events.as_ref().and_then(|e| e.progress.clone()),
     });
-    // Sampled events from the kernel programs; GET /events subscribes here.
-    let events: api::EventSender = start_events(collector.loaded_mut(), &settings);
-    let routes = api::router(rx.clone(), findings_rx.clone(), events).merge(api::metrics_router(
+    let feed = events.map(|e| api::EventFeed {
+        sender: e.sender,
+        sample: events_sample.clone(),
+    });
+    let routes = api::router(rx.clone(), findings_rx.clone(), feed).merge(api::metrics_router(
         rx.clone(),
         findings_rx,
         exporter,
@@ -610,6 +616,7 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
                         rx.clone(),
                         findings_tx.clone(),
                     ));
+                    events_sample.store(new.events_sample, std::sync::atomic::Ordering::Relaxed);
                     settings = new;
                 }
             }
@@ -709,10 +716,6 @@ fn reload(
             "flows_map_size",
             new.flows_map_size != current.flows_map_size,
         ),
-        (
-            "events_sample (on/off)",
-            (new.events_sample == 0) != (current.events_sample == 0),
-        ),
     ] {
         if changed {
             tracing::warn!(
@@ -736,23 +739,27 @@ fn reload(
     }
 }
 
-/// Starts the reader of the kernel's sampled events (None when `events_sample` is 0,
-/// or when the reader cannot start: flows, QoS and the audit go on without events).
-fn start_events(loaded: &mut loader::Loaded, settings: &Settings) -> api::EventSender {
+/// Starts the reader of the kernel's sampled events, also while `events_sample` is 0
+/// (the kernel then writes none), so that a reload can turn them on. None when the
+/// reader cannot start: flows, QoS and the audit go on without events.
+fn start_events(
+    loaded: &mut loader::Loaded,
+    settings: &Settings,
+) -> Option<crate::events_reader::Spawned> {
     let sample = settings.events_sample;
-    if sample == roce_common::event::EVENTS_OFF {
-        tracing::info!("events_sample is 0: no sampled events");
-        return None;
-    }
     let resolve: crate::events_reader::Resolver = Arc::new(netif::name_of);
     match crate::events_reader::spawn(loaded, resolve) {
-        Ok(sender) => {
-            tracing::info!(
-                sample,
-                per_cpu_per_100ms = roce_common::event::EVENTS_PER_CPU_PER_WINDOW,
-                "sampled events: reading the EVENTS ring buffer"
-            );
-            Some(sender)
+        Ok(spawned) => {
+            if sample == roce_common::event::EVENTS_OFF {
+                tracing::info!("events_sample is 0: no sampled events until a reload sets it");
+            } else {
+                tracing::info!(
+                    sample,
+                    per_cpu_per_100ms = roce_common::event::EVENTS_PER_CPU_PER_WINDOW,
+                    "sampled events: reading the EVENTS ring buffer"
+                );
+            }
+            Some(spawned)
         }
         Err(e) => {
             tracing::warn!(error = %e, "sampled events unavailable; flow counting goes on");

@@ -6,6 +6,7 @@
 //! costs nothing.
 
 use std::collections::HashMap;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,7 @@ use tokio::sync::broadcast;
 use crate::doc::{key_addr, Direction, Family};
 use crate::events::{ecn_name, hex, monotonic_to_unix_offset_ns, Event, EventKind};
 use crate::loader::{LoadError, Loaded};
+use crate::ring_progress::RingProgress;
 
 /// Events the broadcast holds for a subscriber that reads slower than they come.
 pub const EVENTS_CHANNEL_CAPACITY: usize = 4096;
@@ -40,18 +42,31 @@ pub enum EventsError {
     Register(#[source] std::io::Error),
 }
 
-/// Takes the EVENTS ring buffer out of `loaded`, starts a task that turns its records
-/// into [`Event`]s, and returns the sender they are published on: subscribe to it
-/// (`Sender::subscribe`) to receive them. Must be called inside a tokio runtime; the
-/// task lives as long as the runtime.
-pub fn spawn(
-    loaded: &mut Loaded,
-    resolve: Resolver,
-) -> Result<broadcast::Sender<Arc<Event>>, EventsError> {
+/// A started reader: where its events are published, and the ring's positions.
+pub struct Spawned {
+    /// Subscribe to it (`Sender::subscribe`) to receive the events.
+    pub sender: broadcast::Sender<Arc<Event>>,
+    /// Records written into and read out of the ring (None when its pages could not
+    /// be mapped: the events flow all the same).
+    pub progress: Option<Arc<RingProgress>>,
+}
+
+/// Takes the EVENTS ring buffer out of `loaded` and starts a task that turns its
+/// records into [`Event`]s. Must be called inside a tokio runtime; the task lives as
+/// long as the runtime. A ring of a pinned datapath may hold records written while no
+/// agent ran: they are read first.
+pub fn spawn(loaded: &mut Loaded, resolve: Resolver) -> Result<Spawned, EventsError> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(EventsError::NoRuntime);
     }
     let ring = loaded.take_events().map_err(Box::new)?;
+    let progress = match RingProgress::map(ring.as_fd()) {
+        Ok(p) => Some(Arc::new(p)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the EVENTS ring's positions are unavailable: no roce_agent_events_ring_* metrics");
+            None
+        }
+    };
     // tokio 1.54 deprecates AsyncFd::new / with_interest for `register*`, which is
     // unsafe because the fd must stay open and the same while registered.
     // SAFETY: the RingBuf owns its MapData, whose fd stays open and unchanged until the
@@ -66,7 +81,10 @@ pub fn spawn(
         malformed: 0,
     };
     tokio::spawn(reader.run(ring));
-    Ok(tx)
+    Ok(Spawned {
+        sender: tx,
+        progress,
+    })
 }
 
 /// The record in the bytes of one ring-buffer item; None when they are too short.

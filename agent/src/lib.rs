@@ -26,6 +26,7 @@ pub mod pcapng;
 pub mod pin;
 pub mod qos;
 pub mod rates;
+pub mod ring_progress;
 pub mod sys;
 pub mod table;
 pub mod testrun;

@@ -187,6 +187,8 @@ pub struct Exporter {
     pub top_flows: usize,
     /// Configuration reloads (SIGHUP) so far.
     pub reloads: Arc<ReloadCounts>,
+    /// The EVENTS ring's positions, for `roce_agent_events_ring_*` (None: no reader).
+    pub events_ring: Option<Arc<crate::ring_progress::RingProgress>>,
 }
 
 /// What the reloads of the configuration file did, for `roce_agent_config_*`.
@@ -244,6 +246,30 @@ impl ReloadCounts {
     }
 }
 
+/// The `roce_agent_events_ring_*` families: the kernel's positions in the EVENTS ring,
+/// which continue across agent restarts while the datapath stays pinned.
+fn encode_ring(progress: crate::ring_progress::Progress) -> Result<String, MetricsError> {
+    let mut registry = Registry::default();
+    registry.register(
+        "roce_agent_events_ring_written",
+        "Sampled-event records the kernel programs wrote into the EVENTS ring since it was created (roce_events_total, as the ring counts them)",
+        ConstCounter::new(progress.written),
+    );
+    registry.register(
+        "roce_agent_events_ring_read",
+        "Records read out of the EVENTS ring by this agent or an earlier one of the same pinned datapath; what was written while no agent ran is read at the next start",
+        ConstCounter::new(progress.read),
+    );
+    registry.register(
+        "roce_agent_events_ring_unread",
+        "Records in the EVENTS ring no agent has read yet",
+        ConstGauge::new(i64::try_from(progress.unread()).unwrap_or(i64::MAX)),
+    );
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
+    Ok(out)
+}
+
 impl Exporter {
     /// The exposition for `document` and `findings`, reading the host's counters now.
     /// Blocking (sysfs, ioctl, netlink): call it off the async workers.
@@ -263,6 +289,9 @@ impl Exporter {
             top_flows: self.top_flows,
         })?;
         text.push_str(&self.reloads.encode()?);
+        if let Some(ring) = &self.events_ring {
+            text.push_str(&encode_ring(ring.read())?);
+        }
         Ok(text)
     }
 }

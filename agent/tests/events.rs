@@ -72,7 +72,11 @@ fn serve() -> (tokio::runtime::Runtime, String) {
     let (tx, _) = broadcast::channel::<Arc<Event>>(1024);
     let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
     let (_dtx, drx) = watch::channel(Arc::new(roce_agent::live::LiveDocument::default()));
-    let router = api::router(drx, frx, Some(tx.clone()));
+    let feed = api::EventFeed {
+        sender: tx.clone(),
+        sample: Arc::new(std::sync::atomic::AtomicU32::new(1)),
+    };
+    let router = api::router(drx, frx, Some(feed));
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("bind");

@@ -529,6 +529,39 @@ impl Lab {
         Ok(Capture { proc, path })
     }
 
+    /// The exposition `GET http://API/metrics` serves in `ns` (curl).
+    pub fn scrape(&self, ns: &str, api: &str) -> Result<String> {
+        let out = self.exec(ns, "curl", &["-sf", &format!("http://{api}/metrics")])?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The sampled events of the agent at `api` in `ns`, as the kernel counted them
+    /// and as the EVENTS ring's positions say (see [`EventsAccount`]).
+    pub fn events_account(
+        &self,
+        ns: &str,
+        api: &str,
+        doc: &serde_json::Value,
+    ) -> Result<EventsAccount> {
+        let text = self.scrape(ns, api)?;
+        let ring = |name: &str| {
+            crate::prom::value(&text, name)
+                .map(|v| v as u64)
+                .with_context(|| format!("no {name} in /metrics"))
+        };
+        let emitted = doc["counters"]["events"]
+            .as_object()
+            .context("no counters.events in the flows document")?
+            .values()
+            .filter_map(serde_json::Value::as_u64)
+            .sum();
+        Ok(EventsAccount {
+            emitted,
+            written: ring("roce_agent_events_ring_written_total")?,
+            read: ring("roce_agent_events_ring_read_total")?,
+        })
+    }
+
     /// Starts `roce-agent run ARGS` (the binary `agent`) in `ns` as process `name`,
     /// logging at info level without colours, and waits until it serves its API.
     pub fn start_agent<S: AsRef<std::ffi::OsStr>>(
@@ -1247,5 +1280,22 @@ pub mod oracle {
             }
         }
         out
+    }
+}
+
+/// Sampled events: those the kernel programs emitted (`counters.events`, summed), the
+/// records the EVENTS ring says were written into it and read out of it. All three
+/// live in pinned maps, so they continue across agent restarts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventsAccount {
+    pub emitted: u64,
+    pub written: u64,
+    pub read: u64,
+}
+
+impl EventsAccount {
+    /// Every emitted event is in the ring and every record in it was read.
+    pub fn all_read(&self) -> bool {
+        self.emitted == self.written && self.read == self.written
     }
 }

@@ -292,6 +292,7 @@ pub fn child(opts: &Options) -> Result<()> {
         },
         top_flows: 10,
         reloads: Default::default(),
+        events_ring: None,
     });
     let routes = roce_agent::api::router(rx.clone(), frx.clone(), None)
         .merge(roce_agent::api::metrics_router(rx, frx, exporter));

@@ -130,6 +130,15 @@ impl EventsHarness {
         out.data
     }
 
+    /// Records written into and read out of the ring, from the kernel's positions.
+    pub fn progress(&self) -> roce_agent::ring_progress::Progress {
+        use std::os::fd::AsFd;
+        match roce_agent::ring_progress::RingProgress::map(self.ring.as_fd()) {
+            Ok(p) => p.read(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     /// Every record in the ring now, oldest first (the ring is empty afterwards).
     pub fn drain(&mut self) -> Vec<EventRecord> {
         let mut out = Vec::new();

@@ -116,17 +116,22 @@ impl Rig {
         serde_json::from_slice(&out.stdout).context("roce-gen printed no JSON")
     }
 
+    /// `roce-agent flows --json` of the running agent.
+    fn flows_doc(&self) -> Result<Value> {
+        let out = self.lab.exec(
+            &self.lab.b.ns,
+            &self.agent_exe(),
+            &["flows", "--json", "--api", API],
+        )?;
+        serde_json::from_slice(&out.stdout).context("flows --json")
+    }
+
     /// The agent's ingress flows on B's veth once they hold `packets` packets.
     fn flows_settled(&self, packets: u64) -> Result<FlowTable> {
         let deadline = Instant::now() + Duration::from_secs(15);
         let ifname = self.lab.b.veth.clone();
         loop {
-            let out = self.lab.exec(
-                &self.lab.b.ns,
-                &self.agent_exe(),
-                &["flows", "--json", "--api", API],
-            )?;
-            let doc: Value = serde_json::from_slice(&out.stdout).context("flows --json")?;
+            let doc = self.flows_doc()?;
             let table = oracle::flows_from_doc(&doc, |f| {
                 f.get("ifname").and_then(Value::as_str) == Some(ifname.as_str())
                     && f.get("direction").and_then(Value::as_str) == Some("ingress")
@@ -270,6 +275,22 @@ fn kill_9_under_traffic_loses_no_count_and_counts_nothing_twice() -> Result<()> 
         twice == doubled(&once),
         "after the restart:\n{twice:#?}\nexpected twice:\n{once:#?}"
     );
+    // Every sampled event (CE, CNP) is in the pinned ring, and every record in it was
+    // read: those the killed agent left and those written while no agent ran too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let doc = rig.flows_doc()?;
+        let account = rig.lab.events_account(&rig.lab.b.ns, API, &doc)?;
+        if account.emitted > 0 && account.all_read() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "sampled events not all read: {account:?}, dropped {}",
+            doc["counters"]["events_dropped"]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     Ok(())
 }
 
@@ -331,6 +352,97 @@ fn sighup_changes_remarking_on_the_wire_and_a_bad_file_changes_nothing() -> Resu
             "{line} not in /metrics:\n{metrics}"
         );
     }
+    Ok(())
+}
+
+#[test]
+fn sighup_turns_sampled_events_on_without_a_restart() -> Result<()> {
+    let mut rig = Rig::new()?;
+    let config = rig.lab.dir.join("agent.toml");
+    let veth = rig.lab.b.veth.clone();
+    let write = |sample: u32| -> Result<()> {
+        let text = format!("interfaces = [\"{veth}\"]\nevents_sample = {sample}\n");
+        std::fs::write(&config, text).context("writing the config")
+    };
+    write(0)?;
+    let config_arg = config.display().to_string();
+    rig.start_agent(&["--config", &config_arg])?;
+    let url = format!("http://{API}/events");
+    let off = rig
+        .lab
+        .exec_status(&rig.lab.b.ns, "curl", &["-s", "-w", "%{http_code}", &url])?;
+    let off = String::from_utf8_lossy(&off.stdout).into_owned();
+    ensure!(
+        off.contains("events are off") && off.ends_with("503"),
+        "GET /events with events off: {off}"
+    );
+    let dst = rig.lab.b.ip4.to_string();
+    let dst_mac = rig.lab.b.mac.clone();
+    let a_veth = rig.lab.a.veth.clone();
+    let args = [
+        "--iface",
+        &a_veth,
+        "--dst",
+        &dst,
+        "--dst-mac",
+        &dst_mac,
+        "--flows",
+        "1",
+        "--count",
+        "100",
+        "--ce",
+        "10",
+        "--rate",
+        "5000",
+    ];
+    rig.gen(&args)?;
+    rig.flows_settled(100)?;
+    let doc = rig.flows_doc()?;
+    let account = rig.lab.events_account(&rig.lab.b.ns, API, &doc)?;
+    ensure!(
+        account.emitted == 0 && account.written == 0,
+        "events while off: {account:?}"
+    );
+
+    write(1)?;
+    rig.signal(libc::SIGHUP)?;
+    rig.agent()?
+        .wait_for_output("configuration reloaded", Duration::from_secs(10))?;
+    // A subscriber of GET /events receives the ten CE events of the same traffic again.
+    let mut follower = {
+        let mut cmd = rig.lab.command(&rig.lab.b.ns, rig.bin.join("roce-agent"));
+        cmd.args([
+            "events",
+            "--json",
+            "--kind",
+            "ce",
+            "--api",
+            API,
+            "--duration",
+            "4",
+        ]);
+        rig.lab.spawn("roce-agent-events", cmd)?
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    rig.gen(&args)?;
+    rig.flows_settled(200)?;
+    ensure!(
+        follower.wait()?.success(),
+        "roce-agent events: {}",
+        follower.stderr_text()
+    );
+    let lines = follower.stdout_text();
+    let ce = lines
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"ce\""))
+        .count();
+    ensure!(ce == 10, "{ce} CE events streamed, expected 10:\n{lines}");
+    let doc = rig.flows_doc()?;
+    let account = rig.lab.events_account(&rig.lab.b.ns, API, &doc)?;
+    ensure!(
+        account.emitted == 10 && account.all_read(),
+        "after the reload: {account:?}"
+    );
     Ok(())
 }
 

@@ -316,9 +316,15 @@ fn a_full_ring_counts_ring_full_and_takes_events_again_once_read() {
         (s.emitted_total(), s.ring_full, s.rate_limit),
         (capacity, burst - capacity, 0)
     );
+    // The kernel's positions say the same (roce_agent_events_ring_*).
+    let progress = |written, read| roce_agent::ring_progress::Progress { written, read };
+    assert_eq!(h.progress(), progress(capacity, 0));
     assert_eq!(h.drain().len() as u64, capacity);
+    assert_eq!(h.progress(), progress(capacity, capacity));
     h.xdp(&write(&host4(tos(3)), 1), 1);
+    assert_eq!(h.progress(), progress(capacity + 1, capacity));
     assert_eq!(h.drain().len(), 1);
+    assert_eq!(h.progress(), progress(capacity + 1, capacity + 1));
 }
 
 // ---------------------------------------------------------------------------------
@@ -454,7 +460,7 @@ async fn the_reader_publishes_ingress_and_egress_events_on_the_broadcast() {
     }
     let tx =
         match roce_agent::events_reader::spawn(&mut loaded, Arc::new(roce_agent::netif::name_of)) {
-            Ok(tx) => tx,
+            Ok(spawned) => spawned.sender,
             Err(e) => panic!("spawning the reader: {e}"),
         };
     let mut rx = tx.subscribe();

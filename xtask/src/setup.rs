@@ -10,8 +10,10 @@ use anyhow::{bail, Context, Result};
 pub const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages and a command each provides, to tell whether it is installed.
-const DEBIAN_TOOLS: [(&str, &str); 9] = [
+const DEBIAN_TOOLS: [(&str, &str); 10] = [
     ("tshark", "tshark"),
+    // The tests scrape `GET /metrics` with it.
+    ("curl", "curl"),
     ("tcpdump", "tcpdump"),
     ("tcpreplay", "tcpreplay"),
     ("ip", "iproute2"),
@@ -189,7 +191,7 @@ pub fn ensure_rust() -> Result<()> {
     ensure_clippy()
 }
 
-/// tshark, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool, tmux, prometheus
+/// tshark, curl, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool, tmux, prometheus
 /// (promtool) from Debian.
 pub fn ensure_debian_tools() -> Result<()> {
     let missing: Vec<&str> = DEBIAN_TOOLS

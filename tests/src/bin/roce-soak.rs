@@ -318,6 +318,16 @@ fn main() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(500));
     };
+    // Every sampled event is in the pinned ring (or counted as dropped) and every
+    // record was read, by the agent alive when it was written or by the next one.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let events = loop {
+        let account = soak.lab.events_account(&soak.lab.b.ns, API, &doc)?;
+        if account.all_read() || Instant::now() > deadline {
+            break account;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
     let sent_packets: u64 = soak.sent.values().map(|t| t.packets).sum();
     let got_packets: u64 = got.values().map(|t| t.packets).sum();
     let rss: Vec<Value> = soak
@@ -350,6 +360,9 @@ fn main() -> Result<()> {
         "worst_rss_growth": worst_growth,
         "events": doc["counters"]["events"],
         "events_dropped": doc["counters"]["events_dropped"],
+        "events_ring_written": events.written,
+        "events_ring_read": events.read,
+        "events_all_read": events.all_read(),
         "flows_created": doc["counters"]["flows_created"],
     });
     if args.json {
@@ -363,6 +376,10 @@ fn main() -> Result<()> {
             soak.sent
         );
     }
+    ensure!(
+        events.emitted > 0 && events.all_read(),
+        "sampled events lost: {events:?} (emitted: counters.events; written and read: the EVENTS ring)"
+    );
     ensure!(
         worst_growth <= 0.10,
         "RSS grew by {:.1} % in one agent's life",
