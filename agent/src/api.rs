@@ -470,11 +470,11 @@ mod tests {
         let (_tx, rx) = watch::channel(Arc::new(LiveDocument::from(doc)));
         let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
         let exporter = Arc::new(crate::metrics::Exporter {
-            host: crate::metrics::HostSources {
+            host: std::sync::RwLock::new(crate::metrics::HostSources {
                 sysfs_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                     .join("../tests/fixtures/sysfs/mlx5-good"),
                 interfaces: Vec::new(),
-            },
+            }),
             top_flows: 10,
             reloads: Default::default(),
             events_ring: None,

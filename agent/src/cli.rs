@@ -527,15 +527,10 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
     let events_sample = Arc::new(std::sync::atomic::AtomicU32::new(settings.events_sample));
     let reloads = Arc::new(crate::metrics::ReloadCounts::default());
     let exporter = Arc::new(crate::metrics::Exporter {
-        host: crate::metrics::HostSources {
+        host: std::sync::RwLock::new(crate::metrics::HostSources {
             sysfs_root: launch.sysfs_root.clone(),
-            interfaces: settings
-                .interfaces
-                .iter()
-                .chain(&settings.vteps)
-                .cloned()
-                .collect(),
-        },
+            interfaces: pfc_interfaces(&settings),
+        }),
         top_flows: settings.top_flows,
         reloads: reloads.clone(),
         events_ring: events.as_ref().and_then(|e| e.progress.clone()),
@@ -547,7 +542,7 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
     let routes = api::router(rx.clone(), findings_rx.clone(), feed).merge(api::metrics_router(
         rx.clone(),
         findings_rx,
-        exporter,
+        exporter.clone(),
     ));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -617,6 +612,7 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
                         findings_tx.clone(),
                     ));
                     events_sample.store(new.events_sample, std::sync::atomic::Ordering::Relaxed);
+                    exporter.set_interfaces(pfc_interfaces(&new));
                     settings = new;
                 }
             }
@@ -737,6 +733,16 @@ fn reload(
             None
         }
     }
+}
+
+/// The interfaces whose PFC counters `/metrics` reads: the configured ones.
+fn pfc_interfaces(settings: &Settings) -> Vec<String> {
+    settings
+        .interfaces
+        .iter()
+        .chain(&settings.vteps)
+        .cloned()
+        .collect()
 }
 
 /// Starts the reader of the kernel's sampled events, also while `events_sample` is 0

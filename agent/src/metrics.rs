@@ -181,9 +181,10 @@ pub struct Inputs<'a> {
 }
 
 /// Makes `GET /metrics` for a running agent: the host sources and K.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Exporter {
-    pub host: HostSources,
+    /// A reload changes its interfaces ([`Exporter::set_interfaces`]).
+    pub host: std::sync::RwLock<HostSources>,
     pub top_flows: usize,
     /// Configuration reloads (SIGHUP) so far.
     pub reloads: Arc<ReloadCounts>,
@@ -271,6 +272,15 @@ fn encode_ring(progress: crate::ring_progress::Progress) -> Result<String, Metri
 }
 
 impl Exporter {
+    /// The interfaces whose PFC counters are read from now on (a reload's).
+    pub fn set_interfaces(&self, interfaces: Vec<String>) {
+        let mut host = self
+            .host
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        host.interfaces = interfaces;
+    }
+
     /// The exposition for `document` and `findings`, reading the host's counters now.
     /// Blocking (sysfs, ioctl, netlink): call it off the async workers.
     pub fn render(
@@ -278,7 +288,12 @@ impl Exporter {
         document: &LiveDocument,
         findings: &[Finding],
     ) -> Result<String, MetricsError> {
-        let host = self.host.read();
+        let host = self
+            .host
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .read();
         let events = event_counts(&document.counters);
         let mut text = encode(&Inputs {
             document,

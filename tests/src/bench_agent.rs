@@ -286,10 +286,10 @@ pub fn child(opts: &Options) -> Result<()> {
     let (tx, rx) = tokio::sync::watch::channel(first.document);
     let (_ftx, frx) = tokio::sync::watch::channel(Arc::new(roce_agent::api::Findings::default()));
     let exporter = Arc::new(roce_agent::metrics::Exporter {
-        host: roce_agent::metrics::HostSources {
+        host: std::sync::RwLock::new(roce_agent::metrics::HostSources {
             sysfs_root: "/sys".into(),
             interfaces: Vec::new(),
-        },
+        }),
         top_flows: 10,
         reloads: Default::default(),
         events_ring: None,
