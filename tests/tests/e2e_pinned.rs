@@ -102,11 +102,24 @@ impl Rig {
         Ok(())
     }
 
-    /// Runs roce-gen in A with `args` (+ `--json`) and returns its report.
-    fn gen(&self, args: &[&str]) -> Result<Value> {
+    /// roce-gen in A sending `traffic` (its flows, counts, marks, rate) to B's veth,
+    /// reporting in JSON.
+    fn gen_command(&self, traffic: &[&str]) -> std::process::Command {
         let mut cmd = self.lab.command(&self.lab.a.ns, self.bin.join("roce-gen"));
-        cmd.args(args).arg("--json");
-        let out = cmd.output().context("running roce-gen")?;
+        cmd.args(["--iface", &self.lab.a.veth, "--dst"])
+            .arg(self.lab.b.ip4.to_string())
+            .args(["--dst-mac", &self.lab.b.mac])
+            .args(traffic)
+            .arg("--json");
+        cmd
+    }
+
+    /// Runs roce-gen with `args` ([`Rig::gen_command`]) and returns its report.
+    fn gen(&self, args: &[&str]) -> Result<Value> {
+        let out = self
+            .gen_command(args)
+            .output()
+            .context("running roce-gen")?;
         if !out.status.success() {
             bail!(
                 "roce-gen {args:?}: {}",
@@ -218,28 +231,10 @@ fn kill_9_under_traffic_loses_no_count_and_counts_nothing_twice() -> Result<()> 
     let mut rig = Rig::new()?;
     let b_veth = rig.lab.b.veth.clone();
     rig.start_agent(&["--iface", &b_veth, "--mode", "enforce"])?;
-    let dst = rig.lab.b.ip4.to_string();
-    let dst_mac = rig.lab.b.mac.clone();
     // Three flows with CE marks and CNPs; long enough (0.4 s) to kill the agent
     // while it flows.
-    let a_veth = rig.lab.a.veth.clone();
     let args = [
-        "--iface",
-        &a_veth,
-        "--dst",
-        &dst,
-        "--dst-mac",
-        &dst_mac,
-        "--flows",
-        "3",
-        "--count",
-        "2000",
-        "--ce",
-        "50",
-        "--cnp",
-        "20",
-        "--rate",
-        "5000",
+        "--flows", "3", "--count", "2000", "--ce", "50", "--cnp", "20", "--rate", "5000",
     ];
     let first = rig.gen(&args)?;
     let sent = oracle::flows_from_doc(&first, |_| true)?;
@@ -247,11 +242,7 @@ fn kill_9_under_traffic_loses_no_count_and_counts_nothing_twice() -> Result<()> 
     let once = rig.flows_settled(packets)?;
 
     // The same traffic again, with the agent killed while it flows.
-    let sender = {
-        let mut cmd = rig.lab.command(&rig.lab.a.ns, rig.bin.join("roce-gen"));
-        cmd.args(args).arg("--json");
-        rig.lab.spawn("roce-gen-2", cmd)?
-    };
+    let sender = rig.lab.spawn("roce-gen-2", rig.gen_command(&args))?;
     std::thread::sleep(Duration::from_millis(150));
     rig.kill_agent()?;
     let mut sender = sender;
@@ -376,24 +367,8 @@ fn sighup_turns_sampled_events_on_without_a_restart() -> Result<()> {
         off.contains("events are off") && off.ends_with("503"),
         "GET /events with events off: {off}"
     );
-    let dst = rig.lab.b.ip4.to_string();
-    let dst_mac = rig.lab.b.mac.clone();
-    let a_veth = rig.lab.a.veth.clone();
     let args = [
-        "--iface",
-        &a_veth,
-        "--dst",
-        &dst,
-        "--dst-mac",
-        &dst_mac,
-        "--flows",
-        "1",
-        "--count",
-        "100",
-        "--ce",
-        "10",
-        "--rate",
-        "5000",
+        "--flows", "1", "--count", "100", "--ce", "10", "--rate", "5000",
     ];
     rig.gen(&args)?;
     rig.flows_settled(100)?;
@@ -676,18 +651,7 @@ fn interfaces_that_appear_or_are_recreated_get_their_programs() -> Result<()> {
     eventually("XDP on the re-created veth", || {
         has_xdp(&rig.lab, &b_ns, &b_veth)
     })?;
-    let dst = rig.lab.b.ip4.to_string();
-    let (a_veth, mac) = (rig.lab.a.veth.clone(), rig.lab.b.mac.clone());
-    let sent = rig.gen(&[
-        "--iface",
-        &a_veth,
-        "--dst",
-        &dst,
-        "--dst-mac",
-        &mac,
-        "--count",
-        "50",
-    ])?;
+    let sent = rig.gen(&["--count", "50"])?;
     let sent = oracle::flows_from_doc(&sent, |_| true)?;
     let packets: u64 = sent.values().map(|c| c.packets).sum();
     rig.flows_settled(packets)?;
