@@ -44,11 +44,11 @@ pub fn count_on_flow<C: FrameHead>(
         // SAFETY: a per-CPU value of this CPU.
         let trouble = unsafe { record(stats, parsed, frame_len, cfg) };
         if !trouble.is_none() && cfg.events_sample != EVENTS_OFF {
-            // Rare (sampled events): the wide key is built only here.
+            // The wide key is built only for an event kept by the sampling.
             emit(
                 ctx,
                 trouble,
-                &key.widen(),
+                &|| key.widen(),
                 parsed,
                 frame_len,
                 cfg.events_sample,
@@ -66,7 +66,7 @@ pub fn count_on_flow<C: FrameHead>(
         // SAFETY: as above.
         let trouble = unsafe { record(stats, parsed, frame_len, cfg) };
         if !trouble.is_none() && cfg.events_sample != EVENTS_OFF {
-            emit(ctx, trouble, &key, parsed, frame_len, cfg.events_sample);
+            emit(ctx, trouble, &|| key, parsed, frame_len, cfg.events_sample);
         }
     }
 }
