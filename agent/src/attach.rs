@@ -99,7 +99,8 @@ impl Attachments {
             .iter()
             .any(|n| self.xdp.get(n).map(|(i, _)| *i) != netif::index_of(n));
         let tc = !self.tc_unavailable
-            && tc_names(settings)
+            && settings
+                .tc_interfaces()
                 .iter()
                 .any(|n| self.tc.get(n).map(|(i, _)| *i) != netif::index_of(n));
         xdp || tc
@@ -179,7 +180,7 @@ impl Attachments {
     }
 
     fn apply_tc(&mut self, loaded: &mut Loaded, settings: &Settings) -> Result<(), AttachError> {
-        let wanted = tc_names(settings);
+        let wanted = settings.tc_interfaces();
         let stale: Vec<String> = self
             .tc
             .iter()
@@ -267,15 +268,4 @@ impl Attachments {
         loaded.detach_all();
         self.xdp.clear();
     }
-}
-
-/// The interfaces that get tc programs: `interfaces` (host policy) and VTEPs.
-fn tc_names(settings: &Settings) -> Vec<String> {
-    let mut names = settings.interfaces.clone();
-    for v in &settings.vteps {
-        if !names.contains(v) {
-            names.push(v.clone());
-        }
-    }
-    names
 }

@@ -529,7 +529,7 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
     let exporter = Arc::new(crate::metrics::Exporter {
         host: std::sync::RwLock::new(crate::metrics::HostSources {
             sysfs_root: launch.sysfs_root.clone(),
-            interfaces: pfc_interfaces(&settings),
+            interfaces: settings.tc_interfaces(),
         }),
         top_flows: settings.top_flows,
         reloads: reloads.clone(),
@@ -612,7 +612,7 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
                         findings_tx.clone(),
                     ));
                     events_sample.store(new.events_sample, std::sync::atomic::Ordering::Relaxed);
-                    exporter.set_interfaces(pfc_interfaces(&new));
+                    exporter.set_interfaces(new.tc_interfaces());
                     settings = new;
                 }
             }
@@ -733,16 +733,6 @@ fn reload(
             None
         }
     }
-}
-
-/// The interfaces whose PFC counters `/metrics` reads: the configured ones.
-fn pfc_interfaces(settings: &Settings) -> Vec<String> {
-    settings
-        .interfaces
-        .iter()
-        .chain(&settings.vteps)
-        .cloned()
-        .collect()
 }
 
 /// Starts the reader of the kernel's sampled events, also while `events_sample` is 0

@@ -756,6 +756,18 @@ impl Settings {
         }
     }
 
+    /// The interfaces that get tc programs and whose PFC counters `/metrics` reads:
+    /// `interfaces` (host policy), then the VTEPs not among them.
+    pub fn tc_interfaces(&self) -> Vec<String> {
+        let mut names = self.interfaces.clone();
+        for v in &self.vteps {
+            if !names.contains(v) {
+                names.push(v.clone());
+            }
+        }
+        names
+    }
+
     /// CONFIG as these settings ask for it, events sampling included.
     pub fn runtime_config(&self) -> RuntimeConfig {
         RuntimeConfig {

@@ -241,9 +241,7 @@ impl ReloadCounts {
             "1 when the last reload succeeded (or none was asked for), 0 when it was refused",
             ConstGauge::new(i64::from(self.last_ok.load(Relaxed))),
         );
-        let mut out = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
-        Ok(out)
+        exposition(&registry)
     }
 }
 
@@ -266,9 +264,7 @@ fn encode_ring(progress: crate::ring_progress::Progress) -> Result<String, Metri
         "Records in the EVENTS ring no agent has read yet",
         ConstGauge::new(i64::try_from(progress.unread()).unwrap_or(i64::MAX)),
     );
-    let mut out = String::new();
-    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
-    Ok(out)
+    exposition(&registry)
 }
 
 impl Exporter {
@@ -320,8 +316,13 @@ pub fn encode(inputs: &Inputs<'_>) -> Result<String, MetricsError> {
         Info::new(vec![("version", VERSION)]),
     );
     registry.register_collector(Box::new(Snapshot::of(inputs)));
+    exposition(&registry)
+}
+
+/// The text format 0.0.4 of `registry` (see the module comment).
+fn exposition(registry: &Registry) -> Result<String, MetricsError> {
     let mut out = String::new();
-    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
+    prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?;
     Ok(out)
 }
 

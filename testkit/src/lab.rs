@@ -562,6 +562,26 @@ impl Lab {
         })
     }
 
+    /// Polls [`Lab::events_account`] (with a document from `doc` each time) until some
+    /// events were emitted and all are read, for up to `timeout`; returns the last
+    /// account, read or not, for the caller to judge.
+    pub fn events_read(
+        &self,
+        ns: &str,
+        api: &str,
+        mut doc: impl FnMut() -> Result<serde_json::Value>,
+        timeout: Duration,
+    ) -> Result<EventsAccount> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let account = self.events_account(ns, api, &doc()?)?;
+            if (account.emitted > 0 && account.all_read()) || Instant::now() > deadline {
+                return Ok(account);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Starts `roce-agent run ARGS` (the binary `agent`) in `ns` as process `name`,
     /// logging at info level without colours, and waits until it serves its API.
     pub fn start_agent<S: AsRef<std::ffi::OsStr>>(

@@ -268,20 +268,17 @@ fn kill_9_under_traffic_loses_no_count_and_counts_nothing_twice() -> Result<()> 
     );
     // Every sampled event (CE, CNP) is in the pinned ring, and every record in it was
     // read: those the killed agent left and those written while no agent ran too.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let doc = rig.flows_doc()?;
-        let account = rig.lab.events_account(&rig.lab.b.ns, API, &doc)?;
-        if account.emitted > 0 && account.all_read() {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "sampled events not all read: {account:?}, dropped {}",
-            doc["counters"]["events_dropped"]
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let account = rig.lab.events_read(
+        &rig.lab.b.ns,
+        API,
+        || rig.flows_doc(),
+        Duration::from_secs(10),
+    )?;
+    ensure!(
+        account.emitted > 0 && account.all_read(),
+        "sampled events not all read within 10 s: {account:?}, dropped {}",
+        rig.flows_doc()?["counters"]["events_dropped"]
+    );
     Ok(())
 }
 

@@ -320,14 +320,12 @@ fn main() -> Result<()> {
     };
     // Every sampled event is in the pinned ring (or counted as dropped) and every
     // record was read, by the agent alive when it was written or by the next one.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let events = loop {
-        let account = soak.lab.events_account(&soak.lab.b.ns, API, &doc)?;
-        if account.all_read() || Instant::now() > deadline {
-            break account;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    let events = soak.lab.events_read(
+        &soak.lab.b.ns,
+        API,
+        || Ok(doc.clone()),
+        Duration::from_secs(15),
+    )?;
     let sent_packets: u64 = soak.sent.values().map(|t| t.packets).sum();
     let got_packets: u64 = got.values().map(|t| t.packets).sum();
     let rss: Vec<Value> = soak
