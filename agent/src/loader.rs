@@ -631,6 +631,36 @@ impl Loaded {
         }
     }
 
+    /// Fills (or empties) the TC_TAIL slot of `tc_egress_flows`. Emptied, `tc_egress`
+    /// decides and rewrites as before but counts no egress flow (its tail call finds
+    /// nothing): the benchmarks measure the policy decision alone that way. A load
+    /// fills it.
+    pub fn set_egress_flow_counting(&mut self, on: bool) -> Result<(), LoadError> {
+        let flows_fd = if on {
+            let prog: &SchedClassifier = typed_program(&self.ebpf, TC_EGRESS_FLOWS)?;
+            Some(
+                prog.fd()
+                    .map_err(program_error(TC_EGRESS_FLOWS))?
+                    .try_clone()
+                    .map_err(|source| LoadError::Fd {
+                        name: TC_EGRESS_FLOWS,
+                        source,
+                    })?,
+            )
+        } else {
+            None
+        };
+        let mut tail: ProgramArray<&mut MapData> = typed_map_mut(&mut self.ebpf, map::TC_TAIL)?;
+        match flows_fd {
+            Some(fd) => tail.set(TC_TAIL_EGRESS_FLOWS, &fd, 0),
+            None => match tail.clear_index(&TC_TAIL_EGRESS_FLOWS) {
+                Err(MapError::KeyNotFound) => Ok(()),
+                other => other,
+            },
+        }
+        .map_err(map_error(map::TC_TAIL))
+    }
+
     /// The interfaces IFACE_QOS_DIRECT and IFACE_QOS give something to do.
     pub fn iface_qos_indexes(&self) -> Result<Vec<u32>, LoadError> {
         let direct: Array<&MapData, IfaceQos> = typed_map(&self.ebpf, map::IFACE_QOS_DIRECT)?;

@@ -556,6 +556,38 @@ fn roce_leaving_an_enforce_interface_counts_on_an_egress_flow_with_the_dscp_as_w
     assert_eq!(s[STAT_QOS_ROCE_REWRITTEN as usize], 6);
 }
 
+/// The benchmarks' "decision only" case empties the tail-call slot of the egress flows:
+/// the policy must still rewrite and count exactly as with it, and no flow may appear;
+/// filled again, the same frames count as in the test above.
+#[test]
+fn egress_flow_counting_switched_off_keeps_the_decision_and_counts_no_flow() {
+    let policy = Policy::default();
+    let mut h = TcHarness::load(&policy, iface(HOST_ENFORCE, 0, ECN_KERNEL));
+    let (data, c) = egress_frames();
+    let mut counted = TcHarness::load(&policy, iface(HOST_ENFORCE, 0, ECN_KERNEL));
+    h.loaded_mut()
+        .set_egress_flow_counting(false)
+        .expect("emptying the tail-call slot");
+    for f in data.iter().chain([&c]) {
+        let off = h.egress(f, PRIO_IN);
+        let on = counted.egress(f, PRIO_IN);
+        assert_eq!(off.retval, TC_NEXT);
+        assert_eq!(off.data, on.data, "the same bytes leave either way");
+    }
+    assert!(flow_counts(&h).is_empty(), "no egress flow while counting is off");
+    let s = h.stats();
+    assert_eq!(s[STAT_FLOW_CREATED as usize], 0);
+    assert_eq!(s[STAT_QOS_ROCE_REWRITTEN as usize], 6);
+    h.loaded_mut()
+        .set_egress_flow_counting(true)
+        .expect("filling the tail-call slot");
+    for f in data.iter().chain([&c]) {
+        h.egress(f, PRIO_IN);
+    }
+    let want: BTreeMap<_, _> = egress_counts(&data, &c, 26, 48).into_iter().collect();
+    assert_eq!(flow_counts(&h), want);
+}
+
 #[test]
 fn audit_mode_counts_egress_flows_with_the_dscp_unchanged() {
     let policy = Policy::default();

@@ -195,6 +195,9 @@ struct TcCase {
     iface: IfaceQos,
     program: &'static str,
     rewrites: bool,
+    /// Whether `tc_egress` counts the egress flow (tail call to `tc_egress_flows`);
+    /// off, the case measures the policy decision alone.
+    egress_flows: bool,
 }
 
 fn tc_cases() -> Vec<TcCase> {
@@ -239,6 +242,15 @@ fn tc_cases() -> Vec<TcCase> {
             iface: enforce,
             program: loader::TC_EGRESS,
             rewrites: false,
+            egress_flows: true,
+        },
+        TcCase {
+            name: "tc_egress_roce_ipv4_kept_decision_only",
+            frame: frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write),
+            iface: enforce,
+            program: loader::TC_EGRESS,
+            rewrites: false,
+            egress_flows: false,
         },
         TcCase {
             name: "tc_egress_roce_ipv4_ce_kept",
@@ -246,6 +258,7 @@ fn tc_cases() -> Vec<TcCase> {
             iface: enforce,
             program: loader::TC_EGRESS,
             rewrites: false,
+            egress_flows: true,
         },
         TcCase {
             name: "tc_egress_intruder_ipv4_remarked",
@@ -253,6 +266,7 @@ fn tc_cases() -> Vec<TcCase> {
             iface: enforce,
             program: loader::TC_EGRESS,
             rewrites: true,
+            egress_flows: true,
         },
         TcCase {
             name: "tc_egress_roce_ipv6_rewritten",
@@ -260,6 +274,7 @@ fn tc_cases() -> Vec<TcCase> {
             iface: enforce,
             program: loader::TC_EGRESS,
             rewrites: true,
+            egress_flows: true,
         },
         TcCase {
             name: "tc_egress_vtep_ipv4_propagated",
@@ -267,6 +282,7 @@ fn tc_cases() -> Vec<TcCase> {
             iface: vtep,
             program: loader::TC_EGRESS,
             rewrites: true,
+            egress_flows: true,
         },
         TcCase {
             name: "tc_ingress_decap_check",
@@ -274,6 +290,7 @@ fn tc_cases() -> Vec<TcCase> {
             iface: vtep,
             program: loader::TC_INGRESS,
             rewrites: false,
+            egress_flows: true,
         },
         TcCase {
             name: "tc_egress_unconfigured_iface",
@@ -281,6 +298,7 @@ fn tc_cases() -> Vec<TcCase> {
             iface: IfaceQos::default(),
             program: loader::TC_EGRESS,
             rewrites: false,
+            egress_flows: true,
         },
     ]
 }
@@ -523,6 +541,7 @@ fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
     loaded.set_policy(&Policy::default())?;
     for case in tc_cases().into_iter().filter(|c| args.wants(c.name)) {
         loaded.set_iface_qos(1, Some(case.iface))?;
+        loaded.set_egress_flow_counting(case.egress_flows)?;
         let (mut ours, mut base) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             drain(&mut ring);
@@ -556,6 +575,7 @@ fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
                     "target_added_ratio": target,
                     "met": target.map(|t| ratio <= t),
                     "fresh_input": case.rewrites,
+                    "egress_flow_counted": case.egress_flows,
                     "repeat": args.repeat,
                     "rounds": rounds,
                     "events_sample": args.events_sample,
@@ -563,7 +583,7 @@ fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
             );
         } else {
             println!(
-                "{:<34} {:>8.0} {:>8.0} {:>8.0} {:>7.2}x {:>8} {:>8}",
+                "{:<38} {:>8.0} {:>8.0} {:>8.0} {:>7.2}x {:>8} {:>8}",
                 case.name,
                 ns,
                 baseline,
@@ -747,7 +767,7 @@ fn main() -> Result<()> {
     if tc_cases().iter().any(|c| args.wants(c.name)) {
         if !args.json {
             println!(
-                "{:<34} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                "{:<38} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
                 "tc case", "ns/pkt", "empty", "added", "ratio", "target", "input"
             );
         }
