@@ -74,8 +74,13 @@ struct ElemAttr {
 }
 
 /// bpf(2) for the commands here, whose answer is only success or an error.
-fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<()> {
-    crate::sys::bpf(cmd, attr).map(drop)
+///
+/// # Safety
+/// As `sys::bpf`: the addresses in `attr` point at live buffers of the sizes `cmd`
+/// reads or writes.
+unsafe fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<()> {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { crate::sys::bpf(cmd, attr) }.map(drop)
 }
 
 /// One BPF_MAP_LOOKUP_BATCH call: the raw syscall, replaceable in tests to play an old
@@ -96,7 +101,9 @@ impl BatchArgs {
 
 /// The real syscall.
 pub fn lookup_batch_syscall(args: &mut BatchArgs) -> io::Result<()> {
-    bpf(BPF_MAP_LOOKUP_BATCH, &mut args.attr)
+    // SAFETY: only `PerCpuReader::read` makes BatchArgs (its field is private), with
+    // the cursors and key/value buffers sized for `count` entries, alive for the call.
+    unsafe { bpf(BPF_MAP_LOOKUP_BATCH, &mut args.attr) }
 }
 
 /// How a map was read.
@@ -285,7 +292,8 @@ impl PerCpuReader {
                 ..ElemAttr::default()
             };
             stats.calls += 1;
-            match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+            // SAFETY: `key` (when set) and `next` are K-sized values alive for the call.
+            match unsafe { bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) } {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(stats),
                 Err(e) => return Err(BatchError::PerEntry(e)),
@@ -301,7 +309,9 @@ impl PerCpuReader {
                 ..ElemAttr::default()
             };
             stats.calls += 1;
-            match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
+            // SAFETY: `next` is a K; `values` holds `cpus` values of V, as a per-CPU
+            // map's lookup writes.
+            match unsafe { bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) } {
                 Ok(()) => {}
                 // Evicted between the two calls: it is gone, nothing to report.
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
@@ -349,7 +359,9 @@ pub fn update_percpu_batch<K: aya::Pod, V: aya::Pod>(
             map_fd: fd.as_raw_fd() as u32,
             ..BatchAttr::default()
         };
-        let r = bpf(BPF_MAP_UPDATE_BATCH, &mut attr);
+        // SAFETY: from `done` on, `keys` holds `count` keys and `values` `count * cpus`
+        // values (checked above); the kernel only reads them.
+        let r = unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr) };
         // `count` says how many entries went in, also on error.
         done += attr.count as usize;
         if let Err(source) = r {
@@ -523,7 +535,8 @@ mod tests {
             ..ElemAttr::default()
         };
         // BPF_MAP_DELETE_ELEM; ENOENT when already gone is fine.
-        let _ = bpf(3, &mut attr);
+        // SAFETY: `key` points at `k`, alive for the call; the kernel only reads it.
+        let _ = unsafe { bpf(3, &mut attr) };
     }
 
     /// Sets the flag when dropped: a failed assertion stops the churn thread, so that

@@ -363,7 +363,8 @@ pub fn obj_get(path: &Path) -> Result<OwnedFd, PinError> {
         path_fd: 0,
         _pad: 0,
     };
-    let fd = bpf(BPF_OBJ_GET, &mut attr).map_err(syscall)?;
+    // SAFETY: `pathname` is the NUL-terminated `c`, alive for the call.
+    let fd = unsafe { bpf(BPF_OBJ_GET, &mut attr) }.map_err(syscall)?;
     // SAFETY: the kernel just returned this descriptor to us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
@@ -385,7 +386,9 @@ pub fn link_ifindex(fd: BorrowedFd<'_>) -> io::Result<u32> {
         info_len: std::mem::size_of_val(&info) as u32,
         info: info.as_mut_ptr() as u64,
     };
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    // SAFETY: `info` is `info_len` bytes, alive for the call; the kernel writes at
+    // most that many.
+    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
     Ok(info[4])
 }
 
@@ -404,7 +407,8 @@ pub fn link_update(link: BorrowedFd<'_>, program: BorrowedFd<'_>) -> io::Result<
         flags: 0,
         old_prog_fd: 0,
     };
-    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+    // SAFETY: the attr holds descriptors only, no addresses.
+    unsafe { bpf(BPF_LINK_UPDATE, &mut attr) }.map(drop)
 }
 
 /// BPF_LINK_DETACH: the link lets go of its interface now, whoever else holds it.
@@ -416,7 +420,8 @@ pub fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
     let mut attr = Attr {
         link_fd: link.as_raw_fd() as u32,
     };
-    bpf(BPF_LINK_DETACH, &mut attr).map(drop)
+    // SAFETY: the attr holds a descriptor only, no address.
+    unsafe { bpf(BPF_LINK_DETACH, &mut attr) }.map(drop)
 }
 
 /// Detaches the link pinned at `path` and removes the pin.

@@ -8,11 +8,13 @@ use std::io;
 /// bpf(`cmd`, `attr`, sizeof `attr`): the kernel's non-negative answer (a new file
 /// descriptor for the commands that make one), or the error it set.
 ///
-/// `attr` must be a `#[repr(C)]` prefix of `union bpf_attr` for `cmd`; the pointers
-/// inside it must point at buffers the caller keeps alive for the call.
-pub fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a live value of the size passed; the caller keeps the
-    // buffers its fields point at alive for the call (see above).
+/// # Safety
+/// `attr` is a `#[repr(C)]` prefix of `union bpf_attr` for `cmd`, and every address
+/// inside it points at a buffer valid for the size the kernel will read or write
+/// there (by `cmd`'s rules), alive for the call: the kernel writes through them.
+pub unsafe fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a live value of the size passed; its pointers are the
+    // caller's promise (see above).
     let r = unsafe {
         libc::syscall(
             libc::SYS_bpf,

@@ -121,5 +121,6 @@ fn check_input(data: &[u8]) -> io::Result<()> {
 /// # Safety
 /// Every buffer `attr` points at is valid for its size and alive for the call.
 unsafe fn bpf_test_run(attr: &mut TestRunAttr) -> io::Result<()> {
-    crate::sys::bpf(BPF_PROG_TEST_RUN, attr).map(drop)
+    // SAFETY: the caller's promise, passed on.
+    unsafe { crate::sys::bpf(BPF_PROG_TEST_RUN, attr) }.map(drop)
 }
