@@ -443,12 +443,57 @@ impl Launch {
 /// not at all.
 fn load_datapath(settings: &Settings, pin_dir: Option<&Path>) -> anyhow::Result<loader::Loaded> {
     let opts = settings.load_options();
+    note_flow_table_memory(opts.flows_max_entries);
     let Some(dir) = pin_dir else {
         return loader::load(&opts).context("loading the kernel programs");
     };
     let pins = crate::pin::PinDir::prepare(dir)
         .with_context(|| format!("preparing the pin directory {}", dir.display()))?;
     loader::load_pinned(&opts, pins).context("loading the kernel programs")
+}
+
+/// Says what the flow tables cost in kernel memory, and warns when that is more than a
+/// sixteenth of the host's: per-CPU values make it grow with the CPU count, which on a
+/// many-core GPU host surprises (65,536 entries: 1.4 GB at 64 possible CPUs).
+fn note_flow_table_memory(entries: u32) {
+    let Ok(cpus) = aya::util::nr_cpus() else {
+        return;
+    };
+    let bytes = loader::flow_tables_kernel_bytes(entries, cpus);
+    let mib = bytes / (1 << 20);
+    match mem_total_bytes() {
+        Some(total) if bytes > total / 16 => tracing::warn!(
+            flows_map_size = entries,
+            possible_cpus = cpus,
+            kernel_mib = mib,
+            host_mib = total / (1 << 20),
+            "the flow tables take over a sixteenth of this host's memory (each flow's counters are kept once per possible CPU): a smaller flows_map_size lowers it"
+        ),
+        _ => tracing::info!(
+            flows_map_size = entries,
+            possible_cpus = cpus,
+            kernel_mib = mib,
+            "flow tables"
+        ),
+    }
+}
+
+/// MemTotal of /proc/meminfo, in bytes.
+fn mem_total_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_total(&meminfo)
+}
+
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
@@ -970,6 +1015,16 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn mem_total_is_read_in_bytes_and_nonsense_is_none() {
+        let meminfo = "MemTotal:       24576000 kB\nMemFree:        1000 kB\n";
+        assert_eq!(parse_mem_total(meminfo), Some(24_576_000 * 1024));
+        assert_eq!(parse_mem_total("MemFree: 1 kB\n"), None);
+        assert_eq!(parse_mem_total("MemTotal: lots kB\n"), None);
+        assert_eq!(parse_mem_total("MemTotal: 12 MB\n"), None);
+        assert!(mem_total_bytes().is_some_and(|b| b > 0), "this host's /proc/meminfo");
     }
 
     #[test]

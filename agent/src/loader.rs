@@ -101,6 +101,26 @@ impl Default for LoadOptions {
     }
 }
 
+/// The kernel memory FLOWS4 and FLOWS take at `entries` each on a host of `cpus`
+/// possible CPUs. Hash maps allocate every entry up front, and a per-CPU value once per
+/// possible CPU, so the CPU count multiplies the size: 65,536 entries cost 58 MB at
+/// 2 CPUs and 1.4 GB at 64. `tests/tests/names.rs` holds this against the kernel's
+/// own figure (a map's `memlock` in fdinfo).
+pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
+    // struct htab_elem before the key (hash node, LRU node and hash, the per-CPU
+    // pointer), and a hash bucket (list head and lock) per entry rounded up to a power
+    // of two.
+    const ELEMENT_HEAD: u64 = 48;
+    const BUCKET: u64 = 16;
+    let entries = entries as u64;
+    let value = (std::mem::size_of::<FlowStats>() as u64).next_multiple_of(8) * cpus as u64;
+    let table = |key: usize| {
+        entries * (ELEMENT_HEAD + (key as u64).next_multiple_of(8) + 8 + value)
+            + entries.next_power_of_two() * BUCKET
+    };
+    table(std::mem::size_of::<FlowKey4>()) + table(std::mem::size_of::<FlowKey>())
+}
+
 /// How an XDP program ended up attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttachMode {

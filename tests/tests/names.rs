@@ -96,3 +96,36 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
         "the map layout changed: raise LAYOUT_VERSION"
     );
 }
+
+/// `loader::flow_tables_kernel_bytes` (what the agent warns with at start) against the
+/// kernel's own account of FLOWS4 and FLOWS: `memlock` in each map's fdinfo.
+#[test]
+fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
+    use std::os::fd::AsRawFd;
+    let cpus = aya::util::nr_cpus().expect("possible CPUs");
+    for entries in [4096u32, 65536, 300_000] {
+        let loaded = load(&LoadOptions {
+            flows_max_entries: entries,
+            ..LoadOptions::default()
+        })
+        .expect("load");
+        let mut kernel = 0u64;
+        for name in [map::FLOWS4, map::FLOWS] {
+            let fd = loaded.map_fd(name).expect(name);
+            let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+                .expect("fdinfo");
+            let memlock = fdinfo
+                .lines()
+                .find_map(|l| l.strip_prefix("memlock:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .expect("memlock in fdinfo");
+            kernel += memlock;
+        }
+        let estimate = roce_agent::loader::flow_tables_kernel_bytes(entries, cpus);
+        let ratio = estimate as f64 / kernel as f64;
+        assert!(
+            (0.9..=1.1).contains(&ratio),
+            "{entries} entries at {cpus} CPUs: estimate {estimate} B, kernel {kernel} B ({ratio:.3})"
+        );
+    }
+}
