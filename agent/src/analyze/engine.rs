@@ -362,13 +362,15 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), AnalyzeError> {
     Ok(())
 }
 
-/// Loads the kernel programs for the kernel engine (no events: nothing reads them).
+/// Loads the classifier for the kernel engine (no events: nothing reads them; no
+/// egress flows: nothing leaves an interface).
 pub fn load_kernel(opts: &LoadOptions) -> Result<Loaded, AnalyzeError> {
     let opts = LoadOptions {
         config: RuntimeConfig {
             events_sample: roce_common::event::EVENTS_OFF,
             ..opts.config
         },
+        egress_flows: false,
         ..*opts
     };
     Ok(loader::load(&opts)?)
