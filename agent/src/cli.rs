@@ -1024,7 +1024,10 @@ mod tests {
         assert_eq!(parse_mem_total("MemFree: 1 kB\n"), None);
         assert_eq!(parse_mem_total("MemTotal: lots kB\n"), None);
         assert_eq!(parse_mem_total("MemTotal: 12 MB\n"), None);
-        assert!(mem_total_bytes().is_some_and(|b| b > 0), "this host's /proc/meminfo");
+        assert!(
+            mem_total_bytes().is_some_and(|b| b > 0),
+            "this host's /proc/meminfo"
+        );
     }
 
     #[test]

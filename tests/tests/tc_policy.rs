@@ -574,7 +574,10 @@ fn egress_flow_counting_switched_off_keeps_the_decision_and_counts_no_flow() {
         assert_eq!(off.retval, TC_NEXT);
         assert_eq!(off.data, on.data, "the same bytes leave either way");
     }
-    assert!(flow_counts(&h).is_empty(), "no egress flow while counting is off");
+    assert!(
+        flow_counts(&h).is_empty(),
+        "no egress flow while counting is off"
+    );
     let s = h.stats();
     assert_eq!(s[STAT_FLOW_CREATED as usize], 0);
     assert_eq!(s[STAT_QOS_ROCE_REWRITTEN as usize], 6);

@@ -651,7 +651,9 @@ fn throughput_line(args: &Args, name: &str, peer: &str, ours: &[f64], theirs: &[
                 "seconds": args.seconds, "target_ratio": 1.0, "met": ratio >= 1.0})
         );
     } else {
-        let spread = ratios.iter().fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+        let spread = ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
         println!(
             "{name:<34} {pps:>10.0} pps vs {peer} {peer_pps:>10.0} pps: ratio {ratio:.3} (median of {} rounds, {:.2}-{:.2}), extra {extra_pct:+.1} %",
             ratios.len(),
