@@ -253,20 +253,12 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
     let mut ebpf = loader.load(crate::EBPF_OBJECT)?;
     let prog: &mut Xdp = typed_program_mut(&mut ebpf, XDP_PROGRAM)?;
     prog.load().map_err(program_error(XDP_PROGRAM))?;
+    // A pinned datapath always has it: `pin_programs` pins it, and an adopted
+    // `tc_egress` tail-calls it.
     if opts.egress_flows || pins.is_some() {
         let flows: &mut SchedClassifier = typed_program_mut(&mut ebpf, TC_EGRESS_FLOWS)?;
         flows.load().map_err(program_error(TC_EGRESS_FLOWS))?;
-        let flows_fd = flows
-            .fd()
-            .map_err(program_error(TC_EGRESS_FLOWS))?
-            .try_clone()
-            .map_err(|source| LoadError::Fd {
-                name: TC_EGRESS_FLOWS,
-                source,
-            })?;
-        let mut tail: ProgramArray<&mut MapData> = typed_map_mut(&mut ebpf, map::TC_TAIL)?;
-        tail.set(TC_TAIL_EGRESS_FLOWS, &flows_fd, 0)
-            .map_err(map_error(map::TC_TAIL))?;
+        set_egress_flows_slot(&mut ebpf, true)?;
     }
     let cpus = aya::util::nr_cpus().map_err(|(what, source)| LoadError::Cpus { what, source })?;
     let mut loaded = Loaded {
@@ -287,6 +279,29 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
         loaded.pin_programs()?;
     }
     Ok(loaded)
+}
+
+/// Fills TC_TAIL's `tc_egress_flows` slot with the loaded program (`on`), or empties it.
+fn set_egress_flows_slot(ebpf: &mut Ebpf, on: bool) -> Result<(), LoadError> {
+    let flows_fd = if on {
+        let prog: &SchedClassifier = typed_program(ebpf, TC_EGRESS_FLOWS)?;
+        let fd = prog.fd().map_err(program_error(TC_EGRESS_FLOWS))?;
+        Some(fd.try_clone().map_err(|source| LoadError::Fd {
+            name: TC_EGRESS_FLOWS,
+            source,
+        })?)
+    } else {
+        None
+    };
+    let mut tail: ProgramArray<&mut MapData> = typed_map_mut(ebpf, map::TC_TAIL)?;
+    match flows_fd {
+        Some(fd) => tail.set(TC_TAIL_EGRESS_FLOWS, &fd, 0),
+        None => match tail.clear_index(&TC_TAIL_EGRESS_FLOWS) {
+            Err(MapError::KeyNotFound) => Ok(()),
+            other => other,
+        },
+    }
+    .map_err(map_error(map::TC_TAIL))
 }
 
 impl Loaded {
@@ -662,29 +677,7 @@ impl Loaded {
     /// nothing): the benchmarks measure the policy decision alone that way. A load
     /// fills it.
     pub fn set_egress_flow_counting(&mut self, on: bool) -> Result<(), LoadError> {
-        let flows_fd = if on {
-            let prog: &SchedClassifier = typed_program(&self.ebpf, TC_EGRESS_FLOWS)?;
-            Some(
-                prog.fd()
-                    .map_err(program_error(TC_EGRESS_FLOWS))?
-                    .try_clone()
-                    .map_err(|source| LoadError::Fd {
-                        name: TC_EGRESS_FLOWS,
-                        source,
-                    })?,
-            )
-        } else {
-            None
-        };
-        let mut tail: ProgramArray<&mut MapData> = typed_map_mut(&mut self.ebpf, map::TC_TAIL)?;
-        match flows_fd {
-            Some(fd) => tail.set(TC_TAIL_EGRESS_FLOWS, &fd, 0),
-            None => match tail.clear_index(&TC_TAIL_EGRESS_FLOWS) {
-                Err(MapError::KeyNotFound) => Ok(()),
-                other => other,
-            },
-        }
-        .map_err(map_error(map::TC_TAIL))
+        set_egress_flows_slot(&mut self.ebpf, on)
     }
 
     /// The interfaces IFACE_QOS_DIRECT and IFACE_QOS give something to do.

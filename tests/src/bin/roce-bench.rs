@@ -663,10 +663,24 @@ fn throughput_line(args: &Args, name: &str, peer: &str, ours: &[f64], theirs: &[
     }
 }
 
-/// Which side floods first in `round`: ours in even rounds, the peer in odd ones.
-fn flood_order(round: usize) -> [bool; 2] {
-    let ours_first = round.is_multiple_of(2);
-    [ours_first, !ours_first]
+/// `rounds` measurements of each side, in ABBA order: which goes first alternates
+/// (ours in even rounds), so that neither gains from its place in a round.
+fn interleaved(
+    rounds: usize,
+    mut ours: impl FnMut() -> Result<f64>,
+    mut theirs: impl FnMut() -> Result<f64>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (mut o, mut t) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if round.is_multiple_of(2) {
+            o.push(ours()?);
+            t.push(theirs()?);
+        } else {
+            t.push(theirs()?);
+            o.push(ours()?);
+        }
+    }
+    Ok((o, t))
 }
 
 fn bench_throughput(args: &Args, rounds: usize) -> Result<()> {
@@ -709,26 +723,16 @@ fn bench_throughput(args: &Args, rounds: usize) -> Result<()> {
             mode: HostMode::Enforce,
             ..Settings::default()
         };
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-        for round in 0..rounds {
-            // ABBA: which side floods first alternates, so that neither gains from its
-            // place in the round.
-            for ours_now in flood_order(round) {
-                if ours_now {
-                    ours.push(flood_in(
-                        &l.a.ns,
-                        Some(settings.clone()),
-                        l.b.ip4,
-                        args.seconds,
-                    )?);
-                } else {
-                    l.exec(&l.a.ns, "iptables", &rule)?;
-                    let peer = flood_in(&l.a.ns, None, l.b.ip4, args.seconds);
-                    l.exec(&l.a.ns, "iptables", &del)?;
-                    theirs.push(peer?);
-                }
-            }
-        }
+        let (ours, theirs) = interleaved(
+            rounds,
+            || flood_in(&l.a.ns, Some(settings.clone()), l.b.ip4, args.seconds),
+            || {
+                l.exec(&l.a.ns, "iptables", &rule)?;
+                let peer = flood_in(&l.a.ns, None, l.b.ip4, args.seconds);
+                l.exec(&l.a.ns, "iptables", &del)?;
+                peer
+            },
+        )?;
         throughput_line(
             args,
             "tc_remark_intruders_veth",
@@ -745,23 +749,20 @@ fn bench_throughput(args: &Args, rounds: usize) -> Result<()> {
             vteps: vec![ours_lab.a.veth.clone()],
             ..Settings::default()
         };
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-        for round in 0..rounds {
-            for ours_now in flood_order(round) {
-                if ours_now {
-                    let dst = ours_lab.b.vxlan_ip4.context("VXLAN lab")?;
-                    ours.push(flood_in(
-                        &ours_lab.a.ns,
-                        Some(settings.clone()),
-                        dst,
-                        args.seconds,
-                    )?);
-                } else {
-                    let dst = inherit.b.vxlan_ip4.context("VXLAN lab")?;
-                    theirs.push(flood_in(&inherit.a.ns, None, dst, args.seconds)?);
-                }
-            }
-        }
+        let ours_dst = ours_lab.b.vxlan_ip4.context("VXLAN lab")?;
+        let inherit_dst = inherit.b.vxlan_ip4.context("VXLAN lab")?;
+        let (ours, theirs) = interleaved(
+            rounds,
+            || {
+                flood_in(
+                    &ours_lab.a.ns,
+                    Some(settings.clone()),
+                    ours_dst,
+                    args.seconds,
+                )
+            },
+            || flood_in(&inherit.a.ns, None, inherit_dst, args.seconds),
+        )?;
         throughput_line(
             args,
             "tc_vtep_propagation_vxlan",
