@@ -1,7 +1,7 @@
-//! Reading the kernel's maps into the flows document ([`LiveDocument`]): FLOWS4 and
-//! FLOWS (CPUs merged while read, a chunk of entries per syscall) and STATS (CPUs
-//! summed), with interface indexes turned into names, and each flow's rates since the
-//! previous poll.
+//! Reading the kernel's maps into the flows document ([`LiveDocument`]): the flow
+//! table (FLOW_SLOTS, read as mapped memory; then the table's upkeep, see
+//! `flow_table`) and STATS (CPUs summed), with interface indexes turned into names,
+//! and each flow's rates since the previous poll.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,9 +25,9 @@ pub struct Poll {
     pub document: Arc<LiveDocument>,
     /// How long the whole poll took.
     pub elapsed: Duration,
-    /// How long reading FLOWS4 and FLOWS took (part of `elapsed`).
+    /// How long reading the flow table took (part of `elapsed`).
     pub read: Duration,
-    /// Entries in FLOWS4 and FLOWS (including any not yet counted on).
+    /// Live flows in the table (including any not yet counted on).
     pub entries: usize,
 }
 
@@ -39,7 +39,7 @@ impl Collector {
         }
     }
 
-    /// Reads FLOWS4, FLOWS and STATS once.
+    /// Reads the flow table and STATS once.
     pub fn poll(&mut self) -> Result<Poll, LoadError> {
         let start = Instant::now();
         // About as many flows as last time: the rows are not copied while they grow.
@@ -51,6 +51,7 @@ impl Collector {
             .loaded
             .for_each_flow(|key, stats| builder.add(key, stats))?;
         let read = start.elapsed();
+        self.loaded.maintain_flows(entries)?;
         let stats = self.loaded.stats()?;
         let vteps = crate::qos::vtep_records(&self.loaded.vteps()?);
         let now = Instant::now();

@@ -18,6 +18,7 @@ pub mod ethtool;
 pub mod events;
 pub mod events_reader;
 pub mod finding;
+pub mod flow_table;
 pub mod live;
 pub mod loader;
 pub mod metrics;

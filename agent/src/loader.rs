@@ -8,11 +8,10 @@
 //! that link atomically, so the datapath never pauses across agent restarts.
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::Mutex;
 
 use aya::maps::{
     Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues, ProgramArray,
-    RingBuf,
+    Queue, RingBuf,
 };
 use aya::programs::links::FdLink;
 use aya::programs::xdp::XdpLinkId;
@@ -21,12 +20,13 @@ use aya::Ebpf;
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS, LAYOUT_VERSION};
 use roce_common::counters::STATS_LEN;
 use roce_common::event::EVENTS_RING_BYTES;
-use roce_common::flow::{FlowKey, FlowKey4, FlowStats};
+use roce_common::flow::{FlowKey, FlowKey4, FlowSlot, FlowStats, SLOT_EVICTED, SLOT_LIVE};
 use roce_common::policy::{
     DscpEntry, IfaceQos, Policy, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
 
-use crate::batch::{self, PerCpuReader};
+use crate::batch;
+use crate::flow_table::{self, FlowSlots};
 use crate::pin::{self, PinDir, PinError};
 use roce_common::names::map;
 pub use roce_common::names::program::{
@@ -67,6 +67,10 @@ pub enum LoadError {
         what: &'static str,
         source: std::io::Error,
     },
+    #[error("mapping FLOW_SLOTS into memory: {0}")]
+    Slots(std::io::Error),
+    #[error("the flow table has no free slot for a flow made by hand")]
+    SlotsFull,
     #[error(transparent)]
     Pin(#[from] PinError),
     #[error("pinning {what} at {path}: {source}")]
@@ -105,24 +109,24 @@ impl Default for LoadOptions {
     }
 }
 
-/// The kernel memory FLOWS4 and FLOWS take at `entries` each on a host of `cpus`
-/// possible CPUs. Hash maps allocate every entry up front, and a per-CPU value once per
-/// possible CPU, so the CPU count multiplies the size: 65,536 entries cost 58 MB at
-/// 2 CPUs and 1.4 GB at 64. `tests/tests/names.rs` holds this against the kernel's
-/// own figure (a map's `memlock` in fdinfo).
+/// The kernel memory of the flow table at `entries` flows on a host of `cpus` possible
+/// CPUs: FLOWS4 and FLOWS (hash maps allocate every entry up front, plus one spare a
+/// CPU), FLOW_SLOTS (256 bytes a flow, shared by all CPUs) and FLOW_FREE. 65,536 flows
+/// cost about 27 MB whatever the CPU count. `tests/tests/names.rs` holds this against
+/// the kernel's own figure (a map's `memlock` in fdinfo).
 pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
-    // struct htab_elem before the key (hash node, LRU node and hash, the per-CPU
-    // pointer), and a hash bucket (list head and lock) per entry rounded up to a power
-    // of two.
+    // struct htab_elem before the key (hash node, LRU node and hash), and a hash
+    // bucket (list head and lock) per entry rounded up to a power of two.
     const ELEMENT_HEAD: u64 = 48;
     const BUCKET: u64 = 16;
-    let entries = entries as u64;
-    let value = (std::mem::size_of::<FlowStats>() as u64).next_multiple_of(8) * cpus as u64;
+    let n = entries as u64;
     let table = |key: usize| {
-        entries * (ELEMENT_HEAD + (key as u64).next_multiple_of(8) + 8 + value)
-            + entries.next_power_of_two() * BUCKET
+        (n + cpus as u64) * (ELEMENT_HEAD + (key as u64).next_multiple_of(8) + 8)
+            + n.next_power_of_two() * BUCKET
     };
-    table(std::mem::size_of::<FlowKey4>()) + table(std::mem::size_of::<FlowKey>())
+    let slots = (n * size_of::<FlowSlot>() as u64).next_multiple_of(4096);
+    let free = (n + 1) * 4;
+    table(size_of::<FlowKey4>()) + table(size_of::<FlowKey>()) + slots + free
 }
 
 /// How an XDP program ended up attached.
@@ -197,9 +201,13 @@ pub struct Loaded {
     attached: Vec<(String, XdpLinkId)>,
     /// Where maps, programs and links are pinned (None: nothing is).
     pins: Option<PinDir>,
-    /// FLOWS4 and FLOWS are read a chunk at a time; its buffers are reused.
-    reader: Mutex<PerCpuReader>,
-    flows_max_entries: usize,
+    /// FLOW_SLOTS, mapped into this process.
+    slots: FlowSlots,
+    /// Slots of flows evicted at the last poll: given back at the next
+    /// (`flow_table`).
+    evicted: Vec<u32>,
+    /// Flows evicted by this process, in all.
+    evictions: u64,
 }
 
 /// One entry of a flow map as read: its key as the map holds it.
@@ -244,6 +252,8 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
     loader
         .map_max_entries(map::FLOWS, opts.flows_max_entries)
         .map_max_entries(map::FLOWS4, opts.flows_max_entries)
+        .map_max_entries(map::FLOW_SLOTS, opts.flows_max_entries)
+        .map_max_entries(map::FLOW_FREE, opts.flows_max_entries)
         .map_max_entries(map::EVENTS, opts.events_ring_bytes);
     if let Some(p) = &pins {
         for name in map::ALL {
@@ -260,16 +270,24 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
         flows.load().map_err(program_error(TC_EGRESS_FLOWS))?;
         set_egress_flows_slot(&mut ebpf, true)?;
     }
-    let cpus = aya::util::nr_cpus().map_err(|(what, source)| LoadError::Cpus { what, source })?;
+    let slots = map_slots(&ebpf)?;
     let mut loaded = Loaded {
         ebpf,
         attached: Vec::new(),
         pins,
-        reader: Mutex::new(PerCpuReader::new(batch::DEFAULT_CHUNK, cpus)),
-        flows_max_entries: opts.flows_max_entries as usize,
+        slots,
+        evicted: Vec::new(),
+        evictions: 0,
     };
     if adopted {
         loaded.warn_on_pinned_sizes(opts);
+        // An earlier agent's evicted slots: long enough ago to give back now.
+        let waiting = loaded.slots.evicted();
+        loaded.give_back(&waiting)?;
+    } else {
+        // A new table: every slot is free.
+        let all: Vec<u32> = (0..loaded.slots.len() as u32).collect();
+        loaded.give_back(&all)?;
     }
     // The policy in force stays (an adopted datapath keeps enforcing it) until the
     // caller commits its own; a fresh one starts with an empty policy.
@@ -279,6 +297,19 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
         loaded.pin_programs()?;
     }
     Ok(loaded)
+}
+
+/// FLOW_SLOTS of `ebpf` mapped into memory, all its entries (an adopted table keeps
+/// the size it was made with).
+fn map_slots(ebpf: &Ebpf) -> Result<FlowSlots, LoadError> {
+    let Some(Map::Array(data)) = ebpf.map(map::FLOW_SLOTS) else {
+        return Err(LoadError::Missing(map::FLOW_SLOTS));
+    };
+    let entries = data
+        .info()
+        .map_err(map_error(map::FLOW_SLOTS))?
+        .max_entries();
+    FlowSlots::map(data.fd().as_fd(), entries as usize).map_err(LoadError::Slots)
 }
 
 /// Fills TC_TAIL's `tc_egress_flows` slot with the loaded program (`on`), or empties it.
@@ -458,22 +489,14 @@ impl Loaded {
     /// Uses the sizes of adopted flow tables (they keep the size they were made with)
     /// and says so when the configuration asks for another.
     fn warn_on_pinned_sizes(&mut self, opts: &LoadOptions) {
-        for name in [map::FLOWS4, map::FLOWS] {
-            let Some(Map::PerCpuLruHashMap(data)) = self.ebpf.map(name) else {
-                continue;
-            };
-            if let Ok(info) = data.info() {
-                let pinned = info.max_entries();
-                if pinned != opts.flows_max_entries {
-                    tracing::warn!(
-                        map = name,
-                        pinned,
-                        configured = opts.flows_max_entries,
-                        "the adopted flow table keeps its size; `roce-agent detach` and a restart apply the new one (counters restart)"
-                    );
-                }
-                self.flows_max_entries = self.flows_max_entries.max(pinned as usize);
-            }
+        let pinned = self.slots.len();
+        if pinned != opts.flows_max_entries as usize {
+            tracing::warn!(
+                map = map::FLOW_SLOTS,
+                pinned,
+                configured = opts.flows_max_entries,
+                "the adopted flow table keeps its size; `roce-agent detach` and a restart apply the new one (counters restart)"
+            );
         }
     }
 
@@ -503,51 +526,160 @@ impl Loaded {
         }
     }
 
-    /// The file descriptor of map `name` (batch reads and writes on it).
+    /// The file descriptor of map `name` (batch reads and writes, fdinfo).
     pub fn map_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, LoadError> {
-        match self.ebpf.map(name).ok_or(LoadError::Missing(name))? {
-            Map::PerCpuLruHashMap(data)
-            | Map::PerCpuHashMap(data)
-            | Map::LruHashMap(data)
-            | Map::HashMap(data) => Ok(data.fd().as_fd()),
-            _ => Err(LoadError::Missing(name)),
-        }
+        let map = self.ebpf.map(name).ok_or(LoadError::Missing(name))?;
+        let data = match map {
+            Map::Array(d)
+            | Map::PerCpuArray(d)
+            | Map::PerCpuLruHashMap(d)
+            | Map::PerCpuHashMap(d)
+            | Map::LruHashMap(d)
+            | Map::HashMap(d)
+            | Map::Queue(d)
+            | Map::ProgramArray(d)
+            | Map::RingBuf(d) => d,
+            _ => return Err(LoadError::Missing(name)),
+        };
+        Ok(data.fd().as_fd())
     }
 
-    /// Every flow of FLOWS4 and FLOWS with its CPUs merged, under its wide key.
+    /// Every flow of the table, under its wide key.
     pub fn flows(&self) -> Result<Vec<(FlowKey, FlowStats)>, LoadError> {
         let mut out = Vec::new();
         self.for_each_flow(|key, stats| out.push((key.wide(), *stats)))?;
         Ok(out)
     }
 
-    /// Calls `f` with every entry of FLOWS4 and then FLOWS, its CPUs merged; returns
-    /// how many entries there were. Read a chunk of entries per syscall, so that the
-    /// memory it takes does not grow with the tables.
+    /// Calls `f` with every live flow of FLOW_SLOTS, in slot order; returns how many
+    /// there were. A read of the mapped array: no syscall, no copy of the table.
     pub fn for_each_flow(
         &self,
         mut f: impl FnMut(FlowRef<'_>, &FlowStats),
     ) -> Result<usize, LoadError> {
-        // A poisoned lock only means a reader panicked mid-read: its buffers are fine.
-        let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        let max = self.flows_max_entries;
-        let compact = reader
-            .read::<FlowKey4, FlowStats>(self.map_fd(map::FLOWS4)?, max, |k, per_cpu| {
-                f(FlowRef::Compact(k), &merge_cpu_slice(per_cpu))
-            })
-            .map_err(|source| LoadError::Batch {
-                name: map::FLOWS4,
-                source,
-            })?;
-        let wide = reader
-            .read::<FlowKey, FlowStats>(self.map_fd(map::FLOWS)?, max, |k, per_cpu| {
-                f(FlowRef::Wide(k), &merge_cpu_slice(per_cpu))
-            })
-            .map_err(|source| LoadError::Batch {
-                name: map::FLOWS,
-                source,
-            })?;
-        Ok(compact.entries + wide.entries)
+        Ok(self
+            .slots
+            .for_each_live(|_, slot| f(FlowRef::Wide(&slot.key), &slot.stats)))
+    }
+
+    /// Slots of the flow table (its capacity in flows).
+    pub fn flow_capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Flows evicted by this process so far (`flow_table`: the least recently seen,
+    /// when free slots ran short).
+    pub fn flows_evicted_here(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Once a poll, after reading the flows (`live` of them): gives back the slots
+    /// evicted at the last poll, then evicts the least recently seen flows if free
+    /// slots run short. Returns how many flows it evicted now.
+    pub fn maintain_flows(&mut self, live: usize) -> Result<usize, LoadError> {
+        let waiting = std::mem::take(&mut self.evicted);
+        self.give_back(&waiting)?;
+        let n = flow_table::flows_to_evict(self.slots.len(), live, 0);
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut candidates = Vec::with_capacity(live);
+        self.slots
+            .for_each_live(|i, slot| candidates.push((slot.stats.last_seen_ns, i as u32)));
+        let chosen: Vec<u32> = flow_table::least_recently_seen(&mut candidates, n)
+            .iter()
+            .map(|&(_, i)| i)
+            .collect();
+        for &i in &chosen {
+            let key = self.slots.read(i as usize).key;
+            // The key first: from then on no new packet finds the slot.
+            self.forget_key(&key)?;
+            self.slots.set_state(i as usize, SLOT_EVICTED);
+        }
+        self.evictions += chosen.len() as u64;
+        tracing::info!(
+            evicted = chosen.len(),
+            capacity = self.slots.len(),
+            "flow table short of free slots: evicted the least recently seen flows"
+        );
+        self.evicted = chosen;
+        Ok(self.evicted.len())
+    }
+
+    /// Removes `key` from FLOWS4 or FLOWS (already gone is fine).
+    fn forget_key(&mut self, key: &FlowKey) -> Result<(), LoadError> {
+        let removed = match FlowKey4::narrow(key) {
+            Some(k4) => {
+                let mut m: HashMap<&mut MapData, FlowKey4, u64> =
+                    typed_map_mut(&mut self.ebpf, map::FLOWS4)?;
+                m.remove(&k4)
+            }
+            None => {
+                let mut m: HashMap<&mut MapData, FlowKey, u64> =
+                    typed_map_mut(&mut self.ebpf, map::FLOWS)?;
+                m.remove(key)
+            }
+        };
+        match removed {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(map_error(map::FLOWS)(source)),
+        }
+    }
+
+    /// Zeroes slots `indexes` and queues them on FLOW_FREE.
+    fn give_back(&mut self, indexes: &[u32]) -> Result<(), LoadError> {
+        for &i in indexes {
+            self.slots.write(i as usize, &FlowSlot::default());
+        }
+        let mut free: Queue<&mut MapData, u32> = typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
+        for &i in indexes {
+            free.push(i, 0).map_err(map_error(map::FLOW_FREE))?;
+        }
+        Ok(())
+    }
+
+    /// Puts flows into the table from user space, as the programs would have counted
+    /// them (benchmarks and tests of a full table): each takes a free slot. Flows whose
+    /// key is already there are skipped. Returns how many went in.
+    pub fn insert_flows(&mut self, flows: &[(FlowKey, FlowStats)]) -> Result<usize, LoadError> {
+        let mut keys4 = Vec::new();
+        let mut index4 = Vec::new();
+        let mut keys = Vec::new();
+        let mut index = Vec::new();
+        {
+            let mut free: Queue<&mut MapData, u32> =
+                typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
+            for (key, stats) in flows {
+                let i = match free.pop(0) {
+                    Ok(i) => i,
+                    Err(MapError::ElementNotFound) => return Err(LoadError::SlotsFull),
+                    Err(source) => return Err(map_error(map::FLOW_FREE)(source)),
+                };
+                let slot = FlowSlot {
+                    stats: *stats,
+                    key: *key,
+                    state: SLOT_LIVE,
+                    ..FlowSlot::default()
+                };
+                self.slots.write(i as usize, &slot);
+                match FlowKey4::narrow(key) {
+                    Some(k4) => {
+                        keys4.push(k4);
+                        index4.push(i as u64);
+                    }
+                    None => {
+                        keys.push(*key);
+                        index.push(i as u64);
+                    }
+                }
+            }
+        }
+        let batch_error = |name| move |source| LoadError::Batch { name, source };
+        batch::update_percpu_batch(self.map_fd(map::FLOWS4)?, &keys4, &index4, 1)
+            .map_err(batch_error(map::FLOWS4))?;
+        batch::update_percpu_batch(self.map_fd(map::FLOWS)?, &keys, &index, 1)
+            .map_err(batch_error(map::FLOWS))?;
+        Ok(flows.len())
     }
 
     /// STATS summed over CPUs.
@@ -561,10 +693,18 @@ impl Loaded {
         Ok(out)
     }
 
-    /// Empties FLOWS and zeroes STATS (tests run many cases through one load).
+    /// Empties the flow table and zeroes STATS (tests run many cases through one load).
     pub fn reset(&mut self) -> Result<(), LoadError> {
         self.empty_flow_map::<FlowKey4>(map::FLOWS4)?;
         self.empty_flow_map::<FlowKey>(map::FLOWS)?;
+        {
+            let mut free: Queue<&mut MapData, u32> =
+                typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
+            while free.pop(0).is_ok() {}
+        }
+        self.evicted.clear();
+        let all: Vec<u32> = (0..self.slots.len() as u32).collect();
+        self.give_back(&all)?;
         let cpus = aya::util::nr_cpus()
             .map_err(|(_, e)| MapError::IoError(e))
             .map_err(map_error(map::STATS))?;
@@ -759,13 +899,11 @@ impl Loaded {
     /// Removes every entry of one flow map.
     fn empty_flow_map<K: aya::Pod>(&mut self, name: &'static str) -> Result<(), LoadError> {
         let keys: Vec<K> = {
-            let map: PerCpuHashMap<&MapData, K, FlowStats> = typed_map(&self.ebpf, name)?;
+            let map: HashMap<&MapData, K, u64> = typed_map(&self.ebpf, name)?;
             map.keys().filter_map(Result::ok).collect()
         };
-        let mut flows: PerCpuHashMap<&mut MapData, K, FlowStats> =
-            typed_map_mut(&mut self.ebpf, name)?;
+        let mut flows: HashMap<&mut MapData, K, u64> = typed_map_mut(&mut self.ebpf, name)?;
         for k in keys {
-            // An LRU entry may already be gone; that is what we want anyway.
             let _ = flows.remove(&k);
         }
         Ok(())
@@ -776,18 +914,4 @@ impl Drop for Loaded {
     fn drop(&mut self) {
         self.detach_all();
     }
-}
-
-/// Merges one flow's per-CPU values.
-pub fn merge_cpus(per_cpu: &PerCpuValues<FlowStats>) -> FlowStats {
-    merge_cpu_slice(per_cpu)
-}
-
-/// Merges one flow's per-CPU values, as a batch read hands them over.
-pub fn merge_cpu_slice(per_cpu: &[FlowStats]) -> FlowStats {
-    let mut total = FlowStats::default();
-    for v in per_cpu {
-        total.merge(v);
-    }
-    total
 }

@@ -109,7 +109,10 @@ pub fn addr_v4_mapped(raw: u32) -> [u32; 4] {
     [0, 0, u32::from_ne_bytes([0, 0, 0xFF, 0xFF]), raw]
 }
 
-/// Per-CPU counters of one flow. The user side merges CPUs with [`FlowStats::merge`].
+/// The counters of one flow. In the kernel one value is shared by all CPUs (a slot of
+/// FLOW_SLOTS): its counts are added atomically, the rest (clock, PSN state, last DSCP
+/// and port) is written by whichever CPU counts the packet. [`FlowStats::merge`] adds
+/// the values of one flow kept apart (other tables, other engines).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowStats {
@@ -136,6 +139,48 @@ pub struct FlowStats {
     /// The clock tick (jiffies, low 32 bits, in the kernel) `last_seen_ns` was read
     /// in: the clock is read again only when the tick changed (see `record`).
     pub seen_tick: u32,
+}
+
+/// Adds `n` to a counter. In the kernel another CPU may count on the same flow at the
+/// same time, so the add is atomic there (a `lock xadd`); the user side's values are
+/// its own.
+#[inline(always)]
+fn add(counter: &mut u64, n: u64) {
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: `counter` is a valid, aligned u64 (a field of a map value).
+    unsafe {
+        use core::intrinsics::{atomic_xadd, AtomicOrdering};
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, n);
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    {
+        *counter += n;
+    }
+}
+
+/// `FlowSlot::state`: the slot is on the free queue (or on its way there).
+pub const SLOT_FREE: u32 = 0;
+/// `FlowSlot::state`: the slot holds a flow that FLOWS4 or FLOWS points at.
+pub const SLOT_LIVE: u32 = 1;
+/// `FlowSlot::state`: the agent evicted the flow (its key is gone from FLOWS4/FLOWS);
+/// the slot waits a poll interval, so that no program still counting on it is left,
+/// before the agent zeroes it and queues it on FLOW_FREE.
+pub const SLOT_EVICTED: u32 = 2;
+
+/// One entry of FLOW_SLOTS, the array the flow tables point into: a flow's counters
+/// and its wide key, in four cache lines. The agent maps the array into its memory and
+/// reads it in order (docs/architecture.md, "The flow table").
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowSlot {
+    /// Written by the packets of the flow: first, so that they touch the first lines.
+    pub stats: FlowStats,
+    /// The flow's key as the flows document shows it (also for a FLOWS4 flow), written
+    /// once when the slot is taken.
+    pub key: FlowKey,
+    /// [`SLOT_FREE`], [`SLOT_LIVE`] or [`SLOT_EVICTED`].
+    pub state: u32,
+    pub _reserved: [u32; 3],
 }
 
 impl FlowStats {
@@ -165,40 +210,40 @@ impl FlowStats {
             self.last_seen_ns = now_ns();
             self.seen_tick = tick;
         }
-        self.packets += 1;
-        self.bytes += frame_len as u64;
+        add(&mut self.packets, 1);
+        add(&mut self.bytes, frame_len as u64);
         self.sport = p.sport;
         self.last_dscp = p.outer_tos >> 2;
         let outer_ecn = p.outer_tos & 3;
-        self.ecn[outer_ecn as usize] += 1;
+        add(&mut self.ecn[outer_ecn as usize], 1);
         let mut ce = outer_ecn == ECN_CE;
         if p.tunnelled {
             let inner_ecn = p.inner_tos & 3;
-            self.inner_ecn[inner_ecn as usize] += 1;
+            add(&mut self.inner_ecn[inner_ecn as usize], 1);
             ce |= inner_ecn == ECN_CE;
         }
         let mut kind = EVENT_NONE;
         let opcode = p.bth.opcode;
         if bth::is_cnp(opcode) {
-            self.cnps += 1;
+            add(&mut self.cnps, 1);
             kind = EVENT_CNP;
         } else if bth::is_acknowledge(opcode) {
             if p.has_syndrome {
                 match bth::syndrome_class(p.aeth_syndrome) {
-                    SyndromeClass::Ack => self.acks += 1,
+                    SyndromeClass::Ack => add(&mut self.acks, 1),
                     SyndromeClass::RnrNak => {
-                        self.rnr_naks += 1;
+                        add(&mut self.rnr_naks, 1);
                         kind = EVENT_RNR_NAK;
                     }
                     SyndromeClass::Nak => {
-                        self.naks += 1;
+                        add(&mut self.naks, 1);
                         kind = EVENT_NAK;
                     }
                     SyndromeClass::Reserved => {}
                 }
             }
         } else if bth::is_tracked_request(opcode) && self.psn.observe(p, default_pmtu_log2) {
-            self.psn_gaps += 1;
+            add(&mut self.psn_gaps, 1);
             kind = EVENT_PSN_GAP;
         }
         Trouble { ce, kind }
@@ -245,6 +290,8 @@ mod tests {
 
     #[test]
     fn layout_is_whole_words() {
+        assert_eq!(core::mem::size_of::<FlowSlot>(), 256);
+        assert_eq!(core::mem::size_of::<FlowStats>(), 160);
         assert_eq!(core::mem::size_of::<FlowKey>(), 80);
         assert_eq!(core::mem::size_of::<FlowKey4>(), 16);
         assert_eq!(core::mem::size_of::<FlowStats>() % 8, 0);

@@ -5,6 +5,9 @@
 //! reference classifier: the kernel and the reference agree by construction, and
 //! the differential tests check the glue around it.
 #![cfg_attr(not(feature = "std"), no_std)]
+// Atomic adds on the BPF target (which has no compare-and-swap, so no `fetch_add`).
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 pub mod bth;
 pub mod classify;

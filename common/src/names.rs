@@ -5,10 +5,15 @@
 
 /// Map names (`ebpf/src/maps.rs`).
 pub mod map {
-    /// Wide flow key (IPv6 or tunnelled) -> per-CPU FlowStats.
+    /// Wide flow key (IPv6 or tunnelled) -> index of its slot in FLOW_SLOTS.
     pub const FLOWS: &str = "FLOWS";
-    /// Compact key of a plain IPv4 flow (`flow::FlowKey4`) -> per-CPU FlowStats.
+    /// Compact key of a plain IPv4 flow (`flow::FlowKey4`) -> index in FLOW_SLOTS.
     pub const FLOWS4: &str = "FLOWS4";
+    /// The flows' counters and keys (`flow::FlowSlot`), shared by all CPUs; the agent
+    /// maps it into its memory.
+    pub const FLOW_SLOTS: &str = "FLOW_SLOTS";
+    /// Queue of the FLOW_SLOTS indexes free for new flows (filled and refilled by the agent).
+    pub const FLOW_FREE: &str = "FLOW_FREE";
     /// Per-CPU counters by index (`counters`).
     pub const STATS: &str = "STATS";
     /// The active generation of CONFIG, QOS and POLICY, and the layout version.
@@ -35,9 +40,11 @@ pub mod map {
     pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 15] = [
         FLOWS,
         FLOWS4,
+        FLOW_SLOTS,
+        FLOW_FREE,
         STATS,
         GENERATION,
         CONFIG,

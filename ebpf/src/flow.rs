@@ -1,22 +1,21 @@
 //! Counting one RoCE packet on its flow: shared by `xdp_classify` (ingress) and
 //! `tc_egress_flows` (egress), so both directions follow the same counting rules
 //! (`FlowStats::record`) and emit the same sampled events (`events.rs`). Plain IPv4
-//! flows live in FLOWS4 under the 16-byte key, the others in FLOWS under the wide one.
+//! flows live in FLOWS4 under the 16-byte key, the others in FLOWS under the wide one;
+//! both point into FLOW_SLOTS, where the counters are.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
-use aya_ebpf::maps::LruPerCpuHashMap;
+use aya_ebpf::maps::HashMap;
 use roce_common::classify::Parsed;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED};
 use roce_common::event::{Trouble, EVENTS_OFF};
-use roce_common::flow::{FlowKey, FlowKey4, FlowStats, KEY4_EGRESS, KEY_EGRESS};
+use roce_common::flow::{FlowKey, FlowKey4, FlowSlot, KEY4_EGRESS, KEY_EGRESS};
+use roce_common::flow::{SLOT_FREE, SLOT_LIVE};
 
 use crate::events::{emit, FrameHead};
-use crate::maps::{bump, FLOWS, FLOWS4};
-
-/// A zeroed value to insert new flows with, kept off the 512-byte stack.
-static EMPTY_FLOW: FlowStats = unsafe { core::mem::zeroed() };
+use crate::maps::{bump, FLOWS, FLOWS4, FLOW_FREE, FLOW_SLOTS};
 
 /// Counts `parsed` (a frame of `frame_len` bytes) on the flow of its key seen on
 /// `ifindex`, on egress when `egress`, then writes the events the packet calls for
@@ -31,70 +30,102 @@ pub fn count_on_flow<C: FrameHead>(
     cfg: &RuntimeConfig,
 ) {
     // Plain IPv4: no flag set by the classifier.
-    if parsed.key.flags == 0 {
+    let slot = if parsed.key.flags == 0 {
         let key = FlowKey4 {
             src: parsed.key.src[3],
             dst: parsed.key.dst[3],
             qp_dir: parsed.key.dest_qp | if egress { KEY4_EGRESS } else { 0 },
             ifindex,
         };
-        let Some(stats) = flow_entry(&FLOWS4, &key) else {
-            return;
-        };
-        // SAFETY: a per-CPU value of this CPU.
-        let trouble = unsafe { record(stats, parsed, frame_len, cfg) };
-        if !trouble.is_none() && cfg.events_sample != EVENTS_OFF {
-            // The wide key is built only for an event kept by the sampling.
-            emit(
-                ctx,
-                trouble,
-                &|| key.widen(),
-                parsed,
-                frame_len,
-                cfg.events_sample,
-            );
-        }
+        flow_slot(&FLOWS4, &key, || key.widen())
     } else {
         let mut key: FlowKey = parsed.key;
         key.ifindex = ifindex;
         if egress {
             key.flags |= KEY_EGRESS;
         }
-        let Some(stats) = flow_entry(&FLOWS, &key) else {
-            return;
-        };
-        // SAFETY: as above.
-        let trouble = unsafe { record(stats, parsed, frame_len, cfg) };
-        if !trouble.is_none() && cfg.events_sample != EVENTS_OFF {
-            emit(ctx, trouble, &|| key, parsed, frame_len, cfg.events_sample);
+        flow_slot(&FLOWS, &key, || key)
+    };
+    let Some(slot) = slot else {
+        return;
+    };
+    // SAFETY: a live slot of FLOW_SLOTS; other CPUs may count on it too (see `record`).
+    let trouble = unsafe { record(slot, parsed, frame_len, cfg) };
+    if !trouble.is_none() && cfg.events_sample != EVENTS_OFF {
+        // The slot holds the wide key; it is read only for an event the sampling keeps.
+        // SAFETY: as above; the key is written once, when the slot is taken.
+        emit(
+            ctx,
+            trouble,
+            &|| unsafe { (*slot).key },
+            parsed,
+            frame_len,
+            cfg.events_sample,
+        );
+    }
+}
+
+/// The slot of `key`'s flow, taken from FLOW_FREE when the flow is new.
+#[inline(always)]
+fn flow_slot<K>(
+    map: &HashMap<K, u64>,
+    key: &K,
+    wide: impl FnOnce() -> FlowKey,
+) -> Option<*mut FlowSlot> {
+    // SAFETY: a copy of the index out of the map.
+    if let Some(index) = unsafe { map.get(key) } {
+        return FLOW_SLOTS.get_ptr_mut(*index as u32);
+    }
+    new_flow(map, key, wide)
+}
+
+/// Takes a free slot for `key`, writes the key into it, and makes the flow point at it.
+/// Two CPUs may meet a new flow at once: the one whose insert fails gives its slot back
+/// and counts on the other's.
+#[inline(always)]
+fn new_flow<K>(
+    map: &HashMap<K, u64>,
+    key: &K,
+    wide: impl FnOnce() -> FlowKey,
+) -> Option<*mut FlowSlot> {
+    let Ok(Some(index)) = FLOW_FREE.pop() else {
+        // No free slot: the table is full until the agent evicts flows.
+        bump(STAT_FLOW_INSERT_FAILED);
+        return None;
+    };
+    let slot = FLOW_SLOTS.get_ptr_mut(index)?;
+    // SAFETY: a slot this CPU owns since it took its index off the queue; the agent
+    // zeroed its counters before giving it back.
+    unsafe {
+        (*slot).key = wide();
+        (*slot).state = SLOT_LIVE;
+    }
+    if map.insert(key, &(index as u64), BPF_NOEXIST as u64).is_ok() {
+        bump(STAT_FLOW_CREATED);
+        return Some(slot);
+    }
+    // SAFETY: still this CPU's slot: nothing points at it.
+    unsafe { (*slot).state = SLOT_FREE };
+    let _ = FLOW_FREE.push(index, 0);
+    // SAFETY: as in `flow_slot`.
+    match unsafe { map.get(key) } {
+        Some(other) => FLOW_SLOTS.get_ptr_mut(*other as u32),
+        None => {
+            bump(STAT_FLOW_INSERT_FAILED);
+            None
         }
     }
 }
 
-/// This CPU's value of `key`'s flow in `map`, inserted zeroed when new.
-#[inline(always)]
-fn flow_entry<K>(map: &LruPerCpuHashMap<K, FlowStats>, key: &K) -> Option<*mut FlowStats> {
-    if let Some(s) = map.get_ptr_mut(key) {
-        return Some(s);
-    }
-    if map.insert(key, &EMPTY_FLOW, BPF_NOEXIST as u64).is_ok() {
-        bump(STAT_FLOW_CREATED);
-    }
-    let s = map.get_ptr_mut(key);
-    if s.is_none() {
-        bump(STAT_FLOW_INSERT_FAILED);
-    }
-    s
-}
-
-/// Counts on a flow's value; first/last seen from the coarse clock (ms resolution is
+/// Counts on a flow's slot; first/last seen from the coarse clock (ms resolution is
 /// plenty).
 ///
 /// # Safety
-/// `stats` is this CPU's value of a per-CPU map, valid for this program run.
+/// `slot` is a live slot of FLOW_SLOTS, valid for this program run. Other CPUs may
+/// count on it at the same time: `FlowStats::record` adds its counts atomically.
 #[inline(always)]
 unsafe fn record(
-    stats: *mut FlowStats,
+    slot: *mut FlowSlot,
     parsed: &Parsed,
     frame_len: u32,
     cfg: &RuntimeConfig,
@@ -103,7 +134,7 @@ unsafe fn record(
     // verifier inlines bpf_jiffies64 (a load); the coarse clock is a real call, made
     // only when the tick moved.
     unsafe {
-        (*stats).record(
+        (*slot).stats.record(
             parsed,
             frame_len,
             bpf_jiffies64() as u32,

@@ -1,26 +1,37 @@
 //! The maps shared with the agent. Their names are declared once in `roce_common::names` (a test checks them against this object).
 
 use aya_ebpf::macros::map;
-use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray};
+use aya_ebpf::bindings::BPF_F_MMAPABLE;
+use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, Queue};
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
 use roce_common::counters::STATS_LEN;
-use roce_common::flow::{FlowKey, FlowKey4, FlowStats};
+use roce_common::flow::{FlowKey, FlowKey4, FlowSlot};
 pub use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN};
 use roce_common::policy::{
     DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
 
-/// Per-flow counters of IPv6 and tunnelled flows. The agent resizes it from its
-/// configuration before loading.
+/// IPv6 and tunnelled flows: key -> index of the flow's slot in FLOW_SLOTS (a u64:
+/// the agent reads the table with batch calls, whose values are whole words). The agent
+/// sizes FLOWS, FLOWS4, FLOW_SLOTS and FLOW_FREE alike from its configuration.
 #[map]
-pub static FLOWS: LruPerCpuHashMap<FlowKey, FlowStats> =
-    LruPerCpuHashMap::with_max_entries(65536, 0);
+pub static FLOWS: HashMap<FlowKey, u64> = HashMap::with_max_entries(65536, 0);
 
-/// Per-flow counters of plain IPv4 flows, under the compact key: the common case
-/// hashes 16 bytes instead of 80. Sized like FLOWS.
+/// Plain IPv4 flows under the compact key (the common case hashes 16 bytes instead of
+/// 80) -> slot index.
 #[map]
-pub static FLOWS4: LruPerCpuHashMap<FlowKey4, FlowStats> =
-    LruPerCpuHashMap::with_max_entries(65536, 0);
+pub static FLOWS4: HashMap<FlowKey4, u64> = HashMap::with_max_entries(65536, 0);
+
+/// The flows' counters and keys, one value shared by all CPUs (so its size does not
+/// grow with them); mmapable, so that the agent reads it as memory, in order, instead
+/// of a hash entry at a time.
+#[map]
+pub static FLOW_SLOTS: Array<FlowSlot> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
+
+/// Indexes of free FLOW_SLOTS: a new flow takes one. The agent fills it at load and
+/// gives back the slots of flows it evicts.
+#[map]
+pub static FLOW_FREE: Queue<u32> = Queue::with_max_entries(65536, 0);
 
 /// Per-class, per-reason and flow-table counters (see `roce_common::counters`).
 #[map]

@@ -1,10 +1,10 @@
 //! The real `xdp_classify` program, loaded once per harness and run on single frames
 //! through BPF_PROG_TEST_RUN (no interface, no traffic, nothing pinned).
 //!
-//! The harness pins its thread to the CPU it is on: FLOWS is a per-CPU map, and a
-//! flow's PSN state lives in one CPU's copy, exactly as one NIC queue (one CPU) carries
-//! one flow in real life. Without the pin the scheduler could split a flow's packets
-//! between CPUs and make PSN-gap counts depend on scheduling.
+//! The harness pins its thread to the CPU it is on, as one NIC queue (one CPU) carries
+//! one flow in real life; STATS and the event sampling countdowns are per CPU, so a
+//! test's figures then never depend on scheduling. (A flow's own counters and PSN
+//! state are shared by all CPUs: `xdp_scenarios.rs` runs one flow on two CPUs.)
 
 use std::collections::BTreeMap;
 

@@ -182,10 +182,12 @@ fn rc_request_skipping_a_psn_counts_one_gap_and_the_retransmission_none() {
 }
 
 /// One flow whose requests arrive on two CPUs (as under RPS or a rehashed RSS queue):
-/// each CPU keeps its own PSN state, so the CPU that missed PSN 3 counts a false gap at
-/// PSN 4. The merged flow says so (`psn_split`), in the flows document too.
+/// the flow's value is shared by all CPUs, so its PSN state follows the requests
+/// wherever they run. PSNs 1, 2 on one CPU, 3 on another, 4 on the first: no gap (with
+/// a state per CPU, the first would have counted a false one at 4), and nothing for
+/// the document to flag (`psn_split` is absent).
 #[test]
-fn one_flow_on_two_cpus_has_its_psn_state_flagged_split() {
+fn one_flow_on_two_cpus_shares_its_psn_state_and_counts_no_false_gap() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!(
         cpus >= 2,
@@ -209,29 +211,59 @@ fn one_flow_on_two_cpus_has_its_psn_state_flagged_split() {
     on_cpu(1, &[3]);
     on_cpu(0, &[4]);
     let (k, s) = only_flow(&h);
-    assert_eq!((s.packets, s.psn_gaps), (4, 1), "the false gap is counted");
-    assert!(s.psn.split(), "requests on two CPUs: split");
-    let doc = roce_agent::doc::Document::build(vec![(k, s)], &h.stats(), None);
-    let json = serde_json::to_value(&doc.flows[0]).expect("a flow serializes");
-    assert_eq!(json["psn_split"], true, "{json}");
-
-    // The same flow on one CPU: no gap, no flag, and no field in the document.
-    let mut h = h;
-    h.reset();
-    roce_tests::harness::pin_to_current_cpu();
-    for psn in 1..=4 {
-        h.pass(&roce_frame(
-            &eth(),
-            &host4(),
-            SPORT,
-            &RoceMsg::send_only(QP, psn, 64),
-        ));
-    }
-    let (k, s) = only_flow(&h);
-    assert_eq!((s.psn_gaps, s.psn.split()), (0, false));
+    assert_eq!((s.packets, s.psn_gaps), (4, 0), "no false gap");
+    assert_eq!(s.psn.next, 5);
+    assert!(!s.psn.split());
     let doc = roce_agent::doc::Document::build(vec![(k, s)], &h.stats(), None);
     let json = serde_json::to_value(&doc.flows[0]).expect("a flow serializes");
     assert!(json.get("psn_split").is_none(), "{json}");
+    // A real gap is still one, whichever CPU sees it.
+    on_cpu(1, &[7]);
+    let (_, s) = only_flow(&h);
+    assert_eq!((s.packets, s.psn_gaps), (5, 1));
+}
+
+/// Two CPUs counting the same flow at the same moment (each runs the packet 200,000
+/// times through BPF_PROG_TEST_RUN, started together): the shared counters are added
+/// atomically, so not one packet or byte is lost.
+#[test]
+fn two_cpus_counting_one_flow_at_once_lose_no_count() {
+    use roce_agent::testrun::{test_run, TestRun};
+    const RUNS: u32 = 200_000;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs, the machine has {cpus}"
+    );
+    let h = Harness::load();
+    // An ACK: counted on the flow, no PSN tracking to depend on the interleaving.
+    let frame = roce_frame(&eth(), &host4(), SPORT, &RoceMsg::ack(QP, 9, 0x1f));
+    let fd = h.loaded().xdp_fd().expect("xdp_classify is loaded");
+    let start = std::sync::Barrier::new(2);
+    std::thread::scope(|scope| {
+        for cpu in [0, 1] {
+            let (frame, start) = (&frame, &start);
+            scope.spawn(move || {
+                if let Err(e) = roce_testkit::sock::pin_thread_to_cpu(cpu) {
+                    panic!("pinning to CPU {cpu}: {e}");
+                }
+                start.wait();
+                let run = TestRun {
+                    data: frame,
+                    repeat: RUNS,
+                    ..Default::default()
+                };
+                let out = test_run(fd, &run).expect("BPF_PROG_TEST_RUN");
+                assert_eq!(out.retval, roce_tests::harness::XDP_PASS);
+            });
+        }
+    });
+    let (_, s) = only_flow(&h);
+    let n = 2 * RUNS as u64;
+    assert_eq!(
+        (s.packets, s.bytes, s.acks, s.ecn.iter().sum::<u64>()),
+        (n, n * frame.len() as u64, n, n)
+    );
 }
 
 #[test]
