@@ -1,5 +1,5 @@
 //! Reading the kernel's maps into the flows document ([`LiveDocument`]): the flow
-//! table (FLOW_SLOTS, read as mapped memory; then the table's upkeep, see
+//! table (FLOW_SLOTS, read as memory a mapped window at a time; then the table's upkeep, see
 //! `flow_table`) and STATS (CPUs summed), with interface indexes turned into names,
 //! and each flow's rates since the previous poll.
 

@@ -15,50 +15,60 @@
 //! may still be counting on it, and must not count into the next flow's counters.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use roce_common::flow::{FlowSlot, SLOT_EVICTED, SLOT_LIVE};
 
-/// FLOW_SLOTS mapped into this process (read and written: the agent zeroes the slots
-/// it gives back). The kernel programs write it at the same time, so every access is
-/// a volatile copy of a whole slot or of one field; a u64 counter is read whole (an
-/// aligned load), a slot's counters may be a packet apart from each other.
-pub struct FlowSlots {
-    base: NonNull<FlowSlot>,
-    len: usize,
-    bytes: usize,
+use crate::sys;
+
+/// Slots mapped at a time while the table is read: 1 MiB. A window is mapped, read and
+/// unmapped in turn, so the agent's memory never holds the whole table (a million
+/// flows are 256 MB of kernel memory, which a mapping would count in the agent's RSS
+/// as well); mapping costs about a microsecond a page.
+const WINDOW_SLOTS: usize = 4096;
+
+/// bpf(2) commands (include/uapi/linux/bpf.h, `enum bpf_cmd`).
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+
+/// `union bpf_attr` as BPF_MAP_LOOKUP_ELEM and BPF_MAP_UPDATE_ELEM read it.
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
 }
 
-// SAFETY: the mapping is plain shared memory, valid until drop; every access is a
-// volatile copy, and nothing hands out references into it.
-unsafe impl Send for FlowSlots {}
-// SAFETY: as above.
-unsafe impl Sync for FlowSlots {}
+/// FLOW_SLOTS as the agent reads and writes it. The programs write it at the same
+/// time: the table is read through mapped windows ([`Self::for_each_live`]), each slot
+/// copied out whole with volatile loads (a u64 counter is read whole, an aligned load;
+/// a slot's counters may be a packet apart from each other). Single slots are read and
+/// written with bpf(2).
+pub struct FlowSlots {
+    fd: OwnedFd,
+    len: usize,
+    page: usize,
+}
 
 impl FlowSlots {
-    /// Maps the `len` slots of the mmapable array map `fd`.
-    pub fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<FlowSlots> {
+    /// FLOW_SLOTS of `len` slots, whose map fd is `fd` (duplicated: the map stays
+    /// open as long as this).
+    pub fn new(fd: BorrowedFd<'_>, len: usize) -> io::Result<FlowSlots> {
         // SAFETY: sysconf has no memory arguments.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let bytes = (len.max(1) * size_of::<FlowSlot>()).next_multiple_of(page);
-        // SAFETY: a new shared mapping of the map's pages (the kernel checks the size
-        // against the map); no existing memory is touched.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
+        if !(WINDOW_SLOTS * size_of::<FlowSlot>()).is_multiple_of(page) {
+            return Err(io::Error::other(format!(
+                "a window of slots is not a whole number of {page}-byte pages"
+            )));
         }
-        let base = NonNull::new(p.cast::<FlowSlot>()).ok_or_else(|| io::Error::other("mmap gave NULL"))?;
-        Ok(FlowSlots { base, len, bytes })
+        Ok(FlowSlots {
+            fd: fd.try_clone_to_owned()?,
+            len,
+            page,
+        })
     }
 
     /// Slots in the table.
@@ -70,74 +80,134 @@ impl FlowSlots {
         self.len == 0
     }
 
-    fn at(&self, i: usize) -> *mut FlowSlot {
-        assert!(i < self.len, "slot {i} of {}", self.len);
-        // SAFETY: within the mapping (checked above).
-        unsafe { self.base.as_ptr().add(i) }
-    }
-
-    /// A copy of slot `i`.
-    pub fn read(&self, i: usize) -> FlowSlot {
-        // SAFETY: an aligned slot of the live mapping.
-        unsafe { std::ptr::read_volatile(self.at(i)) }
-    }
-
-    /// The state of slot `i` (`SLOT_*`).
-    pub fn state(&self, i: usize) -> u32 {
-        // SAFETY: as in `read`, one field.
-        unsafe { std::ptr::read_volatile(&raw const (*self.at(i)).state) }
-    }
-
-    /// Sets the state of slot `i`.
-    pub fn set_state(&self, i: usize, state: u32) {
-        // SAFETY: as in `read`, one field.
-        unsafe { std::ptr::write_volatile(&raw mut (*self.at(i)).state, state) }
-    }
-
-    /// Writes slot `i` whole (a zeroed one to give it back, or a flow made by hand).
-    pub fn write(&self, i: usize, slot: &FlowSlot) {
-        // SAFETY: as in `read`.
-        unsafe { std::ptr::write_volatile(self.at(i), *slot) }
-    }
-
     /// Calls `f(index, slot)` for every live slot, in order; returns how many there were.
-    pub fn for_each_live(&self, mut f: impl FnMut(usize, &FlowSlot)) -> usize {
+    pub fn for_each_live(&self, mut f: impl FnMut(usize, &FlowSlot)) -> io::Result<usize> {
         let mut live = 0;
-        for i in 0..self.len {
-            // The state alone first: most slots of a roomy table are free.
-            if self.state(i) != SLOT_LIVE {
-                continue;
+        for start in (0..self.len).step_by(WINDOW_SLOTS) {
+            let n = WINDOW_SLOTS.min(self.len - start);
+            let window = Window::map(self, start, n)?;
+            for i in 0..n {
+                // The state alone first: most slots of a roomy table are free.
+                if window.state(i) != SLOT_LIVE {
+                    continue;
+                }
+                let slot = window.read(i);
+                // Evicted (or freed by a program that lost a race) in between.
+                if slot.state != SLOT_LIVE {
+                    continue;
+                }
+                live += 1;
+                f(start + i, &slot);
             }
-            let slot = self.read(i);
-            // Evicted (or freed by a program that lost a race) in between.
-            if slot.state != SLOT_LIVE {
-                continue;
-            }
-            live += 1;
-            f(i, &slot);
         }
-        live
+        Ok(live)
     }
 
     /// Indexes of the slots in state [`SLOT_EVICTED`] (an earlier agent's, on adoption).
-    pub fn evicted(&self) -> Vec<u32> {
-        (0..self.len)
-            .filter(|&i| self.state(i) == SLOT_EVICTED)
-            .map(|i| i as u32)
-            .collect()
+    pub fn evicted(&self) -> io::Result<Vec<u32>> {
+        let mut out = Vec::new();
+        for start in (0..self.len).step_by(WINDOW_SLOTS) {
+            let n = WINDOW_SLOTS.min(self.len - start);
+            let window = Window::map(self, start, n)?;
+            out.extend(
+                (0..n)
+                    .filter(|&i| window.state(i) == SLOT_EVICTED)
+                    .map(|i| (start + i) as u32),
+            );
+        }
+        Ok(out)
     }
-}
 
-impl Drop for FlowSlots {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, of `bytes` bytes, unmapped once.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
+    /// A copy of slot `i`.
+    pub fn read(&self, i: u32) -> io::Result<FlowSlot> {
+        let mut slot = FlowSlot::default();
+        let mut attr = ElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: &raw const i as u64,
+            value: &raw mut slot as u64,
+            ..ElemAttr::default()
+        };
+        // SAFETY: `key` points at a u32 index and `value` at a FlowSlot, the map's key
+        // and value sizes; both live for the call.
+        unsafe { sys::bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) }?;
+        Ok(slot)
+    }
+
+    /// Writes slot `i` whole (a zeroed one to give it back, or a flow made by hand).
+    pub fn write(&self, i: u32, slot: &FlowSlot) -> io::Result<()> {
+        let mut attr = ElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: &raw const i as u64,
+            value: slot as *const FlowSlot as u64,
+            ..ElemAttr::default()
+        };
+        // SAFETY: as in `read`; the kernel only reads both.
+        unsafe { sys::bpf(BPF_MAP_UPDATE_ELEM, &mut attr) }?;
+        Ok(())
     }
 }
 
 impl std::fmt::Debug for FlowSlots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FlowSlots").field("len", &self.len).finish()
+    }
+}
+
+/// Slots `start..start + n` of the table, mapped read-only until dropped.
+struct Window {
+    base: *const FlowSlot,
+    n: usize,
+    bytes: usize,
+}
+
+impl Window {
+    fn map(slots: &FlowSlots, start: usize, n: usize) -> io::Result<Window> {
+        let bytes = (n * size_of::<FlowSlot>()).next_multiple_of(slots.page);
+        // `start` is a multiple of WINDOW_SLOTS, whose slots fill whole pages (`new`).
+        let offset = (start * size_of::<FlowSlot>()) as libc::off_t;
+        // SAFETY: a new shared, read-only mapping of the map's pages (the kernel checks
+        // offset and size against the map); no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                slots.fd.as_fd().as_raw_fd(),
+                offset,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Window {
+            base: p.cast::<FlowSlot>(),
+            n,
+            bytes,
+        })
+    }
+
+    fn at(&self, i: usize) -> *const FlowSlot {
+        assert!(i < self.n, "slot {i} of a window of {}", self.n);
+        // SAFETY: within the mapping (checked above).
+        unsafe { self.base.add(i) }
+    }
+
+    fn state(&self, i: usize) -> u32 {
+        // SAFETY: an aligned slot of the live mapping, one field.
+        unsafe { std::ptr::read_volatile(&raw const (*self.at(i)).state) }
+    }
+
+    fn read(&self, i: usize) -> FlowSlot {
+        // SAFETY: an aligned slot of the live mapping.
+        unsafe { std::ptr::read_volatile(self.at(i)) }
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, of `bytes` bytes, unmapped once.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.bytes) };
     }
 }
 

@@ -67,7 +67,7 @@ pub enum LoadError {
         what: &'static str,
         source: std::io::Error,
     },
-    #[error("mapping FLOW_SLOTS into memory: {0}")]
+    #[error("FLOW_SLOTS: {0}")]
     Slots(std::io::Error),
     #[error("the flow table has no free slot for a flow made by hand")]
     SlotsFull,
@@ -112,7 +112,7 @@ impl Default for LoadOptions {
 /// The kernel memory of the flow table at `entries` flows on a host of `cpus` possible
 /// CPUs: FLOWS4 and FLOWS (hash maps allocate every entry up front, plus one spare a
 /// CPU), FLOW_SLOTS (256 bytes a flow, shared by all CPUs) and FLOW_FREE. 65,536 flows
-/// cost about 27 MB whatever the CPU count. `tests/tests/names.rs` holds this against
+/// cost about 33 MB whatever the CPU count. `tests/tests/names.rs` holds this against
 /// the kernel's own figure (a map's `memlock` in fdinfo).
 pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
     // struct htab_elem before the key (hash node, LRU node and hash), and a hash
@@ -201,7 +201,7 @@ pub struct Loaded {
     attached: Vec<(String, XdpLinkId)>,
     /// Where maps, programs and links are pinned (None: nothing is).
     pins: Option<PinDir>,
-    /// FLOW_SLOTS, mapped into this process.
+    /// FLOW_SLOTS, read through mapped windows.
     slots: FlowSlots,
     /// Slots of flows evicted at the last poll: given back at the next
     /// (`flow_table`).
@@ -282,12 +282,12 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
     if adopted {
         loaded.warn_on_pinned_sizes(opts);
         // An earlier agent's evicted slots: long enough ago to give back now.
-        let waiting = loaded.slots.evicted();
+        let waiting = loaded.slots.evicted().map_err(LoadError::Slots)?;
         loaded.give_back(&waiting)?;
     } else {
-        // A new table: every slot is free.
+        // A new table: every slot is free (and zero).
         let all: Vec<u32> = (0..loaded.slots.len() as u32).collect();
-        loaded.give_back(&all)?;
+        loaded.queue_free(&all)?;
     }
     // The policy in force stays (an adopted datapath keeps enforcing it) until the
     // caller commits its own; a fresh one starts with an empty policy.
@@ -299,8 +299,8 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
     Ok(loaded)
 }
 
-/// FLOW_SLOTS of `ebpf` mapped into memory, all its entries (an adopted table keeps
-/// the size it was made with).
+/// FLOW_SLOTS of `ebpf`, all its entries (an adopted table keeps the size it was
+/// made with).
 fn map_slots(ebpf: &Ebpf) -> Result<FlowSlots, LoadError> {
     let Some(Map::Array(data)) = ebpf.map(map::FLOW_SLOTS) else {
         return Err(LoadError::Missing(map::FLOW_SLOTS));
@@ -309,7 +309,7 @@ fn map_slots(ebpf: &Ebpf) -> Result<FlowSlots, LoadError> {
         .info()
         .map_err(map_error(map::FLOW_SLOTS))?
         .max_entries();
-    FlowSlots::map(data.fd().as_fd(), entries as usize).map_err(LoadError::Slots)
+    FlowSlots::new(data.fd().as_fd(), entries as usize).map_err(LoadError::Slots)
 }
 
 /// Fills TC_TAIL's `tc_egress_flows` slot with the loaded program (`on`), or empties it.
@@ -552,14 +552,34 @@ impl Loaded {
     }
 
     /// Calls `f` with every live flow of FLOW_SLOTS, in slot order; returns how many
-    /// there were. A read of the mapped array: no syscall, no copy of the table.
+    /// there were. The array is read as memory, a mapped window at a time: no copy
+    /// of the table, a syscall per 4,096 slots.
     pub fn for_each_flow(
         &self,
         mut f: impl FnMut(FlowRef<'_>, &FlowStats),
     ) -> Result<usize, LoadError> {
-        Ok(self
-            .slots
-            .for_each_live(|_, slot| f(FlowRef::Wide(&slot.key), &slot.stats)))
+        self.slots
+            .for_each_live(|_, slot| f(FlowRef::Wide(&slot.key), &slot.stats))
+            .map_err(LoadError::Slots)
+    }
+
+    /// The FLOW_SLOTS index FLOWS4 or FLOWS gives `key`'s flow, if it is in the table.
+    pub fn flow_index(&self, key: &FlowKey) -> Result<Option<u32>, LoadError> {
+        let found = match FlowKey4::narrow(key) {
+            Some(k4) => {
+                let m: HashMap<&MapData, FlowKey4, u64> = typed_map(&self.ebpf, map::FLOWS4)?;
+                m.get(&k4, 0)
+            }
+            None => {
+                let m: HashMap<&MapData, FlowKey, u64> = typed_map(&self.ebpf, map::FLOWS)?;
+                m.get(key, 0)
+            }
+        };
+        match found {
+            Ok(i) => Ok(Some(i as u32)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(map_error(map::FLOWS)(source)),
+        }
     }
 
     /// Slots of the flow table (its capacity in flows).
@@ -585,16 +605,18 @@ impl Loaded {
         }
         let mut candidates = Vec::with_capacity(live);
         self.slots
-            .for_each_live(|i, slot| candidates.push((slot.stats.last_seen_ns, i as u32)));
+            .for_each_live(|i, slot| candidates.push((slot.stats.last_seen_ns, i as u32)))
+            .map_err(LoadError::Slots)?;
         let chosen: Vec<u32> = flow_table::least_recently_seen(&mut candidates, n)
             .iter()
             .map(|&(_, i)| i)
             .collect();
         for &i in &chosen {
-            let key = self.slots.read(i as usize).key;
+            let mut slot = self.slots.read(i).map_err(LoadError::Slots)?;
             // The key first: from then on no new packet finds the slot.
-            self.forget_key(&key)?;
-            self.slots.set_state(i as usize, SLOT_EVICTED);
+            self.forget_key(&slot.key)?;
+            slot.state = SLOT_EVICTED;
+            self.slots.write(i, &slot).map_err(LoadError::Slots)?;
         }
         self.evictions += chosen.len() as u64;
         tracing::info!(
@@ -629,8 +651,15 @@ impl Loaded {
     /// Zeroes slots `indexes` and queues them on FLOW_FREE.
     fn give_back(&mut self, indexes: &[u32]) -> Result<(), LoadError> {
         for &i in indexes {
-            self.slots.write(i as usize, &FlowSlot::default());
+            self.slots
+                .write(i, &FlowSlot::default())
+                .map_err(LoadError::Slots)?;
         }
+        self.queue_free(indexes)
+    }
+
+    /// Queues slots `indexes` (zero already) on FLOW_FREE.
+    fn queue_free(&mut self, indexes: &[u32]) -> Result<(), LoadError> {
         let mut free: Queue<&mut MapData, u32> = typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
         for &i in indexes {
             free.push(i, 0).map_err(map_error(map::FLOW_FREE))?;
@@ -661,7 +690,7 @@ impl Loaded {
                     state: SLOT_LIVE,
                     ..FlowSlot::default()
                 };
-                self.slots.write(i as usize, &slot);
+                self.slots.write(i, &slot).map_err(LoadError::Slots)?;
                 match FlowKey4::narrow(key) {
                     Some(k4) => {
                         keys4.push(k4);
@@ -675,9 +704,9 @@ impl Loaded {
             }
         }
         let batch_error = |name| move |source| LoadError::Batch { name, source };
-        batch::update_percpu_batch(self.map_fd(map::FLOWS4)?, &keys4, &index4, 1)
+        batch::update_batch(self.map_fd(map::FLOWS4)?, &keys4, &index4, 1)
             .map_err(batch_error(map::FLOWS4))?;
-        batch::update_percpu_batch(self.map_fd(map::FLOWS)?, &keys, &index, 1)
+        batch::update_batch(self.map_fd(map::FLOWS)?, &keys, &index, 1)
             .map_err(batch_error(map::FLOWS))?;
         Ok(flows.len())
     }
@@ -697,6 +726,15 @@ impl Loaded {
     pub fn reset(&mut self) -> Result<(), LoadError> {
         self.empty_flow_map::<FlowKey4>(map::FLOWS4)?;
         self.empty_flow_map::<FlowKey>(map::FLOWS)?;
+        let mut used = self.slots.evicted().map_err(LoadError::Slots)?;
+        self.slots
+            .for_each_live(|i, _| used.push(i as u32))
+            .map_err(LoadError::Slots)?;
+        for &i in &used {
+            self.slots
+                .write(i, &FlowSlot::default())
+                .map_err(LoadError::Slots)?;
+        }
         {
             let mut free: Queue<&mut MapData, u32> =
                 typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
@@ -704,7 +742,7 @@ impl Loaded {
         }
         self.evicted.clear();
         let all: Vec<u32> = (0..self.slots.len() as u32).collect();
-        self.give_back(&all)?;
+        self.queue_free(&all)?;
         let cpus = aya::util::nr_cpus()
             .map_err(|(_, e)| MapError::IoError(e))
             .map_err(map_error(map::STATS))?;

@@ -31,6 +31,7 @@ mod pod {
     unsafe impl aya::Pod for crate::flow::FlowKey {}
     unsafe impl aya::Pod for crate::flow::FlowKey4 {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
+    unsafe impl aya::Pod for crate::flow::FlowSlot {}
     unsafe impl aya::Pod for crate::config::RuntimeConfig {}
     unsafe impl aya::Pod for crate::config::Generation {}
     unsafe impl aya::Pod for crate::policy::DscpEntry {}

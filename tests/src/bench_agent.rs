@@ -22,12 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use roce_agent::batch;
 use roce_agent::collector::Collector;
 use roce_agent::loader::{self, LoadOptions};
-use roce_common::flow::{addr_v4_mapped, FlowKey, FlowKey4, FlowStats, KEY4_EGRESS};
+use roce_common::flow::{addr_v4_mapped, FlowKey, FlowStats};
 use roce_common::flow::{KEY_EGRESS, KEY_OUTER_V6, KEY_TUNNELLED};
-use roce_common::names::map;
 
 /// The targets of issue 15.
 pub const TARGET_POLL_MS: f64 = 250.0;
@@ -84,11 +82,11 @@ fn interfaces() -> Vec<u32> {
     }
 }
 
-/// Counters of flow `i` on one CPU: tens of thousands of packets, an ECN-capable
+/// Counters of flow `i`: tens of thousands of packets, an ECN-capable
 /// transport with CE marks on a seventh of the flows, CNPs on a tenth (`troubled`: on
 /// all), now and then a NAK or a PSN gap.
-fn stats_of(i: u32, cpu: u32, tunnelled: bool, troubled: bool) -> FlowStats {
-    let packets = 1_000 + ((i.wrapping_mul(2_654_435_761) >> 8) % 50_000) as u64 + cpu as u64;
+fn stats_of(i: u32, tunnelled: bool, troubled: bool) -> FlowStats {
+    let packets = 1_000 + ((i.wrapping_mul(2_654_435_761) >> 8) % 50_000) as u64;
     let ce = if i.is_multiple_of(7) {
         (i % 50) as u64 + 1
     } else {
@@ -107,7 +105,7 @@ fn stats_of(i: u32, cpu: u32, tunnelled: bool, troubled: bool) -> FlowStats {
         naks: i.is_multiple_of(97) as u64,
         psn_gaps: i.is_multiple_of(89) as u64,
         first_seen_ns: 1_000_000_000 + i as u64,
-        last_seen_ns: 9_000_000_000 + i as u64 + cpu as u64,
+        last_seen_ns: 9_000_000_000 + i as u64,
         sport: 49152 + (i % 16_384) as u16,
         last_dscp: 26,
         ..FlowStats::default()
@@ -116,19 +114,6 @@ fn stats_of(i: u32, cpu: u32, tunnelled: bool, troubled: bool) -> FlowStats {
         s.inner_ecn = [0, 0, packets - ce, ce];
     }
     s
-}
-
-/// Per-CPU values of flow `i`: counted on one CPU, a quarter of the flows on two.
-fn per_cpu(i: u32, cpus: usize, tunnelled: bool, troubled: bool, out: &mut Vec<FlowStats>) {
-    for cpu in 0..cpus as u32 {
-        let counted =
-            cpu == i % cpus as u32 || (i.is_multiple_of(4) && cpu == (i + 1) % cpus as u32);
-        out.push(if counted {
-            stats_of(i, cpu, tunnelled, troubled)
-        } else {
-            FlowStats::default()
-        });
-    }
 }
 
 /// Peers the host talks to: each flow is one queue pair to one of them.
@@ -166,71 +151,66 @@ fn shape(i: u32) -> (usize, u32, u32, u32, bool) {
     )
 }
 
-/// Fills FLOWS4 with `n4` plain IPv4 flows and FLOWS with `nw` others (half VXLAN,
-/// half IPv6), CHUNK entries per BPF_MAP_UPDATE_BATCH.
-fn fill(loaded: &loader::Loaded, n4: u32, nw: u32, cpus: usize, troubled: bool) -> Result<()> {
+/// Fills the flow table with `n4` plain IPv4 flows and `nw` others (half VXLAN, half
+/// IPv6), CHUNK flows a call of `Loaded::insert_flows` (each takes a free slot, as a
+/// program would; its key goes into FLOWS4 or FLOWS by batch update).
+fn fill(loaded: &mut loader::Loaded, n4: u32, nw: u32, troubled: bool) -> Result<()> {
     const CHUNK: u32 = 8192;
     let ifs = interfaces();
     let ifindex = |slot: usize| ifs[slot % ifs.len()];
-    let fd4 = loaded.map_fd(map::FLOWS4)?;
-    let mut values = Vec::with_capacity(CHUNK as usize * cpus);
+    let mut flows = Vec::with_capacity(CHUNK as usize);
     for start in (0..n4).step_by(CHUNK as usize) {
-        let end = (start + CHUNK).min(n4);
-        values.clear();
-        let keys: Vec<FlowKey4> = (start..end)
-            .map(|i| {
-                per_cpu(i, cpus, false, troubled, &mut values);
-                let (slot, local, peer, qp, egress) = shape(i);
-                let (src, dst) = if egress { (local, peer) } else { (peer, local) };
-                FlowKey4 {
-                    src: ip4(src),
-                    dst: ip4(dst),
-                    qp_dir: qp | if egress { KEY4_EGRESS } else { 0 },
-                    ifindex: ifindex(slot),
-                }
-            })
-            .collect();
-        batch::update_percpu_batch(fd4, &keys, &values, cpus).context("filling FLOWS4")?;
+        flows.clear();
+        flows.extend((start..(start + CHUNK).min(n4)).map(|i| {
+            let (slot, local, peer, qp, egress) = shape(i);
+            let (src, dst) = if egress { (local, peer) } else { (peer, local) };
+            let key = FlowKey {
+                src: addr_v4_mapped(ip4(src)),
+                dst: addr_v4_mapped(ip4(dst)),
+                dest_qp: qp,
+                ifindex: ifindex(slot),
+                flags: if egress { KEY_EGRESS } else { 0 },
+                ..FlowKey::default()
+            };
+            (key, stats_of(i, false, troubled))
+        }));
+        loaded.insert_flows(&flows).context("filling the plain IPv4 flows")?;
     }
-    let fd = loaded.map_fd(map::FLOWS)?;
     for start in (0..nw).step_by(CHUNK as usize) {
-        let end = (start + CHUNK).min(nw);
-        values.clear();
-        let keys: Vec<FlowKey> = (start..end)
-            .map(|i| {
-                // Alternate halves of the peers: VXLAN to even peers, IPv6 to odd ones.
-                let tunnelled = i % 2 == 0;
-                per_cpu(i, cpus, tunnelled, troubled, &mut values);
-                let (slot, local, peer, qp, egress) = shape(i);
-                let (src, dst) = if egress { (local, peer) } else { (peer, local) };
-                let flags = if egress { KEY_EGRESS } else { 0 };
-                if tunnelled {
-                    let vtep = 0x10_0000 + peer % VTEPS;
-                    let here = 0x10_0000 + VTEPS;
-                    let (osrc, odst) = if egress { (here, vtep) } else { (vtep, here) };
-                    FlowKey {
-                        src: addr_v4_mapped(ip4(osrc)),
-                        dst: addr_v4_mapped(ip4(odst)),
-                        inner_src: addr_v4_mapped(ip4(0x20_0000 + src)),
-                        inner_dst: addr_v4_mapped(ip4(0x20_0000 + dst)),
-                        vni: 5000 + peer % 16,
-                        dest_qp: qp,
-                        ifindex: ifindex(slot),
-                        flags: KEY_TUNNELLED | flags,
-                    }
-                } else {
-                    FlowKey {
-                        src: ip6_words(src),
-                        dst: ip6_words(dst),
-                        dest_qp: qp,
-                        ifindex: ifindex(slot),
-                        flags: KEY_OUTER_V6 | flags,
-                        ..FlowKey::default()
-                    }
+        flows.clear();
+        flows.extend((start..(start + CHUNK).min(nw)).map(|i| {
+            // Alternate halves of the peers: VXLAN to even peers, IPv6 to odd ones.
+            let tunnelled = i % 2 == 0;
+            let (slot, local, peer, qp, egress) = shape(i);
+            let (src, dst) = if egress { (local, peer) } else { (peer, local) };
+            let flags = if egress { KEY_EGRESS } else { 0 };
+            let key = if tunnelled {
+                let vtep = 0x10_0000 + peer % VTEPS;
+                let here = 0x10_0000 + VTEPS;
+                let (osrc, odst) = if egress { (here, vtep) } else { (vtep, here) };
+                FlowKey {
+                    src: addr_v4_mapped(ip4(osrc)),
+                    dst: addr_v4_mapped(ip4(odst)),
+                    inner_src: addr_v4_mapped(ip4(0x20_0000 + src)),
+                    inner_dst: addr_v4_mapped(ip4(0x20_0000 + dst)),
+                    vni: 5000 + peer % 16,
+                    dest_qp: qp,
+                    ifindex: ifindex(slot),
+                    flags: KEY_TUNNELLED | flags,
                 }
-            })
-            .collect();
-        batch::update_percpu_batch(fd, &keys, &values, cpus).context("filling FLOWS")?;
+            } else {
+                FlowKey {
+                    src: ip6_words(src),
+                    dst: ip6_words(dst),
+                    dest_qp: qp,
+                    ifindex: ifindex(slot),
+                    flags: KEY_OUTER_V6 | flags,
+                    ..FlowKey::default()
+                }
+            };
+            (key, stats_of(i, tunnelled, troubled))
+        }));
+        loaded.insert_flows(&flows).context("filling the IPv6 and VXLAN flows")?;
     }
     Ok(())
 }
@@ -263,13 +243,14 @@ pub fn child(opts: &Options) -> Result<()> {
     let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
     let n4 = opts.flows / 2;
     let nw = opts.flows - n4;
-    let loaded = loader::load(&LoadOptions {
-        flows_max_entries: opts.flows.max(65_536),
+    // Room for a sixteenth more: a table this full is not yet one that evicts.
+    let mut loaded = loader::load(&LoadOptions {
+        flows_max_entries: (opts.flows + opts.flows / 15).max(65_536),
         ..LoadOptions::default()
     })
     .context("loading the eBPF programs (root needed)")?;
     let fill_start = Instant::now();
-    fill(&loaded, n4, nw, cpus, opts.troubled)?;
+    fill(&mut loaded, n4, nw, opts.troubled)?;
     let fill_s = fill_start.elapsed().as_secs_f64();
     // The poll runs on this thread, on one CPU, as `run`'s loop does.
     roce_testkit::sock::pin_thread_to_cpu(cpus - 1).context("pinning the poll thread")?;

@@ -25,16 +25,18 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
     assert_eq!(programs, declared);
 }
 
-/// The maps as layout version 1 lays them out: (name, BPF map type, key size, value
+/// The maps as layout version 2 lays them out: (name, BPF map type, key size, value
 /// size, entries; 0 where the configuration sizes the map). A change here is a change
 /// of layout: raise `LAYOUT_VERSION` with it, so that a new binary never reads an old
 /// pin the wrong way.
-const LAYOUT_1: [(&str, u32, u32, u32, u32); 13] = [
+const LAYOUT_2: [(&str, u32, u32, u32, u32); 15] = [
     ("CONFIG", 2, 4, 16, 2),
     ("EVENTS", 27, 0, 0, 0),
     ("EVENT_BUDGET", 6, 4, 32, 1),
-    ("FLOWS", 10, 80, 160, 0),
-    ("FLOWS4", 10, 16, 160, 0),
+    ("FLOWS", 1, 80, 8, 0),
+    ("FLOWS4", 1, 16, 8, 0),
+    ("FLOW_FREE", 22, 0, 4, 0),
+    ("FLOW_SLOTS", 2, 4, 256, 0),
     ("GENERATION", 2, 4, 8, 1),
     ("IFACE_QOS", 1, 4, 4, 256),
     ("IFACE_QOS_DIRECT", 2, 4, 4, 4096),
@@ -47,13 +49,20 @@ const LAYOUT_1: [(&str, u32, u32, u32, u32); 13] = [
 
 /// Maps whose size is not part of the layout (the configuration or a counter list
 /// sets it).
-const SIZED_ELSEWHERE: [&str; 4] = ["EVENTS", "FLOWS", "FLOWS4", "STATS"];
+const SIZED_ELSEWHERE: [&str; 6] = [
+    "EVENTS",
+    "FLOWS",
+    "FLOWS4",
+    "FLOW_FREE",
+    "FLOW_SLOTS",
+    "STATS",
+];
 
 #[test]
 fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     assert_eq!(
         roce_common::config::LAYOUT_VERSION,
-        1,
+        2,
         "a new version: give it its table"
     );
     let mount =
@@ -89,7 +98,7 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     }
     drop(loaded);
     shapes.sort();
-    let mut expected = LAYOUT_1.to_vec();
+    let mut expected = LAYOUT_2.to_vec();
     expected.sort();
     assert_eq!(
         shapes, expected,
@@ -98,7 +107,8 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
 }
 
 /// `loader::flow_tables_kernel_bytes` (what the agent warns with at start) against the
-/// kernel's own account of FLOWS4 and FLOWS: `memlock` in each map's fdinfo.
+/// kernel's own account of FLOWS4, FLOWS, FLOW_SLOTS and FLOW_FREE: `memlock` in each
+/// map's fdinfo.
 #[test]
 fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
     use std::os::fd::AsRawFd;
@@ -110,7 +120,7 @@ fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
         })
         .expect("load");
         let mut kernel = 0u64;
-        for name in [map::FLOWS4, map::FLOWS] {
+        for name in [map::FLOWS4, map::FLOWS, map::FLOW_SLOTS, map::FLOW_FREE] {
             let fd = loaded.map_fd(name).expect(name);
             let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
                 .expect("fdinfo");
