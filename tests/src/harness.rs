@@ -85,7 +85,7 @@ impl Harness {
         }
     }
 
-    /// Empties FLOWS and zeroes STATS.
+    /// Empties the flow table and zeroes STATS.
     pub fn reset(&mut self) {
         if let Err(e) = self.loaded.reset() {
             panic!("resetting the maps: {e}");
@@ -95,6 +95,11 @@ impl Harness {
 
     pub fn loaded(&self) -> &Loaded {
         &self.loaded
+    }
+
+    /// The loaded programs, to drive the flow table's upkeep (`maintain_flows`).
+    pub fn loaded_mut(&mut self) -> &mut Loaded {
+        &mut self.loaded
     }
 }
 
