@@ -443,7 +443,7 @@ mod tests {
                 ecn: [0, 0, 1 + i as u64, 0],
                 ..FlowStats::default()
             };
-            b.add(crate::loader::FlowRef::Compact(&key), &st);
+            b.add(&key.widen(), &st);
         }
         let live = b.finish(&[5, 6, 7], None);
         let want = serde_json::to_vec(&live.to_document()).unwrap();

@@ -452,9 +452,8 @@ fn load_datapath(settings: &Settings, pin_dir: Option<&Path>) -> anyhow::Result<
     loader::load_pinned(&opts, pins).context("loading the kernel programs")
 }
 
-/// Says what the flow tables cost in kernel memory, and warns when that is more than a
-/// sixteenth of the host's: per-CPU values make it grow with the CPU count, which on a
-/// many-core GPU host surprises (65,536 entries: 1.4 GB at 64 possible CPUs).
+/// Says what the flow table costs in kernel memory, and warns when that is more than a
+/// sixteenth of the host's (it is allocated in full at start: about 500 bytes a flow).
 fn note_flow_table_memory(entries: u32) {
     let Ok(cpus) = aya::util::nr_cpus() else {
         return;
@@ -467,7 +466,7 @@ fn note_flow_table_memory(entries: u32) {
             possible_cpus = cpus,
             kernel_mib = mib,
             host_mib = total / (1 << 20),
-            "the flow tables take over a sixteenth of this host's memory (each flow's counters are kept once per possible CPU): a smaller flows_map_size lowers it"
+            "the flow table takes over a sixteenth of this host's memory (it is allocated in full at start): a smaller flows_map_size lowers it"
         ),
         _ => tracing::info!(
             flows_map_size = entries,

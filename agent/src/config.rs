@@ -9,7 +9,7 @@
 //! interfaces = ["eth1"]          # XDP attaches to each (flags: --iface, repeatable)
 //! listen = "127.0.0.1:9473"      # the JSON API (flag: --listen)
 //! interval = 1                   # seconds between two polls of the kernel maps (flag: --interval)
-//! flows_map_size = 65536         # FLOWS entries (LRU: the oldest flow makes room)
+//! flows_map_size = 65536         # flows the kernel table holds (the agent evicts the least recently seen)
 //! roce_port = 4791               # UDP destination port of RoCEv2
 //! vxlan_port = 4789              # UDP destination port of VXLAN
 //! default_pmtu = 4096            # the RoCE path MTU: assumed for READs until a flow's own is learnt, and what `check` requires
@@ -49,9 +49,9 @@ use crate::loader::LoadOptions;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9473";
 /// Seconds between two polls of FLOWS and STATS.
 pub const DEFAULT_INTERVAL_SECS: f64 = 1.0;
-/// Entries of the FLOWS map.
+/// Flows of the kernel's flow table.
 pub const DEFAULT_FLOWS_MAP_SIZE: u32 = 65536;
-/// Largest FLOWS map accepted (per-CPU values make each entry cost 160 B per CPU).
+/// Largest flow table accepted (about 500 bytes a flow: 8 GB).
 pub const MAX_FLOWS_MAP_SIZE: u32 = 1 << 24;
 /// Path MTU assumed until a flow's own is learnt.
 pub const DEFAULT_PMTU: u32 = 4096;
@@ -146,7 +146,7 @@ pub struct FileConfig {
     pub listen: Option<Spanned<String>>,
     /// Seconds between two polls of the kernel maps.
     pub interval: Option<Spanned<f64>>,
-    /// Entries of the FLOWS map.
+    /// Flows of the kernel's flow table.
     pub flows_map_size: Option<Spanned<u32>>,
     pub roce_port: Option<Spanned<u16>>,
     pub vxlan_port: Option<Spanned<u16>>,

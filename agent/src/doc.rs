@@ -193,7 +193,8 @@ pub struct Counters {
     /// under their class but on no flow).
     #[serde(default)]
     pub flow_insert_failed: u64,
-    /// Added: flows created but no longer in the table (LRU evictions); 0 in `analyze`.
+    /// Added: flows created but no longer in the table (evicted by the agent to make
+    /// room, the least recently seen first); 0 in `analyze`.
     #[serde(default)]
     pub flows_evicted: u64,
     /// Added: what the tc QoS programs did (all zero when none is attached, and in `analyze`).

@@ -24,13 +24,12 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use roce_common::flow::{
-    FlowKey, FlowStats, KEY4_EGRESS, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
+    FlowKey, FlowStats, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
 };
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
 use crate::doc::{key_addr, Counters, Direction, Document, Ecn, Flow};
-use crate::loader::FlowRef;
 use crate::rates::{self, Totals};
 
 /// The flows document of the running agent (see the module's doc).
@@ -872,9 +871,9 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
         at
     }
 
-    /// Adds one entry of a flow map (CPUs merged). Entries without a packet are
-    /// counted as present and left out, as `Document::build` leaves them out.
-    pub fn add(&mut self, key: FlowRef<'_>, st: &FlowStats) {
+    /// Adds one flow of the table. Entries without a packet are counted as present and
+    /// left out, as `Document::build` leaves them out.
+    pub fn add(&mut self, k: &FlowKey, st: &FlowStats) {
         self.entries += 1;
         if st.packets == 0 {
             return;
@@ -901,43 +900,29 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
             last_dscp: st.last_dscp,
             ..Row::default()
         };
-        match key {
-            FlowRef::Compact(k) => {
-                row.src = k.src;
-                row.dst = k.dst;
-                row.dest_qp = k.qp_dir & !KEY4_EGRESS;
-                row.flags = if k.qp_dir & KEY4_EGRESS != 0 {
-                    KEY_EGRESS as u8
-                } else {
-                    0
-                };
-                row.iface = self.iface(k.ifindex);
-            }
-            FlowRef::Wide(k) => {
-                let mut flags = k.flags & ROW_FLAGS;
-                if flags & KEY_TUNNELLED == 0 {
-                    flags &= !KEY_INNER_V6; // no inner header, no inner family
-                }
-                row.flags = flags as u8;
-                row.dest_qp = k.dest_qp;
-                row.iface = self.iface(k.ifindex);
-                if row.wide() {
-                    row.src = self.words.len() as u32;
-                    push_addr(&mut self.words, &k.src, k.outer_v6());
-                    push_addr(&mut self.words, &k.dst, k.outer_v6());
-                    if k.tunnelled() {
-                        self.words.push(k.vni);
-                        push_addr(&mut self.words, &k.inner_src, k.inner_v6());
-                        push_addr(&mut self.words, &k.inner_dst, k.inner_v6());
-                        for c in st.inner_ecn {
-                            self.words.extend([c as u32, (c >> 32) as u32]);
-                        }
-                    }
-                } else {
-                    row.src = k.src[3];
-                    row.dst = k.dst[3];
+        let mut flags = k.flags & ROW_FLAGS;
+        if flags & KEY_TUNNELLED == 0 {
+            flags &= !KEY_INNER_V6; // no inner header, no inner family
+        }
+        row.flags = flags as u8;
+        row.dest_qp = k.dest_qp;
+        row.iface = self.iface(k.ifindex);
+        if row.wide() {
+            row.src = self.words.len() as u32;
+            push_addr(&mut self.words, &k.src, k.outer_v6());
+            push_addr(&mut self.words, &k.dst, k.outer_v6());
+            if k.tunnelled() {
+                self.words.push(k.vni);
+                push_addr(&mut self.words, &k.inner_src, k.inner_v6());
+                push_addr(&mut self.words, &k.inner_dst, k.inner_v6());
+                for c in st.inner_ecn {
+                    self.words.extend([c as u32, (c >> 32) as u32]);
                 }
             }
+        } else {
+            // Plain IPv4: the addresses in the row itself.
+            row.src = k.src[3];
+            row.dst = k.dst[3];
         }
         self.rows.push(row);
     }
@@ -1164,7 +1149,12 @@ mod tests {
                     FlowKey4 {
                         src: v4(&mut r),
                         dst: v4(&mut r),
-                        qp_dir: qp | if egress != 0 { KEY4_EGRESS } else { 0 },
+                        qp_dir: qp
+                            | if egress != 0 {
+                                roce_common::flow::KEY4_EGRESS
+                            } else {
+                                0
+                            },
                         ifindex,
                     },
                     st,
@@ -1245,8 +1235,8 @@ mod tests {
         let mut b = Builder::new(0, resolve);
         for x in e {
             match x {
-                Entry::Compact(k, s) => b.add(FlowRef::Compact(k), s),
-                Entry::Wide(k, s) => b.add(FlowRef::Wide(k), s),
+                Entry::Compact(k, s) => b.add(&k.widen(), s),
+                Entry::Wide(k, s) => b.add(k, s),
             }
         }
         b.finish(st, before)

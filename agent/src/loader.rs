@@ -210,25 +210,6 @@ pub struct Loaded {
     evictions: u64,
 }
 
-/// One entry of a flow map as read: its key as the map holds it.
-#[derive(Clone, Copy, Debug)]
-pub enum FlowRef<'a> {
-    /// FLOWS4: a plain IPv4 flow.
-    Compact(&'a FlowKey4),
-    /// FLOWS: IPv6 or tunnelled (or plain IPv4 that an older kernel side put there).
-    Wide(&'a FlowKey),
-}
-
-impl FlowRef<'_> {
-    /// The wide key of the flow, as the flows document shows it.
-    pub fn wide(&self) -> FlowKey {
-        match self {
-            FlowRef::Compact(k) => k.widen(),
-            FlowRef::Wide(k) => **k,
-        }
-    }
-}
-
 /// Loads the object built from `ebpf/`, writes CONFIG, loads `xdp_classify` (not
 /// attached yet) and, unless `opts.egress_flows` is false, `tc_egress_flows` (never
 /// attached: `tc_egress` tail-calls it through TC_TAIL, filled here). Nothing is pinned.
@@ -547,7 +528,7 @@ impl Loaded {
     /// Every flow of the table, under its wide key.
     pub fn flows(&self) -> Result<Vec<(FlowKey, FlowStats)>, LoadError> {
         let mut out = Vec::new();
-        self.for_each_flow(|key, stats| out.push((key.wide(), *stats)))?;
+        self.for_each_flow(|key, stats| out.push((*key, *stats)))?;
         Ok(out)
     }
 
@@ -556,10 +537,10 @@ impl Loaded {
     /// of the table, a syscall per 4,096 slots.
     pub fn for_each_flow(
         &self,
-        mut f: impl FnMut(FlowRef<'_>, &FlowStats),
+        mut f: impl FnMut(&FlowKey, &FlowStats),
     ) -> Result<usize, LoadError> {
         self.slots
-            .for_each_live(|_, slot| f(FlowRef::Wide(&slot.key), &slot.stats))
+            .for_each_live(|_, slot| f(&slot.key, &slot.stats))
             .map_err(LoadError::Slots)
     }
 
@@ -676,8 +657,7 @@ impl Loaded {
         let mut keys = Vec::new();
         let mut index = Vec::new();
         {
-            let mut free: Queue<&mut MapData, u32> =
-                typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
+            let mut free: Queue<&mut MapData, u32> = typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
             for (key, stats) in flows {
                 let i = match free.pop(0) {
                     Ok(i) => i,
@@ -736,8 +716,7 @@ impl Loaded {
                 .map_err(LoadError::Slots)?;
         }
         {
-            let mut free: Queue<&mut MapData, u32> =
-                typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
+            let mut free: Queue<&mut MapData, u32> = typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
             while free.pop(0).is_ok() {}
         }
         self.evicted.clear();

@@ -711,7 +711,7 @@ impl Snapshot {
             let help = match name {
                 "flows_created" => "Flow entries created in the kernel's flow table.",
                 "flow_insert_failed" => "Flow entries that could not be inserted (their packets are counted under their class, on no flow).",
-                "flows_evicted" => "Flow entries created that are no longer in the table (LRU evictions: the table is too small for the flows).",
+                "flows_evicted" => "Flow entries created that are no longer in the table (evicted, least recently seen first, to make room: the table is small for the flows).",
                 _ => "Flow table counter of the kernel.",
             };
             if let Some(v) = counter(name) {

@@ -94,9 +94,10 @@ macro_rules! stat_names {
 macro_rules! for_each_flow_table_counter {
     ($callback:ident) => {
         $callback! {
-            /// A flow entry was created (LRU evictions = created - entries present).
+            /// A flow entry was created (evictions = created - entries present).
             STAT_FLOW_CREATED => flows_created,
-            /// An insert into FLOWS failed (map full without eviction, or memory pressure).
+            /// A new flow found no free slot (the table is full until the agent evicts), or its
+            /// insert into FLOWS4/FLOWS failed.
             STAT_FLOW_INSERT_FAILED => flow_insert_failed,
         }
     };

@@ -16,8 +16,8 @@ pub const PSN_HALF: u32 = 0x0080_0000;
 const VALID: u8 = 1;
 const PENDING_READ: u8 = 2;
 /// Set by `FlowStats::merge` (user side, never by the kernel): requests of the flow
-/// were tracked on more than one CPU, each with its own state, so a CPU that missed
-/// the requests another one saw counts a false gap (RSS or RPS spreading one flow).
+/// were tracked in more than one state, so a state that missed the requests another
+/// one saw counts a false gap. (The kernel keeps one state per flow for all CPUs.)
 const SPLIT: u8 = 4;
 
 #[repr(C)]
@@ -40,7 +40,7 @@ impl PsnState {
     pub fn tracked(&self) -> bool {
         self.flags & VALID != 0
     }
-    /// Merged from the states of more than one CPU: the flow's gap count may hold
+    /// Merged from more than one state: the flow's gap count may hold
     /// false gaps.
     pub fn split(&self) -> bool {
         self.flags & SPLIT != 0

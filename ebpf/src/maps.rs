@@ -1,7 +1,7 @@
 //! The maps shared with the agent. Their names are declared once in `roce_common::names` (a test checks them against this object).
 
-use aya_ebpf::macros::map;
 use aya_ebpf::bindings::BPF_F_MMAPABLE;
+use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, Queue};
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
 use roce_common::counters::STATS_LEN;

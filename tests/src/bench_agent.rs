@@ -174,7 +174,9 @@ fn fill(loaded: &mut loader::Loaded, n4: u32, nw: u32, troubled: bool) -> Result
             };
             (key, stats_of(i, false, troubled))
         }));
-        loaded.insert_flows(&flows).context("filling the plain IPv4 flows")?;
+        loaded
+            .insert_flows(&flows)
+            .context("filling the plain IPv4 flows")?;
     }
     for start in (0..nw).step_by(CHUNK as usize) {
         flows.clear();
@@ -210,7 +212,9 @@ fn fill(loaded: &mut loader::Loaded, n4: u32, nw: u32, troubled: bool) -> Result
             };
             (key, stats_of(i, tunnelled, troubled))
         }));
-        loaded.insert_flows(&flows).context("filling the IPv6 and VXLAN flows")?;
+        loaded
+            .insert_flows(&flows)
+            .context("filling the IPv6 and VXLAN flows")?;
     }
     Ok(())
 }

@@ -292,7 +292,7 @@ impl Work for Worker<'_> {
 
 /// A kernel-engine worker: runs its frames through `xdp_classify` and nothing else
 /// (the tally comes from a reference pass). Its thread stays on one CPU
-/// ([`pin_to_cpu`]): FLOWS is a per-CPU map, and a flow's PSN state must be on one.
+/// ([`pin_to_cpu`]), so that the workers' test runs never share one.
 pub struct KernelWorker {
     index: u16,
     prog: OwnedFd,
@@ -345,7 +345,7 @@ pub fn allowed_cpus() -> Vec<usize> {
 }
 
 /// Pins the calling thread to `cpu`: BPF_PROG_TEST_RUN runs the program on the
-/// caller's CPU, and a flow's per-CPU FLOWS entry (its PSN state) must be one.
+/// caller's CPU, and two workers on one CPU would only take turns.
 pub fn pin_to_cpu(cpu: usize) -> Result<(), AnalyzeError> {
     // SAFETY: plain libc calls on a zeroed cpu_set_t of the right size.
     let rc = unsafe {

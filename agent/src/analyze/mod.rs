@@ -113,7 +113,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeEr
             let loaded = loading.join().map_err(|_| AnalyzeError::Worker)??;
             let mut again = CaptureReader::open(path)?;
             again.limit_frames(run.read.frames);
-            // One worker per CPU, pinned: FLOWS is per CPU, and the test runs are the cost.
+            // One worker per CPU, pinned: the test runs are the cost.
             let n = opts.workers.unwrap_or(cpus.len()).clamp(1, WORKERS_LIMIT);
             if cpus.is_empty() {
                 tracing::warn!(
