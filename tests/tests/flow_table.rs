@@ -108,3 +108,77 @@ fn a_full_table_counts_insert_failures_and_keeps_every_flow_it_has() {
     assert!(flows.values().all(|s| s.packets == 2));
     assert_eq!(h.stats()[STAT_FLOW_INSERT_FAILED as usize], 10);
 }
+
+/// A bpffs of the test's own, unmounted on drop (also when the test fails).
+struct Bpffs(std::path::PathBuf);
+
+impl Bpffs {
+    fn mount() -> Bpffs {
+        let dir = std::path::PathBuf::from(format!(
+            "/run/roce-test-bpf-flow-table-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&dir)
+            .status()
+            .expect("mount");
+        assert!(mounted.success(), "mounting a bpffs (root needed)");
+        Bpffs(dir)
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn an_adopted_table_gets_back_the_slots_its_last_agent_had_evicted() {
+    use roce_agent::loader::{load_pinned, LoadError};
+    use roce_agent::pin::PinDir;
+    use roce_common::flow::FlowStats;
+    let bpffs = Bpffs::mount();
+    let dir = bpffs.0.join("agent");
+    let opts = LoadOptions {
+        flows_max_entries: SLOTS,
+        ..LoadOptions::default()
+    };
+    let made = |qp: u32| {
+        let seen = qp as u64 * 1_000_000;
+        let stats = FlowStats {
+            packets: 1,
+            first_seen_ns: seen,
+            last_seen_ns: seen,
+            ..FlowStats::default()
+        };
+        (flow(qp), stats)
+    };
+    {
+        let mut loaded = load_pinned(&opts, PinDir::prepare(&dir).expect("pin directory"))
+            .expect("load");
+        let flows: Vec<_> = (1..=62).map(made).collect();
+        assert_eq!(loaded.insert_flows(&flows).expect("62 flows"), 62);
+        assert_eq!(loaded.maintain_flows(62).expect("upkeep"), 6);
+        // The agent ends here, before its next poll would have given the six back.
+    }
+    let mut loaded =
+        load_pinned(&opts, PinDir::prepare(&dir).expect("pin directory")).expect("adopt");
+    let flows = loaded.flows().expect("flows");
+    assert_eq!(flows.len(), 56);
+    assert!(
+        (1..=6).all(|qp| flows.iter().all(|(k, _)| *k != flow(qp))),
+        "the six least recently seen went"
+    );
+    // 56 live of 64: the eight others are free again, the six evicted ones among them.
+    let more: Vec<_> = (101..=108).map(made).collect();
+    assert_eq!(loaded.insert_flows(&more).expect("eight free slots"), 8);
+    let full = loaded.insert_flows(&[made(109)]);
+    assert!(matches!(full, Err(LoadError::SlotsFull)), "{full:?}");
+    assert_eq!(loaded.flows().expect("flows").len(), 64);
+    // Nothing was attached: the maps go with the bpffs, once `loaded` lets go of them.
+    drop(loaded);
+}
