@@ -158,8 +158,8 @@ fn an_adopted_table_gets_back_the_slots_its_last_agent_had_evicted() {
         (flow(qp), stats)
     };
     {
-        let mut loaded = load_pinned(&opts, PinDir::prepare(&dir).expect("pin directory"))
-            .expect("load");
+        let mut loaded =
+            load_pinned(&opts, PinDir::prepare(&dir).expect("pin directory")).expect("load");
         let flows: Vec<_> = (1..=62).map(made).collect();
         assert_eq!(loaded.insert_flows(&flows).expect("62 flows"), 62);
         assert_eq!(loaded.maintain_flows(62).expect("upkeep"), 6);
