@@ -24,7 +24,7 @@ use crate::sys;
 /// Slots mapped at a time while the table is read: 1 MiB. A window is mapped, read and
 /// unmapped in turn, so the agent's memory never holds the whole table (a million
 /// flows are 256 MB of kernel memory, which a mapping would count in the agent's RSS
-/// as well); mapping costs about a microsecond a page.
+/// as well); mapping costs about 0.4 µs a page (BENCHMARKS.md, "Flow slots").
 const WINDOW_SLOTS: usize = 4096;
 
 /// bpf(2) commands (include/uapi/linux/bpf.h, `enum bpf_cmd`).
