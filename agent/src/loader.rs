@@ -650,18 +650,31 @@ impl Loaded {
 
     /// Puts flows into the table from user space, as the programs would have counted
     /// them (benchmarks and tests of a full table): each takes a free slot. Flows whose
-    /// key is already there are skipped. Returns how many went in.
+    /// key is already there (or earlier in `flows`) are skipped. Returns how many went
+    /// in; when the free slots run out, those before go in and the answer is
+    /// `LoadError::SlotsFull`.
     pub fn insert_flows(&mut self, flows: &[(FlowKey, FlowStats)]) -> Result<usize, LoadError> {
+        let mut seen = std::collections::HashSet::with_capacity(flows.len());
+        let mut new = Vec::with_capacity(flows.len());
+        for (key, stats) in flows {
+            if seen.insert(*key) && self.flow_index(key)?.is_none() {
+                new.push((key, stats));
+            }
+        }
         let mut keys4 = Vec::new();
         let mut index4 = Vec::new();
         let mut keys = Vec::new();
         let mut index = Vec::new();
+        let mut full = false;
         {
             let mut free: Queue<&mut MapData, u32> = typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
-            for (key, stats) in flows {
+            for (key, stats) in new {
                 let i = match free.pop(0) {
                     Ok(i) => i,
-                    Err(MapError::ElementNotFound) => return Err(LoadError::SlotsFull),
+                    Err(MapError::ElementNotFound) => {
+                        full = true;
+                        break;
+                    }
                     Err(source) => return Err(map_error(map::FLOW_FREE)(source)),
                 };
                 let slot = FlowSlot {
@@ -688,7 +701,10 @@ impl Loaded {
             .map_err(batch_error(map::FLOWS4))?;
         batch::update_batch(self.map_fd(map::FLOWS)?, &keys, &index, 1)
             .map_err(batch_error(map::FLOWS))?;
-        Ok(flows.len())
+        if full {
+            return Err(LoadError::SlotsFull);
+        }
+        Ok(keys4.len() + keys.len())
     }
 
     /// STATS summed over CPUs.

@@ -4,7 +4,8 @@
 //! remounts /sys, and a bpffs mounted inside such a session dies with it (with every
 //! pinned link), so agents restarted across sessions would find nothing. Dropping the
 //! guard detaches what an agent pinned there (`roce-agent detach`, which detaches the
-//! links at once), then unmounts and removes the directory, also when a test fails.
+//! links at once; not for a bpffs that only a test's own loads pin maps on), then
+//! unmounts and removes the directory, also when a test fails.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,12 +17,21 @@ use anyhow::{bail, Context, Result};
 #[derive(Debug)]
 pub struct Bpffs {
     mount: PathBuf,
-    agent_bin: PathBuf,
+    /// The `roce-agent` binary whose `detach` cleans up, if an agent pins there.
+    agent_bin: Option<PathBuf>,
 }
 
 impl Bpffs {
     /// Mounts one. `agent_bin` is the `roce-agent` binary whose `detach` cleans up.
     pub fn new(agent_bin: &Path) -> Result<Bpffs> {
+        let mut fs = Self::for_loads()?;
+        fs.agent_bin = Some(agent_bin.to_path_buf());
+        Ok(fs)
+    }
+
+    /// Mounts one for a test that pins with the loader itself (`loader::load_pinned`)
+    /// and attaches nothing: its maps and programs go with the unmount.
+    pub fn for_loads() -> Result<Bpffs> {
         static SERIAL: AtomicU32 = AtomicU32::new(0);
         let mount = PathBuf::from(format!(
             "/run/roce-test-bpf-{}x{}",
@@ -40,7 +50,7 @@ impl Bpffs {
         }
         Ok(Bpffs {
             mount,
-            agent_bin: agent_bin.to_path_buf(),
+            agent_bin: None,
         })
     }
 
@@ -57,10 +67,12 @@ impl Bpffs {
 
 impl Drop for Bpffs {
     fn drop(&mut self) {
-        let _ = Command::new(&self.agent_bin)
-            .args(["detach", "--pin-dir"])
-            .arg(self.pin_dir())
-            .output();
+        if let Some(bin) = &self.agent_bin {
+            let _ = Command::new(bin)
+                .args(["detach", "--pin-dir"])
+                .arg(self.pin_dir())
+                .output();
+        }
         let _ = Command::new("umount").arg(&self.mount).output();
         let _ = std::fs::remove_dir(&self.mount);
     }

@@ -109,40 +109,13 @@ fn a_full_table_counts_insert_failures_and_keeps_every_flow_it_has() {
     assert_eq!(h.stats()[STAT_FLOW_INSERT_FAILED as usize], 10);
 }
 
-/// A bpffs of the test's own, unmounted on drop (also when the test fails).
-struct Bpffs(std::path::PathBuf);
-
-impl Bpffs {
-    fn mount() -> Bpffs {
-        let dir = std::path::PathBuf::from(format!(
-            "/run/roce-test-bpf-flow-table-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).expect("mount point");
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "bpf", "bpf"])
-            .arg(&dir)
-            .status()
-            .expect("mount");
-        assert!(mounted.success(), "mounting a bpffs (root needed)");
-        Bpffs(dir)
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 #[test]
 fn an_adopted_table_gets_back_the_slots_its_last_agent_had_evicted() {
     use roce_agent::loader::{load_pinned, LoadError};
     use roce_agent::pin::PinDir;
     use roce_common::flow::FlowStats;
-    let bpffs = Bpffs::mount();
-    let dir = bpffs.0.join("agent");
+    let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
+    let dir = bpffs.pin_dir();
     let opts = LoadOptions {
         flows_max_entries: SLOTS,
         ..LoadOptions::default()
@@ -174,7 +147,9 @@ fn an_adopted_table_gets_back_the_slots_its_last_agent_had_evicted() {
         "the six least recently seen went"
     );
     // 56 live of 64: the eight others are free again, the six evicted ones among them.
-    let more: Vec<_> = (101..=108).map(made).collect();
+    // A flow already there, or twice in the list, takes no second slot.
+    assert_eq!(loaded.insert_flows(&[made(10)]).expect("a live flow"), 0);
+    let more: Vec<_> = (101..=108).chain([101]).map(made).collect();
     assert_eq!(loaded.insert_flows(&more).expect("eight free slots"), 8);
     let full = loaded.insert_flows(&[made(109)]);
     assert!(matches!(full, Err(LoadError::SlotsFull)), "{full:?}");

@@ -65,24 +65,8 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
         2,
         "a new version: give it its table"
     );
-    let mount =
-        std::path::PathBuf::from(format!("/run/roce-test-bpf-names-{}", std::process::id()));
-    std::fs::create_dir_all(&mount).expect("mount point");
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "bpf", "bpf"])
-        .arg(&mount)
-        .status()
-        .expect("mount");
-    assert!(mounted.success());
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-            let _ = std::fs::remove_dir(&self.0);
-        }
-    }
-    let _unmount = Unmount(mount.clone());
-    let dir = mount.join("agent");
+    let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
+    let dir = bpffs.pin_dir();
     let pins = roce_agent::pin::PinDir::prepare(&dir).expect("pin directory");
     let loaded = roce_agent::loader::load_pinned(&LoadOptions::default(), pins).expect("load");
     let mut shapes = Vec::new();
