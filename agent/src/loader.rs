@@ -584,9 +584,15 @@ impl Loaded {
         if n == 0 {
             return Ok(0);
         }
+        // A slot without a packet yet is a flow being made (or a program's lost race
+        // for one, about to go back on FLOW_FREE): never a candidate.
         let mut candidates = Vec::with_capacity(live);
         self.slots
-            .for_each_live(|i, slot| candidates.push((slot.stats.last_seen_ns, i as u32)))
+            .for_each_live(|i, slot| {
+                if slot.stats.packets != 0 {
+                    candidates.push((slot.stats.last_seen_ns, i as u32));
+                }
+            })
             .map_err(LoadError::Slots)?;
         let chosen: Vec<u32> = flow_table::least_recently_seen(&mut candidates, n)
             .iter()
@@ -594,8 +600,13 @@ impl Loaded {
             .collect();
         for &i in &chosen {
             let mut slot = self.slots.read(i).map_err(LoadError::Slots)?;
-            // The key first: from then on no new packet finds the slot.
-            self.forget_key(&slot.key)?;
+            // The key first: from then on no new packet finds the slot. A key that
+            // points elsewhere (or nowhere) is not this slot's to delete: the slot was
+            // left live by an agent that died mid-eviction, and is taken back all the
+            // same.
+            if self.flow_index(&slot.key)? == Some(i) {
+                self.forget_key(&slot.key)?;
+            }
             slot.state = SLOT_EVICTED;
             self.slots.write(i, &slot).map_err(LoadError::Slots)?;
         }

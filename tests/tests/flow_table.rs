@@ -157,3 +157,78 @@ fn an_adopted_table_gets_back_the_slots_its_last_agent_had_evicted() {
     // Nothing was attached: the maps go with the bpffs, once `loaded` lets go of them.
     drop(loaded);
 }
+
+/// A slot left live by an agent that died between deleting its flow's key and marking
+/// it (played here by deleting the key behind the loader's back), while the flow came
+/// back in another slot: eviction takes the stale slot back and leaves the key, which
+/// belongs to the flow's new slot.
+#[test]
+fn eviction_takes_back_a_stale_slot_without_deleting_the_live_flows_key() {
+    use aya::maps::{HashMap, Map, MapData};
+    use roce_common::flow::{FlowKey4, FlowStats};
+    use roce_common::names::map;
+    let mut h = Harness::load_with(&LoadOptions {
+        flows_max_entries: SLOTS,
+        ..LoadOptions::default()
+    });
+    let made = |qp: u32, seen: u64| {
+        let stats = FlowStats {
+            packets: 1,
+            first_seen_ns: seen,
+            last_seen_ns: seen,
+            ..FlowStats::default()
+        };
+        (flow(qp), stats)
+    };
+    let loaded = h.loaded_mut();
+    assert_eq!(loaded.insert_flows(&[made(1, 1)]).expect("flow 1"), 1);
+    let stale = loaded
+        .flow_index(&flow(1))
+        .expect("lookup")
+        .expect("flow 1 is in");
+    {
+        let fd = loaded.map_fd(map::FLOWS4).expect("FLOWS4");
+        let data = MapData::from_fd(fd.try_clone_to_owned().expect("dup")).expect("FLOWS4");
+        let mut flows4: HashMap<MapData, FlowKey4, u64> =
+            HashMap::try_from(Map::HashMap(data)).expect("a hash");
+        let k4 = FlowKey4::narrow(&flow(1)).expect("plain IPv4");
+        flows4.remove(&k4).expect("the key was there");
+    }
+    // The flow comes back in a new slot, the most recently seen, and 60 more fill the
+    // table to 62 of 64.
+    let back: Vec<_> = [made(1, 1000)]
+        .into_iter()
+        .chain((2..=61).map(|qp| made(qp, 100 + qp as u64)))
+        .collect();
+    assert_eq!(loaded.insert_flows(&back).expect("61 flows"), 61);
+    let fresh = loaded
+        .flow_index(&flow(1))
+        .expect("lookup")
+        .expect("flow 1 is back");
+    assert_ne!(fresh, stale);
+    assert_eq!(
+        loaded.flows().expect("flows").len(),
+        62,
+        "flow 1 shows twice"
+    );
+
+    // Short of free slots: the oldest six go, the stale slot first.
+    assert_eq!(loaded.maintain_flows(62).expect("upkeep"), 6);
+    assert_eq!(
+        loaded.flow_index(&flow(1)).expect("lookup"),
+        Some(fresh),
+        "the live flow's key stays"
+    );
+    let flows = loaded.flows().expect("flows");
+    assert_eq!(flows.len(), 56);
+    assert_eq!(flows.iter().filter(|(k, _)| *k == flow(1)).count(), 1);
+    assert_eq!(
+        flows
+            .iter()
+            .find(|(k, _)| *k == flow(1))
+            .unwrap()
+            .1
+            .last_seen_ns,
+        1000
+    );
+}
