@@ -50,6 +50,11 @@ impl Rig {
     }
 
     fn start_agent(&mut self) -> Result<()> {
+        self.start_agent_with(&[])
+    }
+
+    /// Starts the agent with `extra` arguments after the usual ones.
+    fn start_agent_with(&mut self, extra: &[&str]) -> Result<()> {
         let mut cmd = self.lab.command(&self.lab.b.ns, self.exe("roce-agent"));
         // --no-pin: the programs go with the agent (stop_agent checks that).
         cmd.args([
@@ -61,6 +66,7 @@ impl Rig {
             "--no-pin",
         ])
         .args(["--interval", "0.2"])
+        .args(extra)
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1");
         let mut agent = self.lab.spawn("roce-agent", cmd)?;
@@ -337,6 +343,106 @@ fn vxlan_without_tos_inherit_has_outer_dscp_zero_and_still_maps_ecn() -> Result<
         "inner ECT(0) and CE both leave as outer ECT(0)"
     );
     check_three_way(&gen, &agent, &wire, &pcap)?;
+    rig.stop_agent()?;
+    Ok(())
+}
+
+/// `(dest_qp, packets)` of the agent's flows on B's veth, ingress, and its
+/// `flows_evicted` counter.
+fn qp_packets(rig: &Rig) -> Result<(Vec<(u64, u64)>, u64)> {
+    let doc = rig.agent_doc()?;
+    let flows = doc
+        .get("flows")
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("document without a flows array"))?;
+    let veth = rig.lab.b.veth.as_str();
+    let mut out = Vec::new();
+    for f in flows {
+        if f.get("ifname").and_then(Value::as_str) != Some(veth)
+            || f.get("direction").and_then(Value::as_str) != Some("ingress")
+        {
+            continue;
+        }
+        let field = |name: &str| {
+            f.get(name)
+                .and_then(Value::as_u64)
+                .ok_or_else(|| anyhow!("flow without {name}: {f}"))
+        };
+        out.push((field("dest_qp")?, field("packets")?));
+    }
+    Ok((out, counter(&doc, "flows_evicted")?))
+}
+
+/// A flow table of 64 flows under traffic of 96: the running agent evicts the least
+/// recently seen flows each time free slots run short, the flows that found no slot
+/// are counted as such, and no flow ever shows a count that is not its own (a slot
+/// comes back zeroed).
+#[test]
+fn a_table_too_small_for_the_traffic_evicts_the_oldest_flows_and_mixes_no_counts() -> Result<()> {
+    require_root();
+    let mut rig = Rig::new(LabOptions {
+        vxlan: false,
+        ipv6: false,
+        ..LabOptions::default()
+    })?;
+    let config = rig.lab.dir.join("small-table.toml");
+    std::fs::write(&config, "flows_map_size = 64\n").context("writing the config")?;
+    rig.start_agent_with(&["--config", &config.display().to_string()])?;
+    let (a, b) = (rig.lab.a.clone(), rig.lab.b.clone());
+    let send = |qp: u32, count: u32| {
+        rig.gen(&argv(&format!(
+            "-i {} --dst {} --dst-mac {} --qp {qp:#x} --flows 48 --count {count} --ops ack",
+            a.veth, b.ip4, b.mac
+        )))
+    };
+    let wait = |what: &str, cond: &dyn Fn(&[(u64, u64)], u64) -> bool| -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let (flows, evicted) = qp_packets(&rig)?;
+            if cond(&flows, evicted) {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(15) {
+                bail!("{what}: not after 15 s; flows {flows:?}, evicted {evicted}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    const OLD: u64 = 0x1000;
+    const NEW: u64 = 0x2000;
+    let old = |qp: u64| (OLD..OLD + 48).contains(&qp);
+
+    // 48 flows of 7 packets: all fit.
+    send(OLD as u32, 7)?;
+    wait("48 flows of 7 packets", &|f, _| {
+        f.len() == 48 && f.iter().all(|&(_, p)| p == 7)
+    })?;
+    // 48 newer flows of 3: 16 fit, the rest find no slot until the agent evicts the
+    // eight oldest; then the same again, so that the given-back slots are reused.
+    send(NEW as u32, 3)?;
+    wait("a first eviction", &|_, e| e >= 8)?;
+    std::thread::sleep(Duration::from_millis(600));
+    send(NEW as u32, 3)?;
+    wait("a second eviction", &|_, e| e >= 16)?;
+
+    let (flows, evicted) = qp_packets(&rig)?;
+    let doc = rig.agent_doc()?;
+    assert!(flows.len() <= 64, "{} flows in a table of 64", flows.len());
+    assert!(counter(&doc, "flow_insert_failed")? > 0);
+    for &(qp, packets) in &flows {
+        if old(qp) {
+            assert_eq!(packets, 7, "old flow {qp:#x}");
+        } else {
+            // At most the 6 sent; 8 or more would hold an old flow's 7.
+            assert!(
+                (NEW..NEW + 48).contains(&qp) && (1..=6).contains(&packets),
+                "new flow {qp:#x} with {packets} packets: at most 6 are its own"
+            );
+        }
+    }
+    // Only old flows were evicted: every one evicted is an old one that is gone.
+    let old_left = flows.iter().filter(|&&(qp, _)| old(qp)).count() as u64;
+    assert_eq!(old_left + evicted, 48, "flows {flows:?}, evicted {evicted}");
     rig.stop_agent()?;
     Ok(())
 }
