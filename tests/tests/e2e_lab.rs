@@ -4,6 +4,8 @@
 //! VXLAN devices, and crafted VXLAN with outer CE marks), tcpdump capturing on the
 //! same receiving interface. The agent's flow table must equal what the generator
 //! says it sent AND tshark's decode of the capture, flow by flow.
+//! A second rig gives the agent a table too small for its traffic: its evictions keep
+//! the counts right.
 //!
 //! Everything lives in the lab's namespaces and temporary directory, which the lab
 //! removes also when an assertion fails (set ROCE_LAB_KEEP=1 to keep the captures).
