@@ -375,6 +375,21 @@ fn qp_packets(rig: &Rig) -> Result<(Vec<(u64, u64)>, u64)> {
     Ok((out, counter(&doc, "flows_evicted")?))
 }
 
+/// Polls the agent until `cond(flows, evicted)` holds (see [`qp_packets`]), for 15 s.
+fn wait_for(rig: &Rig, what: &str, cond: impl Fn(&[(u64, u64)], u64) -> bool) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let (flows, evicted) = qp_packets(rig)?;
+        if cond(&flows, evicted) {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(15) {
+            bail!("{what}: not after 15 s; flows {flows:?}, evicted {evicted}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A flow table of 64 flows under traffic of 96: the running agent evicts the least
 /// recently seen flows each time free slots run short, the flows that found no slot
 /// are counted as such, and no flow ever shows a count that is not its own (a slot
@@ -397,35 +412,22 @@ fn a_table_too_small_for_the_traffic_evicts_the_oldest_flows_and_mixes_no_counts
             a.veth, b.ip4, b.mac
         )))
     };
-    let wait = |what: &str, cond: &dyn Fn(&[(u64, u64)], u64) -> bool| -> Result<()> {
-        let start = Instant::now();
-        loop {
-            let (flows, evicted) = qp_packets(&rig)?;
-            if cond(&flows, evicted) {
-                return Ok(());
-            }
-            if start.elapsed() > Duration::from_secs(15) {
-                bail!("{what}: not after 15 s; flows {flows:?}, evicted {evicted}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
     const OLD: u64 = 0x1000;
     const NEW: u64 = 0x2000;
     let old = |qp: u64| (OLD..OLD + 48).contains(&qp);
 
     // 48 flows of 7 packets: all fit.
     send(OLD as u32, 7)?;
-    wait("48 flows of 7 packets", &|f, _| {
+    wait_for(&rig, "48 flows of 7 packets", |f, _| {
         f.len() == 48 && f.iter().all(|&(_, p)| p == 7)
     })?;
     // 48 newer flows of 3: 16 fit, the rest find no slot until the agent evicts the
     // eight oldest; then the same again, so that the given-back slots are reused.
     send(NEW as u32, 3)?;
-    wait("a first eviction", &|_, e| e >= 8)?;
+    wait_for(&rig, "a first eviction", |_, e| e >= 8)?;
     std::thread::sleep(Duration::from_millis(600));
     send(NEW as u32, 3)?;
-    wait("a second eviction", &|_, e| e >= 16)?;
+    wait_for(&rig, "a second eviction", |_, e| e >= 16)?;
 
     let (flows, evicted) = qp_packets(&rig)?;
     let doc = rig.agent_doc()?;
