@@ -1801,6 +1801,52 @@ fn non_ethernet_and_non_capture_files_are_refused_clearly() {
     );
 }
 
+/// The kernel engine with a flow table smaller than the capture's 17 flows: the flows
+/// that found no slot are in a `flow_table_full` finding, not silently missing.
+#[test]
+fn a_kernel_flow_table_too_small_for_the_capture_is_a_finding() {
+    if !kernel_engine() {
+        return;
+    }
+    let s = Scratch::new();
+    let p = s.path("scenario.pcap");
+    scenario().write_pcap(&p);
+    let cfg = s.path("small.toml");
+    fs::write(&cfg, "flows_map_size = 4\n").unwrap();
+    let args = [
+        "analyze",
+        p.to_str().unwrap(),
+        "--json",
+        "--engine",
+        "kernel",
+        "--workers",
+        "1",
+        "--config",
+        cfg.to_str().unwrap(),
+    ];
+    let out = agent(&args);
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["flows"].as_array().unwrap().len(), 4);
+    assert_eq!(doc["counters"]["flows_created"], 4);
+    let failed = doc["counters"]["flow_insert_failed"].as_u64().unwrap();
+    assert!(failed > 0);
+    let full = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "flow_table_full")
+        .cloned()
+        .expect("a flow_table_full finding");
+    assert!(
+        full["found"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("the flow table holds 4 flows: {failed} packets")),
+        "{full}"
+    );
+}
+
 #[test]
 fn config_and_policy_flags_apply() {
     let s = Scratch::new();

@@ -289,15 +289,19 @@ pub fn findings(
         ));
     }
 
-    // Flow table overflow (kernel engine: LRU evictions).
-    if counters.flows_created > flows_max_entries as u64 || counters.flows_evicted > 0 {
+    // Flow table overflow (kernel engine: nothing evicts there, so the flows beyond
+    // the table's size find no slot and their packets count on no flow).
+    if counters.flows_created > flows_max_entries as u64
+        || counters.flows_evicted > 0
+        || counters.flow_insert_failed > 0
+    {
         out.push(finding(
             "flow_table_full",
             Severity::Warning,
             counters.flows_created as usize,
             format!(
-                "{} flows in the capture, the flow table holds {}: {} flows were evicted",
-                counters.flows_created, flows_max_entries, counters.flows_evicted
+                "the flow table holds {} flows: {} packets of flows beyond them were counted on no flow ({} flows evicted)",
+                flows_max_entries, counters.flow_insert_failed, counters.flows_evicted
             ),
             "every flow in the table".into(),
             "raise flows_map_size in the config file, or use --engine reference (no limit)",
