@@ -32,6 +32,17 @@ fn flow(qp: u32) -> FlowKey {
     key(&host(), qp)
 }
 
+/// Flow `qp` as made by hand (`Loaded::insert_flows`): one packet, last seen at `seen`.
+fn made(qp: u32, seen: u64) -> (FlowKey, roce_common::flow::FlowStats) {
+    let stats = roce_common::flow::FlowStats {
+        packets: 1,
+        first_seen_ns: seen,
+        last_seen_ns: seen,
+        ..Default::default()
+    };
+    (flow(qp), stats)
+}
+
 #[test]
 fn the_least_recently_seen_flows_make_room_and_their_slots_come_back_zeroed() {
     let mut h = Harness::load_with(&LoadOptions {
@@ -113,23 +124,13 @@ fn a_full_table_counts_insert_failures_and_keeps_every_flow_it_has() {
 fn an_adopted_table_gets_back_the_slots_its_last_agent_had_evicted() {
     use roce_agent::loader::{load_pinned, LoadError};
     use roce_agent::pin::PinDir;
-    use roce_common::flow::FlowStats;
     let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
     let dir = bpffs.pin_dir();
     let opts = LoadOptions {
         flows_max_entries: SLOTS,
         ..LoadOptions::default()
     };
-    let made = |qp: u32| {
-        let seen = qp as u64 * 1_000_000;
-        let stats = FlowStats {
-            packets: 1,
-            first_seen_ns: seen,
-            last_seen_ns: seen,
-            ..FlowStats::default()
-        };
-        (flow(qp), stats)
-    };
+    let made = |qp: u32| made(qp, qp as u64 * 1_000_000);
     {
         let mut loaded =
             load_pinned(&opts, PinDir::prepare(&dir).expect("pin directory")).expect("load");
@@ -165,21 +166,12 @@ fn an_adopted_table_gets_back_the_slots_its_last_agent_had_evicted() {
 #[test]
 fn eviction_takes_back_a_stale_slot_without_deleting_the_live_flows_key() {
     use aya::maps::{HashMap, Map, MapData};
-    use roce_common::flow::{FlowKey4, FlowStats};
+    use roce_common::flow::FlowKey4;
     use roce_common::names::map;
     let mut h = Harness::load_with(&LoadOptions {
         flows_max_entries: SLOTS,
         ..LoadOptions::default()
     });
-    let made = |qp: u32, seen: u64| {
-        let stats = FlowStats {
-            packets: 1,
-            first_seen_ns: seen,
-            last_seen_ns: seen,
-            ..FlowStats::default()
-        };
-        (flow(qp), stats)
-    };
     let loaded = h.loaded_mut();
     assert_eq!(loaded.insert_flows(&[made(1, 1)]).expect("flow 1"), 1);
     let stale = loaded
