@@ -19,34 +19,17 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use roce_common::flow::{FlowSlot, SLOT_EVICTED, SLOT_LIVE};
 
-use crate::sys;
-
 /// Slots mapped at a time while the table is read: 1 MiB. A window is mapped, read and
 /// unmapped in turn, so the agent's memory never holds the whole table (a million
 /// flows are 256 MB of kernel memory, which a mapping would count in the agent's RSS
 /// as well); mapping costs about 0.4 µs a page (BENCHMARKS.md, "Flow slots").
 const WINDOW_SLOTS: usize = 4096;
 
-/// bpf(2) commands (include/uapi/linux/bpf.h, `enum bpf_cmd`).
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-
-/// `union bpf_attr` as BPF_MAP_LOOKUP_ELEM and BPF_MAP_UPDATE_ELEM read it.
-#[repr(C)]
-#[derive(Default)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-/// FLOW_SLOTS as the agent reads and writes it. The programs write it at the same
-/// time: the table is read through mapped windows ([`Self::for_each_live`]), each slot
-/// copied out whole with volatile loads (a u64 counter is read whole, an aligned load;
-/// a slot's counters may be a packet apart from each other). Single slots are read and
-/// written with bpf(2).
+/// FLOW_SLOTS as the agent reads it whole. The programs write it at the same time:
+/// the table is read through mapped windows ([`Self::for_each_live`]), each slot
+/// copied out with volatile loads (a u64 counter is read whole, an aligned load; a
+/// slot's counters may be a packet apart from each other). Single slots are read and
+/// written through the map (`Loaded`).
 pub struct FlowSlots {
     fd: OwnedFd,
     len: usize,
@@ -116,34 +99,6 @@ impl FlowSlots {
             );
         }
         Ok(out)
-    }
-
-    /// A copy of slot `i`.
-    pub fn read(&self, i: u32) -> io::Result<FlowSlot> {
-        let mut slot = FlowSlot::default();
-        let mut attr = ElemAttr {
-            map_fd: self.fd.as_raw_fd() as u32,
-            key: &raw const i as u64,
-            value: &raw mut slot as u64,
-            ..ElemAttr::default()
-        };
-        // SAFETY: `key` points at a u32 index and `value` at a FlowSlot, the map's key
-        // and value sizes; both live for the call.
-        unsafe { sys::bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) }?;
-        Ok(slot)
-    }
-
-    /// Writes slot `i` whole (a zeroed one to give it back, or a flow made by hand).
-    pub fn write(&self, i: u32, slot: &FlowSlot) -> io::Result<()> {
-        let mut attr = ElemAttr {
-            map_fd: self.fd.as_raw_fd() as u32,
-            key: &raw const i as u64,
-            value: slot as *const FlowSlot as u64,
-            ..ElemAttr::default()
-        };
-        // SAFETY: as in `read`; the kernel only reads both.
-        unsafe { sys::bpf(BPF_MAP_UPDATE_ELEM, &mut attr) }?;
-        Ok(())
     }
 }
 

@@ -599,7 +599,7 @@ impl Loaded {
             .map(|&(_, i)| i)
             .collect();
         for &i in &chosen {
-            let mut slot = self.slots.read(i).map_err(LoadError::Slots)?;
+            let mut slot = self.read_slot(i)?;
             // The key first: from then on no new packet finds the slot. A key that
             // points elsewhere (or nowhere) is not this slot's to delete: the slot was
             // left live by an agent that died mid-eviction, and is taken back all the
@@ -608,7 +608,7 @@ impl Loaded {
                 self.forget_key(&slot.key)?;
             }
             slot.state = SLOT_EVICTED;
-            self.slots.write(i, &slot).map_err(LoadError::Slots)?;
+            self.write_slot(i, &slot)?;
         }
         self.evictions += chosen.len() as u64;
         tracing::info!(
@@ -642,12 +642,29 @@ impl Loaded {
 
     /// Zeroes slots `indexes` and queues them on FLOW_FREE.
     fn give_back(&mut self, indexes: &[u32]) -> Result<(), LoadError> {
-        for &i in indexes {
-            self.slots
-                .write(i, &FlowSlot::default())
-                .map_err(LoadError::Slots)?;
-        }
+        self.zero_slots(indexes)?;
         self.queue_free(indexes)
+    }
+
+    /// A copy of slot `i` of FLOW_SLOTS.
+    fn read_slot(&self, i: u32) -> Result<FlowSlot, LoadError> {
+        let slots: Array<&MapData, FlowSlot> = typed_map(&self.ebpf, map::FLOW_SLOTS)?;
+        slots.get(&i, 0).map_err(map_error(map::FLOW_SLOTS))
+    }
+
+    /// Writes slot `i` of FLOW_SLOTS whole.
+    fn write_slot(&mut self, i: u32, slot: &FlowSlot) -> Result<(), LoadError> {
+        let mut slots: Array<&mut MapData, FlowSlot> =
+            typed_map_mut(&mut self.ebpf, map::FLOW_SLOTS)?;
+        slots.set(i, slot, 0).map_err(map_error(map::FLOW_SLOTS))
+    }
+
+    /// Zeroes slots `indexes`.
+    fn zero_slots(&mut self, indexes: &[u32]) -> Result<(), LoadError> {
+        for &i in indexes {
+            self.write_slot(i, &FlowSlot::default())?;
+        }
+        Ok(())
     }
 
     /// Queues slots `indexes` (zero already) on FLOW_FREE.
@@ -676,34 +693,34 @@ impl Loaded {
         let mut index4 = Vec::new();
         let mut keys = Vec::new();
         let mut index = Vec::new();
-        let mut full = false;
+        let mut taken = Vec::with_capacity(new.len());
         {
             let mut free: Queue<&mut MapData, u32> = typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
-            for (key, stats) in new {
-                let i = match free.pop(0) {
-                    Ok(i) => i,
-                    Err(MapError::ElementNotFound) => {
-                        full = true;
-                        break;
-                    }
+            while taken.len() < new.len() {
+                match free.pop(0) {
+                    Ok(i) => taken.push(i),
+                    Err(MapError::ElementNotFound) => break,
                     Err(source) => return Err(map_error(map::FLOW_FREE)(source)),
-                };
-                let slot = FlowSlot {
-                    stats: *stats,
-                    key: *key,
-                    state: SLOT_LIVE,
-                    ..FlowSlot::default()
-                };
-                self.slots.write(i, &slot).map_err(LoadError::Slots)?;
-                match FlowKey4::narrow(key) {
-                    Some(k4) => {
-                        keys4.push(k4);
-                        index4.push(i as u64);
-                    }
-                    None => {
-                        keys.push(*key);
-                        index.push(i as u64);
-                    }
+                }
+            }
+        }
+        let full = taken.len() < new.len();
+        for (&i, (key, stats)) in taken.iter().zip(new) {
+            let slot = FlowSlot {
+                stats: *stats,
+                key: *key,
+                state: SLOT_LIVE,
+                ..FlowSlot::default()
+            };
+            self.write_slot(i, &slot)?;
+            match FlowKey4::narrow(key) {
+                Some(k4) => {
+                    keys4.push(k4);
+                    index4.push(i as u64);
+                }
+                None => {
+                    keys.push(*key);
+                    index.push(i as u64);
                 }
             }
         }
@@ -737,11 +754,7 @@ impl Loaded {
         self.slots
             .for_each_live(|i, _| used.push(i as u32))
             .map_err(LoadError::Slots)?;
-        for &i in &used {
-            self.slots
-                .write(i, &FlowSlot::default())
-                .map_err(LoadError::Slots)?;
-        }
+        self.zero_slots(&used)?;
         {
             let mut free: Queue<&mut MapData, u32> = typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
             while free.pop(0).is_ok() {}
