@@ -20,7 +20,8 @@ use aya::Ebpf;
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS, LAYOUT_VERSION};
 use roce_common::counters::STATS_LEN;
 use roce_common::event::EVENTS_RING_BYTES;
-use roce_common::flow::{FlowKey, FlowKey4, FlowSlot, FlowStats, SLOT_EVICTED, SLOT_LIVE};
+use roce_common::flow::{FlowKey, FlowKey4, FlowKeyMid, FlowSlot, FlowStats, ShapedKey};
+use roce_common::flow::{SLOT_EVICTED, SLOT_LIVE};
 use roce_common::policy::{
     DscpEntry, IfaceQos, Policy, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
@@ -110,9 +111,9 @@ impl Default for LoadOptions {
 }
 
 /// The kernel memory of the flow table at `entries` flows on a host of `cpus` possible
-/// CPUs: FLOWS4 and FLOWS (hash maps allocate every entry up front, plus one spare a
-/// CPU), FLOW_SLOTS (256 bytes a flow, shared by all CPUs) and FLOW_FREE. 65,536 flows
-/// cost about 33 MB whatever the CPU count. `tests/tests/names.rs` holds this against
+/// CPUs: FLOWS4, FLOWS_MID and FLOWS (hash maps allocate every entry up front, plus
+/// one spare a CPU), FLOW_SLOTS (256 bytes a flow, shared by all CPUs) and FLOW_FREE.
+/// 65,536 flows cost about 39 MB whatever the CPU count. `tests/tests/names.rs` holds this against
 /// the kernel's own figure (a map's `memlock` in fdinfo).
 pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
     // struct htab_elem before the key (hash node, LRU node and hash), and a hash
@@ -126,7 +127,11 @@ pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
     };
     let slots = (n * size_of::<FlowSlot>() as u64).next_multiple_of(4096);
     let free = (n + 1) * 4;
-    table(size_of::<FlowKey4>()) + table(size_of::<FlowKey>()) + slots + free
+    table(size_of::<FlowKey4>())
+        + table(size_of::<FlowKeyMid>())
+        + table(size_of::<FlowKey>())
+        + slots
+        + free
 }
 
 /// How an XDP program ended up attached.
@@ -233,6 +238,7 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
     loader
         .map_max_entries(map::FLOWS, opts.flows_max_entries)
         .map_max_entries(map::FLOWS4, opts.flows_max_entries)
+        .map_max_entries(map::FLOWS_MID, opts.flows_max_entries)
         .map_max_entries(map::FLOW_SLOTS, opts.flows_max_entries)
         .map_max_entries(map::FLOW_FREE, opts.flows_max_entries)
         .map_max_entries(map::EVENTS, opts.events_ring_bytes);
@@ -544,22 +550,23 @@ impl Loaded {
             .map_err(LoadError::Slots)
     }
 
-    /// The FLOW_SLOTS index FLOWS4 or FLOWS gives `key`'s flow, if it is in the table.
+    /// The FLOW_SLOTS index that FLOWS4, FLOWS_MID or FLOWS (by the key's shape) gives
+    /// `key`'s flow, if it is in the table.
     pub fn flow_index(&self, key: &FlowKey) -> Result<Option<u32>, LoadError> {
-        let found = match FlowKey4::narrow(key) {
-            Some(k4) => {
-                let m: HashMap<&MapData, FlowKey4, u64> = typed_map(&self.ebpf, map::FLOWS4)?;
-                m.get(&k4, 0)
-            }
-            None => {
-                let m: HashMap<&MapData, FlowKey, u64> = typed_map(&self.ebpf, map::FLOWS)?;
-                m.get(key, 0)
-            }
-        };
-        match found {
+        match ShapedKey::of(key) {
+            ShapedKey::Plain4(k) => self.index_in(map::FLOWS4, &k),
+            ShapedKey::Mid(k) => self.index_in(map::FLOWS_MID, &k),
+            ShapedKey::Wide(k) => self.index_in(map::FLOWS, &k),
+        }
+    }
+
+    /// The slot index flow table `name` holds under `key`.
+    fn index_in<K: aya::Pod>(&self, name: &'static str, key: &K) -> Result<Option<u32>, LoadError> {
+        let m: HashMap<&MapData, K, u64> = typed_map(&self.ebpf, name)?;
+        match m.get(key, 0) {
             Ok(i) => Ok(Some(i as u32)),
             Err(MapError::KeyNotFound) => Ok(None),
-            Err(source) => Err(map_error(map::FLOWS)(source)),
+            Err(source) => Err(map_error(name)(source)),
         }
     }
 
@@ -620,23 +627,20 @@ impl Loaded {
         Ok(self.evicted.len())
     }
 
-    /// Removes `key` from FLOWS4 or FLOWS (already gone is fine).
+    /// Removes `key` from its flow table (already gone is fine).
     fn forget_key(&mut self, key: &FlowKey) -> Result<(), LoadError> {
-        let removed = match FlowKey4::narrow(key) {
-            Some(k4) => {
-                let mut m: HashMap<&mut MapData, FlowKey4, u64> =
-                    typed_map_mut(&mut self.ebpf, map::FLOWS4)?;
-                m.remove(&k4)
-            }
-            None => {
-                let mut m: HashMap<&mut MapData, FlowKey, u64> =
-                    typed_map_mut(&mut self.ebpf, map::FLOWS)?;
-                m.remove(key)
-            }
-        };
-        match removed {
+        match ShapedKey::of(key) {
+            ShapedKey::Plain4(k) => self.remove_from(map::FLOWS4, &k),
+            ShapedKey::Mid(k) => self.remove_from(map::FLOWS_MID, &k),
+            ShapedKey::Wide(k) => self.remove_from(map::FLOWS, &k),
+        }
+    }
+
+    fn remove_from<K: aya::Pod>(&mut self, name: &'static str, key: &K) -> Result<(), LoadError> {
+        let mut m: HashMap<&mut MapData, K, u64> = typed_map_mut(&mut self.ebpf, name)?;
+        match m.remove(key) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(source) => Err(map_error(map::FLOWS)(source)),
+            Err(source) => Err(map_error(name)(source)),
         }
     }
 
@@ -689,10 +693,9 @@ impl Loaded {
                 new.push((key, stats));
             }
         }
-        let mut keys4 = Vec::new();
-        let mut index4 = Vec::new();
-        let mut keys = Vec::new();
-        let mut index = Vec::new();
+        let (mut keys4, mut index4) = (Vec::new(), Vec::new());
+        let (mut keys_mid, mut index_mid) = (Vec::new(), Vec::new());
+        let (mut keys, mut index) = (Vec::new(), Vec::new());
         let mut taken = Vec::with_capacity(new.len());
         {
             let mut free: Queue<&mut MapData, u32> = typed_map_mut(&mut self.ebpf, map::FLOW_FREE)?;
@@ -713,26 +716,19 @@ impl Loaded {
                 ..FlowSlot::default()
             };
             self.write_slot(i, &slot)?;
-            match FlowKey4::narrow(key) {
-                Some(k4) => {
-                    keys4.push(k4);
-                    index4.push(i as u64);
-                }
-                None => {
-                    keys.push(*key);
-                    index.push(i as u64);
-                }
-            }
+            match ShapedKey::of(key) {
+                ShapedKey::Plain4(k) => (keys4.push(k), index4.push(i as u64)),
+                ShapedKey::Mid(k) => (keys_mid.push(k), index_mid.push(i as u64)),
+                ShapedKey::Wide(k) => (keys.push(k), index.push(i as u64)),
+            };
         }
-        let batch_error = |name| move |source| LoadError::Batch { name, source };
-        batch::update_batch(self.map_fd(map::FLOWS4)?, &keys4, &index4, 1)
-            .map_err(batch_error(map::FLOWS4))?;
-        batch::update_batch(self.map_fd(map::FLOWS)?, &keys, &index, 1)
-            .map_err(batch_error(map::FLOWS))?;
+        self.update_flow_map(map::FLOWS4, &keys4, &index4)?;
+        self.update_flow_map(map::FLOWS_MID, &keys_mid, &index_mid)?;
+        self.update_flow_map(map::FLOWS, &keys, &index)?;
         if full {
             return Err(LoadError::SlotsFull);
         }
-        Ok(keys4.len() + keys.len())
+        Ok(keys4.len() + keys_mid.len() + keys.len())
     }
 
     /// STATS summed over CPUs.
@@ -749,6 +745,7 @@ impl Loaded {
     /// Empties the flow table and zeroes STATS (tests run many cases through one load).
     pub fn reset(&mut self) -> Result<(), LoadError> {
         self.empty_flow_map::<FlowKey4>(map::FLOWS4)?;
+        self.empty_flow_map::<FlowKeyMid>(map::FLOWS_MID)?;
         self.empty_flow_map::<FlowKey>(map::FLOWS)?;
         let mut used = self.slots.evicted().map_err(LoadError::Slots)?;
         self.slots
@@ -954,6 +951,17 @@ impl Loaded {
 
 impl Loaded {
     /// Removes every entry of one flow map.
+    /// Writes `keys` -> `indexes` into flow table `name` in one batch call.
+    fn update_flow_map<K: aya::Pod>(
+        &self,
+        name: &'static str,
+        keys: &[K],
+        indexes: &[u64],
+    ) -> Result<(), LoadError> {
+        batch::update_batch(self.map_fd(name)?, keys, indexes, 1)
+            .map_err(|source| LoadError::Batch { name, source })
+    }
+
     fn empty_flow_map<K: aya::Pod>(&mut self, name: &'static str) -> Result<(), LoadError> {
         let keys: Vec<K> = {
             let map: HashMap<&MapData, K, u64> = typed_map(&self.ebpf, name)?;

@@ -103,6 +103,101 @@ impl FlowKey4 {
     }
 }
 
+/// `FlowKeyMid::qp_flags`: the key's `KEY_*` flags sit above the 24-bit QP.
+const MID_FLAGS_SHIFT: u32 = 24;
+
+/// The key of a plain IPv6 flow, or of an IPv4 flow in VXLAN over IPv4, in FLOWS_MID:
+/// the same flow as its [`FlowKey`] (see [`FlowKeyMid::widen`]) in 40 bytes. The
+/// kernel's hash (jhash) costs a round per 12 bytes of key, and on the 80-byte key it
+/// was most of the IPv6 and VXLAN packets' time (BENCHMARKS.md, "Keys by shape").
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKeyMid {
+    /// Plain IPv6: source then destination address. IPv4 in VXLAN over IPv4: outer
+    /// source, outer destination, inner source, inner destination, VNI, then zeros.
+    /// All raw (network order), as in [`FlowKey`].
+    pub addr: [u32; 8],
+    /// BTH destination QP, with the wide key's `KEY_*` flags (shape and direction) in
+    /// the top byte, so that the two shapes never share a key.
+    pub qp_flags: u32,
+    pub ifindex: u32,
+}
+
+impl FlowKeyMid {
+    /// The 40-byte key of a wide one, when the flow is plain IPv6 or IPv4 in VXLAN
+    /// over IPv4.
+    #[inline(always)]
+    pub fn narrow(key: &FlowKey) -> Option<FlowKeyMid> {
+        let addr = match key.flags & !KEY_EGRESS {
+            KEY_OUTER_V6 => [
+                key.src[0], key.src[1], key.src[2], key.src[3], key.dst[0], key.dst[1], key.dst[2],
+                key.dst[3],
+            ],
+            KEY_TUNNELLED => [
+                key.src[3],
+                key.dst[3],
+                key.inner_src[3],
+                key.inner_dst[3],
+                key.vni,
+                0,
+                0,
+                0,
+            ],
+            _ => return None,
+        };
+        Some(FlowKeyMid {
+            addr,
+            qp_flags: key.dest_qp | key.flags << MID_FLAGS_SHIFT,
+            ifindex: key.ifindex,
+        })
+    }
+
+    /// The wide key of the same flow, as the flows document and events show it.
+    pub fn widen(&self) -> FlowKey {
+        let flags = self.qp_flags >> MID_FLAGS_SHIFT;
+        let a = &self.addr;
+        let mut key = FlowKey {
+            dest_qp: self.qp_flags & ((1 << MID_FLAGS_SHIFT) - 1),
+            ifindex: self.ifindex,
+            flags,
+            ..FlowKey::default()
+        };
+        if flags & KEY_TUNNELLED != 0 {
+            key.src = addr_v4_mapped(a[0]);
+            key.dst = addr_v4_mapped(a[1]);
+            key.inner_src = addr_v4_mapped(a[2]);
+            key.inner_dst = addr_v4_mapped(a[3]);
+            key.vni = a[4];
+        } else {
+            key.src = [a[0], a[1], a[2], a[3]];
+            key.dst = [a[4], a[5], a[6], a[7]];
+        }
+        key
+    }
+}
+
+/// A flow key as the table that holds it spells it: the compact key in FLOWS4, the
+/// 40-byte one in FLOWS_MID, the wide one (IPv6 on either side of a tunnel) in FLOWS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShapedKey {
+    Plain4(FlowKey4),
+    Mid(FlowKeyMid),
+    Wide(FlowKey),
+}
+
+impl ShapedKey {
+    #[inline(always)]
+    pub fn of(key: &FlowKey) -> ShapedKey {
+        if let Some(k) = FlowKey4::narrow(key) {
+            ShapedKey::Plain4(k)
+        } else if let Some(k) = FlowKeyMid::narrow(key) {
+            ShapedKey::Mid(k)
+        } else {
+            ShapedKey::Wide(*key)
+        }
+    }
+}
+
 /// The IPv4-mapped form of a raw IPv4 address word.
 #[inline(always)]
 pub fn addr_v4_mapped(raw: u32) -> [u32; 4] {
@@ -294,6 +389,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<FlowStats>(), 160);
         assert_eq!(core::mem::size_of::<FlowKey>(), 80);
         assert_eq!(core::mem::size_of::<FlowKey4>(), 16);
+        assert_eq!(core::mem::size_of::<FlowKeyMid>(), 40);
         assert_eq!(core::mem::size_of::<FlowStats>() % 8, 0);
     }
 
@@ -315,6 +411,74 @@ mod tests {
         for flags in [KEY_OUTER_V6, KEY_TUNNELLED, KEY_TUNNELLED | KEY_INNER_V6] {
             assert_eq!(FlowKey4::narrow(&FlowKey { flags, ..plain }), None);
         }
+    }
+
+    #[test]
+    fn each_shape_has_one_table_and_its_key_widens_back() {
+        let v4 = |last| addr_v4_mapped(u32::from_ne_bytes([198, 18, 0, last]));
+        let v6 = |last| [u32::from_ne_bytes([0x20, 0x01, 0x0d, 0xb8]), 0, 0, last];
+        let plain4 = FlowKey {
+            src: v4(1),
+            dst: v4(2),
+            dest_qp: 0x00ab_cdef,
+            ifindex: 7,
+            ..Default::default()
+        };
+        let plain6 = FlowKey {
+            src: v6(1),
+            dst: v6(2),
+            flags: KEY_OUTER_V6,
+            ..plain4
+        };
+        let tunnel4 = FlowKey {
+            inner_src: v4(3),
+            inner_dst: v4(4),
+            vni: 0x12_3456,
+            flags: KEY_TUNNELLED,
+            ..plain4
+        };
+        let tunnel6 = FlowKey {
+            inner_src: v6(3),
+            inner_dst: v6(4),
+            flags: KEY_TUNNELLED | KEY_INNER_V6,
+            ..tunnel4
+        };
+        let over6 = FlowKey {
+            src: v6(1),
+            dst: v6(2),
+            flags: KEY_TUNNELLED | KEY_OUTER_V6,
+            ..tunnel4
+        };
+        for egress in [0, KEY_EGRESS] {
+            let with = |k: FlowKey| FlowKey {
+                flags: k.flags | egress,
+                ..k
+            };
+            match ShapedKey::of(&with(plain4)) {
+                ShapedKey::Plain4(k) => assert_eq!(k.widen(), with(plain4)),
+                other => panic!("{other:?}"),
+            }
+            for mid in [plain6, tunnel4] {
+                match ShapedKey::of(&with(mid)) {
+                    ShapedKey::Mid(k) => assert_eq!(k.widen(), with(mid)),
+                    other => panic!("{other:?}"),
+                }
+            }
+            for wide in [tunnel6, over6] {
+                assert_eq!(ShapedKey::of(&with(wide)), ShapedKey::Wide(with(wide)));
+            }
+        }
+        // The same words in both mid shapes are two flows: the flags tell them apart.
+        let a = FlowKeyMid::narrow(&tunnel4).expect("mid");
+        let b = FlowKeyMid::narrow(&FlowKey {
+            src: [a.addr[0], a.addr[1], a.addr[2], a.addr[3]],
+            dst: [a.addr[4], 0, 0, 0],
+            flags: KEY_OUTER_V6,
+            ..plain4
+        })
+        .expect("mid");
+        assert_eq!(a.addr, b.addr);
+        assert_ne!(a, b);
     }
 
     fn packet(opcode: u8, psn: u32, outer_tos: u8) -> Parsed {

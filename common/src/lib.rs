@@ -30,6 +30,7 @@ mod pod {
     // SAFETY: all of these are #[repr(C)], made of integers only, with explicit padding.
     unsafe impl aya::Pod for crate::flow::FlowKey {}
     unsafe impl aya::Pod for crate::flow::FlowKey4 {}
+    unsafe impl aya::Pod for crate::flow::FlowKeyMid {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
     unsafe impl aya::Pod for crate::flow::FlowSlot {}
     unsafe impl aya::Pod for crate::config::RuntimeConfig {}

@@ -5,10 +5,14 @@
 
 /// Map names (`ebpf/src/maps.rs`).
 pub mod map {
-    /// Wide flow key (IPv6 or tunnelled) -> index of its slot in FLOW_SLOTS.
+    /// Wide flow key (a tunnel with IPv6 outside or inside) -> index of its slot in
+    /// FLOW_SLOTS.
     pub const FLOWS: &str = "FLOWS";
     /// Compact key of a plain IPv4 flow (`flow::FlowKey4`) -> index in FLOW_SLOTS.
     pub const FLOWS4: &str = "FLOWS4";
+    /// 40-byte key of a plain IPv6 flow or of IPv4 in VXLAN over IPv4
+    /// (`flow::FlowKeyMid`) -> index in FLOW_SLOTS.
+    pub const FLOWS_MID: &str = "FLOWS_MID";
     /// The flows' counters and keys (`flow::FlowSlot`), shared by all CPUs; the agent
     /// maps it into its memory.
     pub const FLOW_SLOTS: &str = "FLOW_SLOTS";
@@ -40,9 +44,10 @@ pub mod map {
     pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         FLOWS,
         FLOWS4,
+        FLOWS_MID,
         FLOW_SLOTS,
         FLOW_FREE,
         STATS,

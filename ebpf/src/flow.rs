@@ -1,8 +1,9 @@
 //! Counting one RoCE packet on its flow: shared by `xdp_classify` (ingress) and
 //! `tc_egress_flows` (egress), so both directions follow the same counting rules
 //! (`FlowStats::record`) and emit the same sampled events (`events.rs`). Plain IPv4
-//! flows live in FLOWS4 under the 16-byte key, the others in FLOWS under the wide one;
-//! both point into FLOW_SLOTS, where the counters are.
+//! flows live in FLOWS4 under the 16-byte key, plain IPv6 and IPv4 in VXLAN over IPv4
+//! in FLOWS_MID under the 40-byte one, the others in FLOWS under the wide one; all
+//! three point into FLOW_SLOTS, where the counters are.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
@@ -11,11 +12,11 @@ use roce_common::classify::Parsed;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED};
 use roce_common::event::{Trouble, EVENTS_OFF};
-use roce_common::flow::{FlowKey, FlowKey4, FlowSlot, KEY4_EGRESS, KEY_EGRESS};
+use roce_common::flow::{FlowKey, FlowKey4, FlowKeyMid, FlowSlot, KEY4_EGRESS, KEY_EGRESS};
 use roce_common::flow::{SLOT_FREE, SLOT_LIVE};
 
 use crate::events::{emit, FrameHead};
-use crate::maps::{bump, FLOWS, FLOWS4, FLOW_FREE, FLOW_SLOTS};
+use crate::maps::{bump, FLOWS, FLOWS4, FLOWS_MID, FLOW_FREE, FLOW_SLOTS};
 
 /// Counts `parsed` (a frame of `frame_len` bytes) on the flow of its key seen on
 /// `ifindex`, on egress when `egress`, then writes the events the packet calls for
@@ -44,7 +45,10 @@ pub fn count_on_flow<C: FrameHead>(
         if egress {
             key.flags |= KEY_EGRESS;
         }
-        flow_slot(&FLOWS, &key, || key)
+        match FlowKeyMid::narrow(&key) {
+            Some(mid) => flow_slot(&FLOWS_MID, &mid, || key),
+            None => flow_slot(&FLOWS, &key, || key),
+        }
     };
     let Some(slot) = slot else {
         return;

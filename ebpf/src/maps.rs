@@ -5,15 +5,16 @@ use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, Queue};
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
 use roce_common::counters::STATS_LEN;
-use roce_common::flow::{FlowKey, FlowKey4, FlowSlot};
+use roce_common::flow::{FlowKey, FlowKey4, FlowKeyMid, FlowSlot};
 pub use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN};
 use roce_common::policy::{
     DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
 
-/// IPv6 and tunnelled flows: key -> index of the flow's slot in FLOW_SLOTS (a u64:
-/// the agent reads the table with batch calls, whose values are whole words). The agent
-/// sizes FLOWS, FLOWS4, FLOW_SLOTS and FLOW_FREE alike from its configuration.
+/// Tunnels with IPv6 outside or inside: key -> index of the flow's slot in FLOW_SLOTS
+/// (a u64: the agent writes the tables with batch calls, whose values are whole
+/// words). The agent sizes FLOWS, FLOWS4, FLOWS_MID, FLOW_SLOTS and FLOW_FREE alike
+/// from its configuration.
 #[map]
 pub static FLOWS: HashMap<FlowKey, u64> = HashMap::with_max_entries(65536, 0);
 
@@ -21,6 +22,10 @@ pub static FLOWS: HashMap<FlowKey, u64> = HashMap::with_max_entries(65536, 0);
 /// 80) -> slot index.
 #[map]
 pub static FLOWS4: HashMap<FlowKey4, u64> = HashMap::with_max_entries(65536, 0);
+
+/// Plain IPv6 flows and IPv4 in VXLAN over IPv4, under the 40-byte key -> slot index.
+#[map]
+pub static FLOWS_MID: HashMap<FlowKeyMid, u64> = HashMap::with_max_entries(65536, 0);
 
 /// The flows' counters and keys, one value shared by all CPUs (so its size does not
 /// grow with them); mmapable, so that the agent reads it as memory, in order, instead

@@ -25,16 +25,17 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
     assert_eq!(programs, declared);
 }
 
-/// The maps as layout version 2 lays them out: (name, BPF map type, key size, value
+/// The maps as layout version 3 lays them out: (name, BPF map type, key size, value
 /// size, entries; 0 where the configuration sizes the map). A change here is a change
 /// of layout: raise `LAYOUT_VERSION` with it, so that a new binary never reads an old
 /// pin the wrong way.
-const LAYOUT_2: [(&str, u32, u32, u32, u32); 15] = [
+const LAYOUT_3: [(&str, u32, u32, u32, u32); 16] = [
     ("CONFIG", 2, 4, 16, 2),
     ("EVENTS", 27, 0, 0, 0),
     ("EVENT_BUDGET", 6, 4, 32, 1),
     ("FLOWS", 1, 80, 8, 0),
     ("FLOWS4", 1, 16, 8, 0),
+    ("FLOWS_MID", 1, 40, 8, 0),
     ("FLOW_FREE", 22, 0, 4, 0),
     ("FLOW_SLOTS", 2, 4, 256, 0),
     ("GENERATION", 2, 4, 8, 1),
@@ -49,10 +50,11 @@ const LAYOUT_2: [(&str, u32, u32, u32, u32); 15] = [
 
 /// Maps whose size is not part of the layout (the configuration or a counter list
 /// sets it).
-const SIZED_ELSEWHERE: [&str; 6] = [
+const SIZED_ELSEWHERE: [&str; 7] = [
     "EVENTS",
     "FLOWS",
     "FLOWS4",
+    "FLOWS_MID",
     "FLOW_FREE",
     "FLOW_SLOTS",
     "STATS",
@@ -62,7 +64,7 @@ const SIZED_ELSEWHERE: [&str; 6] = [
 fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     assert_eq!(
         roce_common::config::LAYOUT_VERSION,
-        2,
+        3,
         "a new version: give it its table"
     );
     let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
@@ -82,7 +84,7 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     }
     drop(loaded);
     shapes.sort();
-    let mut expected = LAYOUT_2.to_vec();
+    let mut expected = LAYOUT_3.to_vec();
     expected.sort();
     assert_eq!(
         shapes, expected,
@@ -91,7 +93,7 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
 }
 
 /// `loader::flow_tables_kernel_bytes` (what the agent warns with at start) against the
-/// kernel's own account of FLOWS4, FLOWS, FLOW_SLOTS and FLOW_FREE: `memlock` in each
+/// kernel's own account of FLOWS4, FLOWS_MID, FLOWS, FLOW_SLOTS and FLOW_FREE: `memlock` in each
 /// map's fdinfo.
 #[test]
 fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
@@ -104,7 +106,13 @@ fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
         })
         .expect("load");
         let mut kernel = 0u64;
-        for name in [map::FLOWS4, map::FLOWS, map::FLOW_SLOTS, map::FLOW_FREE] {
+        for name in [
+            map::FLOWS4,
+            map::FLOWS_MID,
+            map::FLOWS,
+            map::FLOW_SLOTS,
+            map::FLOW_FREE,
+        ] {
             let fd = loaded.map_fd(name).expect(name);
             let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
                 .expect("fdinfo");
