@@ -233,6 +233,7 @@ impl<P: Packet> Packet for Within<'_, P> {
     }
 }
 
+#[derive(Debug, PartialEq, Eq)]
 enum IpStep {
     Ip(IpLayer),
     NotIp,
@@ -324,28 +325,13 @@ pub fn walk<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Walk {
 #[inline(always)]
 fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outcome {
     let frame = Within::new(p);
-    let Some(eth) = frame.header(0, ETH_HLEN) else {
-        return Outcome::Malformed(Reason::TruncatedEth);
-    };
-    let mut ethertype = eth.be16(12);
-    let mut off = ETH_HLEN;
-    for _ in 0..MAX_VLAN_TAGS {
-        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
-            break;
-        }
-        let Some(tag) = frame.header(off, VLAN_HLEN) else {
-            return Outcome::Malformed(Reason::TruncatedVlan);
-        };
-        ethertype = tag.be16(2);
-        off += VLAN_HLEN;
-    }
-    if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
-        return Outcome::Malformed(Reason::TooManyVlanTags);
-    }
-    let outer = match parse_ip(&frame, off, ethertype, &OUTER) {
-        IpStep::Ip(ip) => ip,
-        IpStep::NotIp => return Outcome::Other(Class::NonIp),
-        IpStep::Bad(r) => return Outcome::Malformed(r),
+    let outer = match untagged_ipv4(&frame) {
+        Some(ip) => ip,
+        None => match outer_ip(&frame) {
+            IpStep::Ip(ip) => ip,
+            IpStep::NotIp => return Outcome::Other(Class::NonIp),
+            IpStep::Bad(r) => return Outcome::Malformed(r),
+        },
     };
     layers.outer = Some(outer);
     if outer.proto != IPPROTO_UDP {
@@ -427,6 +413,57 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outc
         }
         Err(r) => Outcome::Malformed(r),
     }
+}
+
+/// The outer IP layer of the most common frame, Ethernet without VLAN tags and IPv4
+/// without options or fragment offset, read through one window: what [`outer_ip`]
+/// makes of such a frame, in a fraction of its time (none of its branches, spills or
+/// second checks). None for any other frame, which [`outer_ip`] then walks; a test
+/// holds the two equal on every frame.
+#[inline(always)]
+fn untagged_ipv4<P: Packet>(frame: &Within<'_, P>) -> Option<IpLayer> {
+    const L3: usize = ETH_HLEN;
+    let h = frame.header(0, L3 + IPV4_MIN_HLEN)?;
+    let total = h.be16(L3 + 2) as usize;
+    if h.be16(12) != ETH_P_IPV4
+        || h.u8(L3) != 0x45
+        || total < IPV4_MIN_HLEN
+        || h.be16(L3 + 6) & 0x1FFF != 0
+    {
+        return None;
+    }
+    Some(IpLayer {
+        l3: L3,
+        l4: L3 + IPV4_MIN_HLEN,
+        end: frame.ending_at(L3 + total).end,
+        proto: h.u8(L3 + 9),
+        tos: h.u8(L3 + 1),
+        v6: false,
+    })
+}
+
+/// The outer IP layer: Ethernet, up to `MAX_VLAN_TAGS` tags, IPv4 or IPv6.
+#[inline(always)]
+fn outer_ip<P: Packet>(frame: &Within<'_, P>) -> IpStep {
+    let Some(eth) = frame.header(0, ETH_HLEN) else {
+        return IpStep::Bad(Reason::TruncatedEth);
+    };
+    let mut ethertype = eth.be16(12);
+    let mut off = ETH_HLEN;
+    for _ in 0..MAX_VLAN_TAGS {
+        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
+            break;
+        }
+        let Some(tag) = frame.header(off, VLAN_HLEN) else {
+            return IpStep::Bad(Reason::TruncatedVlan);
+        };
+        ethertype = tag.be16(2);
+        off += VLAN_HLEN;
+    }
+    if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
+        return IpStep::Bad(Reason::TooManyVlanTags);
+    }
+    parse_ip(frame, off, ethertype, &OUTER)
 }
 
 /// The flow key of a RoCE packet: outer addresses, and for a tunnelled one the inner
@@ -926,6 +963,45 @@ mod tests {
         let mut o = f.clone();
         set16(&mut o, 34 + 4, 8 + 8 + 14 + 10);
         assert_eq!(run(&o), Outcome::Malformed(Reason::TruncatedInnerIpv4));
+    }
+
+    #[test]
+    fn the_one_window_reading_of_untagged_ipv4_is_the_general_walks() {
+        // Every field the window reads, at values on both sides of each of its tests,
+        // on frames of every length up to past the IPv4 header.
+        let base = ipv4_udp(DEFAULT_ROCE_PORT, &ack());
+        let mut taken = 0;
+        for ethertype in [ETH_P_IPV4, ETH_P_IPV6, ETH_P_8021Q, 0x0806] {
+            for ver_ihl in [0x45u8, 0x44, 0x46, 0x4F, 0x55, 0x65, 0x05] {
+                for total in [0u16, 19, 20, 21, 27, 28, 40, 48, 1500] {
+                    for frag in [0u16, 0x2000, 0x4000, 0x0001, 0x1FFF, 0x8000] {
+                        let mut f = base.clone();
+                        set16(&mut f, 12, ethertype);
+                        f[14] = ver_ihl;
+                        set16(&mut f, 16, total);
+                        set16(&mut f, 20, frag);
+                        for len in [0, 13, 14, 33, 34, 35, 41, 42, f.len()] {
+                            let p = SlicePacket(&f[..len]);
+                            let frame = Within::new(&p);
+                            if let Some(ip) = untagged_ipv4(&frame) {
+                                taken += 1;
+                                assert_eq!(
+                                    outer_ip(&frame),
+                                    IpStep::Ip(ip),
+                                    "{ethertype:#x} {ver_ihl:#x} {total} {frag:#x} cut at {len}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // The window decides the common frames (and only those).
+        assert_eq!(
+            taken,
+            7 * 4 * 5,
+            "total >= 20 (7), offset 0 (4 of 6), frame >= 34 (5)"
+        );
     }
 
     #[test]
