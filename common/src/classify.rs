@@ -318,12 +318,27 @@ fn parse_udp<'a, P: Packet>(
 #[inline(always)]
 pub fn walk<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Walk {
     let mut layers = Layers::default();
-    let outcome = walk_into(p, cfg, &mut layers);
+    let outcome = walk_into(p, cfg, &mut layers, false);
     Walk { outcome, layers }
 }
 
+/// The layers of a frame as far as the inner IP header of a VXLAN packet, and no
+/// further: what the decapsulation check needs, without the inner datagram's walk.
 #[inline(always)]
-fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outcome {
+pub fn tunnel_layers<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Layers {
+    let mut layers = Layers::default();
+    // The outcome of a walk that stops early says nothing: only the layers are kept.
+    let _ = walk_into(p, cfg, &mut layers, true);
+    layers
+}
+
+#[inline(always)]
+fn walk_into<P: Packet>(
+    p: &P,
+    cfg: &RuntimeConfig,
+    layers: &mut Layers,
+    to_inner_ip: bool,
+) -> Outcome {
     let frame = Within::new(p);
     let outer = match common_ip(&frame, 0) {
         Some(ip) => ip,
@@ -390,7 +405,7 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers) -> Outc
         }
     };
     layers.inner = Some(inner);
-    if inner.proto != IPPROTO_UDP {
+    if to_inner_ip || inner.proto != IPPROTO_UDP {
         return Outcome::Other(Class::VxlanOther);
     }
     let inner_udp = match parse_udp(&q.ending_at(inner.end), inner.l4, &INNER) {

@@ -9,7 +9,7 @@
 //! maps the agent fills ([`QosConfig`], [`DscpEntry`], [`IfaceQos`]).
 
 use crate::bth;
-use crate::classify::{ip_addresses, walk};
+use crate::classify::{ip_addresses, tunnel_layers, walk};
 use crate::config::RuntimeConfig;
 use crate::counters::*;
 use crate::flow::addr_v4_mapped;
@@ -534,7 +534,7 @@ pub fn decap_check<P: Packet, T: DscpTable>(
     cfg: &RuntimeConfig,
     table: &T,
 ) -> Option<DecapCheck> {
-    let layers = walk(p, cfg).layers;
+    let layers = tunnel_layers(p, cfg);
     let ip = layers.outer?;
     let inner_tos = layers.inner?.tos;
     let expected = table.entry(dscp_of(inner_tos))?.vtep_outer & 0x3F;

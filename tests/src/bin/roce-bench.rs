@@ -270,11 +270,21 @@ fn tc_cases() -> Vec<TcCase> {
         },
         TcCase {
             name: "tc_egress_roce_ipv6_rewritten",
-            frame: frame::roce_frame(&eth, &v6.with_tos(2), 0xC000, &write),
+            frame: frame::roce_frame(&eth, &v6.clone().with_tos(2), 0xC000, &write),
             iface: enforce,
             program: loader::TC_EGRESS,
             rewrites: true,
             egress_flows: true,
+        },
+        // The decision alone, as the policy made it before egress flows were counted
+        // (the TC_TAIL slot emptied): what the tc programs cost against their past.
+        TcCase {
+            name: "tc_egress_roce_ipv6_rewritten_decision_only",
+            frame: frame::roce_frame(&eth, &v6.with_tos(2), 0xC000, &write),
+            iface: enforce,
+            program: loader::TC_EGRESS,
+            rewrites: true,
+            egress_flows: false,
         },
         TcCase {
             name: "tc_egress_vtep_ipv4_propagated",
@@ -283,6 +293,14 @@ fn tc_cases() -> Vec<TcCase> {
             program: loader::TC_EGRESS,
             rewrites: true,
             egress_flows: true,
+        },
+        TcCase {
+            name: "tc_egress_vtep_ipv4_propagated_decision_only",
+            frame: frame::vxlan_frame(&eth, &L3::v4(a4, b4), 0xD000, 5001, &inner),
+            iface: vtep,
+            program: loader::TC_EGRESS,
+            rewrites: true,
+            egress_flows: false,
         },
         TcCase {
             name: "tc_ingress_decap_check",
