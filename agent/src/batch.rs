@@ -1,5 +1,5 @@
 //! Hash map entries written a chunk per syscall (BPF_MAP_UPDATE_BATCH; aya 0.14 has no
-//! batch API): `Loaded::insert_flows` puts a million flow keys into FLOWS4 and FLOWS
+//! batch API): `Loaded::insert_flows` puts a million flow keys into FLOWS4, FLOWS_MID and FLOWS
 //! in about a second, where one syscall an entry takes several.
 
 use std::io;

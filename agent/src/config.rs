@@ -47,7 +47,7 @@ use crate::loader::LoadOptions;
 /// Where the JSON API listens when neither `--listen` nor `listen` says otherwise:
 /// loopback only, port 9473.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9473";
-/// Seconds between two polls of FLOWS and STATS.
+/// Seconds between two polls of the flow table and STATS.
 pub const DEFAULT_INTERVAL_SECS: f64 = 1.0;
 /// Flows of the kernel's flow table.
 pub const DEFAULT_FLOWS_MAP_SIZE: u32 = 65536;

@@ -1,6 +1,6 @@
 //! The user side of the kernel's flow table (docs/architecture.md, "The flow table").
 //!
-//! FLOWS4 and FLOWS map a flow's key to a slot of FLOW_SLOTS, which holds the flow's
+//! FLOWS4, FLOWS_MID and FLOWS map a flow's key to a slot of FLOW_SLOTS, which holds the flow's
 //! counters (one value for all CPUs, added to atomically) and its wide key. FLOW_FREE
 //! queues the free slots; a program takes one for a new flow. The agent:
 //! - maps FLOW_SLOTS into its memory and reads it in order ([`FlowSlots`]): a million

@@ -1,5 +1,5 @@
 //! Loading the kernel object, writing CONFIG, QOS and POLICY (a generation at a
-//! time), attaching XDP, and reading FLOWS/STATS (the EVENTS ring buffer is taken out
+//! time), attaching XDP, and reading the flow table and STATS (the EVENTS ring buffer is taken out
 //! by `events_reader`). Loading, attaching and reading are separate steps.
 //!
 //! Without a pin directory the links detach when dropped. With one (`pin::PinDir`)

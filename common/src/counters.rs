@@ -97,7 +97,7 @@ macro_rules! for_each_flow_table_counter {
             /// A flow entry was created (evictions = created - entries present).
             STAT_FLOW_CREATED => flows_created,
             /// A new flow found no free slot (the table is full until the agent evicts), or its
-            /// insert into FLOWS4/FLOWS failed.
+            /// insert into its flow table (FLOWS4, FLOWS_MID or FLOWS) failed.
             STAT_FLOW_INSERT_FAILED => flow_insert_failed,
         }
     };

@@ -1,4 +1,4 @@
-//! The FLOWS map's key and value, and the one function that counts a packet on a flow.
+//! The flow tables' keys and slots, and the one function that counts a packet on a flow.
 
 use crate::bth::{self, SyndromeClass};
 use crate::classify::Parsed;
@@ -255,9 +255,9 @@ fn add(counter: &mut u64, n: u64) {
 
 /// `FlowSlot::state`: the slot is on the free queue (or on its way there).
 pub const SLOT_FREE: u32 = 0;
-/// `FlowSlot::state`: the slot holds a flow that FLOWS4 or FLOWS points at.
+/// `FlowSlot::state`: the slot holds a flow that FLOWS4, FLOWS_MID or FLOWS points at.
 pub const SLOT_LIVE: u32 = 1;
-/// `FlowSlot::state`: the agent evicted the flow (its key is gone from FLOWS4/FLOWS);
+/// `FlowSlot::state`: the agent evicted the flow (its key is gone from its flow table);
 /// the slot waits a poll interval, so that no program still counting on it is left,
 /// before the agent zeroes it and queues it on FLOW_FREE.
 pub const SLOT_EVICTED: u32 = 2;
@@ -270,7 +270,7 @@ pub const SLOT_EVICTED: u32 = 2;
 pub struct FlowSlot {
     /// Written by the packets of the flow: first, so that they touch the first lines.
     pub stats: FlowStats,
-    /// The flow's key as the flows document shows it (also for a FLOWS4 flow), written
+    /// The flow's key as the flows document shows it (also for a FLOWS4 or FLOWS_MID flow), written
     /// once when the slot is taken.
     pub key: FlowKey,
     /// [`SLOT_FREE`], [`SLOT_LIVE`] or [`SLOT_EVICTED`].

@@ -5,9 +5,10 @@
 //! `--agent-flows` (default 1,000,000) flows in the kernel tables.
 //!
 //! It runs in a child process (`roce-bench --agent-child`), so that its RSS is the
-//! agent's alone. The child loads the real object with FLOWS4 and FLOWS sized for the
+//! agent's alone. The child loads the real object with its flow tables sized for the
 //! flows, fills them from user space with BPF_MAP_UPDATE_BATCH (half the flows plain
-//! IPv4 in FLOWS4, the other half in FLOWS: a half of those VXLAN, a half IPv6; every
+//! IPv4 in FLOWS4, the other half in FLOWS_MID: a half of those IPv4 in VXLAN over
+//! IPv4, a half IPv6; every
 //! flow counted on one CPU, a quarter on both; 4,096 peers, each flow one queue pair
 //! to one of them, a quarter on egress), then does what `roce-agent run` does
 //! each interval: polls on one thread pinned to one CPU and publishes the document
