@@ -318,8 +318,17 @@ fn parse_udp<'a, P: Packet>(
 #[inline(always)]
 pub fn walk<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Walk {
     let mut layers = Layers::default();
-    let outcome = walk_into(p, cfg, &mut layers, false);
+    let outcome = walk_into(p, cfg, &mut layers, Depth::Whole);
     Walk { outcome, layers }
+}
+
+/// How far a walk goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Depth {
+    /// To the BTH (or as far as the frame parses): the outcome is the frame's.
+    Whole,
+    /// To the inner IP header of a VXLAN packet: only the layers are worth keeping.
+    InnerIp,
 }
 
 /// The layers of a frame as far as the inner IP header of a VXLAN packet, and no
@@ -328,17 +337,12 @@ pub fn walk<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Walk {
 pub fn tunnel_layers<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Layers {
     let mut layers = Layers::default();
     // The outcome of a walk that stops early says nothing: only the layers are kept.
-    let _ = walk_into(p, cfg, &mut layers, true);
+    let _ = walk_into(p, cfg, &mut layers, Depth::InnerIp);
     layers
 }
 
 #[inline(always)]
-fn walk_into<P: Packet>(
-    p: &P,
-    cfg: &RuntimeConfig,
-    layers: &mut Layers,
-    to_inner_ip: bool,
-) -> Outcome {
+fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers, depth: Depth) -> Outcome {
     let frame = Within::new(p);
     let outer = match common_ip(&frame, 0) {
         Some(ip) => ip,
@@ -405,7 +409,7 @@ fn walk_into<P: Packet>(
         }
     };
     layers.inner = Some(inner);
-    if to_inner_ip || inner.proto != IPPROTO_UDP {
+    if depth == Depth::InnerIp || inner.proto != IPPROTO_UDP {
         return Outcome::Other(Class::VxlanOther);
     }
     let inner_udp = match parse_udp(&q.ending_at(inner.end), inner.l4, &INNER) {
@@ -439,8 +443,9 @@ fn walk_into<P: Packet>(
 /// through one window: no VLAN tag, then IPv4 without options or fragment offset, or
 /// IPv6 without extension headers. This is what the general walk ([`outer_ip`], or
 /// [`parse_ip`] inside a tunnel) makes of such a frame, without its branches, spills
-/// and second checks (a third of the XDP program's time on non-RoCE frames). None for
-/// any other frame, which the general walk then reads; a test holds the two equal.
+/// and second checks (a third to a half of the XDP program's added time on non-RoCE
+/// frames, BENCHMARKS.md). None for any other frame, which the general walk then
+/// reads; a test holds the two equal.
 #[inline(always)]
 fn common_ip<P: Packet>(q: &Within<'_, P>, eth: usize) -> Option<IpLayer> {
     let l3 = eth + ETH_HLEN;
