@@ -113,7 +113,7 @@ impl Default for LoadOptions {
 /// The kernel memory of the flow table at `entries` flows on a host of `cpus` possible
 /// CPUs: FLOWS4, FLOWS_MID and FLOWS (hash maps allocate every entry up front, plus
 /// one spare a CPU), FLOW_SLOTS (256 bytes a flow, shared by all CPUs) and FLOW_FREE.
-/// 65,536 flows cost about 39 MB whatever the CPU count. `tests/tests/names.rs` holds this against
+/// 65,536 flows cost about 40 MB whatever the CPU count. `tests/tests/names.rs` holds this against
 /// the kernel's own figure (a map's `memlock` in fdinfo).
 pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
     // struct htab_elem before the key (hash node, LRU node and hash), and a hash
@@ -950,7 +950,6 @@ impl Loaded {
 }
 
 impl Loaded {
-    /// Removes every entry of one flow map.
     /// Writes `keys` -> `indexes` into flow table `name` in one batch call.
     fn update_flow_map<K: aya::Pod>(
         &self,
@@ -962,6 +961,7 @@ impl Loaded {
             .map_err(|source| LoadError::Batch { name, source })
     }
 
+    /// Removes every entry of one flow map.
     fn empty_flow_map<K: aya::Pod>(&mut self, name: &'static str) -> Result<(), LoadError> {
         let keys: Vec<K> = {
             let map: HashMap<&MapData, K, u64> = typed_map(&self.ebpf, name)?;

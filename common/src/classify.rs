@@ -453,7 +453,9 @@ fn common_ip<P: Packet>(q: &Within<'_, P>, eth: usize) -> Option<IpLayer> {
     match h.be16(12) {
         ETH_P_IPV4 => {
             let total = h.be16(ETH_HLEN + 2) as usize;
-            if h.u8(ETH_HLEN) != 0x45 || total < IPV4_MIN_HLEN || h.be16(ETH_HLEN + 6) & 0x1FFF != 0
+            if h.u8(ETH_HLEN) != IPV4_VER_IHL_NO_OPTIONS
+                || total < IPV4_MIN_HLEN
+                || h.be16(ETH_HLEN + 6) & IPV4_FRAG_OFFSET != 0
             {
                 return None;
             }
@@ -469,12 +471,7 @@ fn common_ip<P: Packet>(q: &Within<'_, P>, eth: usize) -> Option<IpLayer> {
         ETH_P_IPV6 => {
             let h = q.header(l3, IPV6_HLEN)?;
             let (w0, payload, next) = (h.be32(0), h.be16(4), h.u8(6));
-            if w0 >> 28 != 6
-                || matches!(
-                    next,
-                    IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_FRAGMENT
-                )
-            {
+            if w0 >> 28 != 6 || is_ipv6_extension(next) {
                 return None;
             }
             Some(IpLayer {
@@ -590,7 +587,7 @@ fn parse_ipv4<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
     if hlen > IPV4_MIN_HLEN && datagram.u8_at(off + hlen - 1).is_none() {
         return IpStep::Bad(r.ipv4);
     }
-    if frag & 0x1FFF != 0 {
+    if frag & IPV4_FRAG_OFFSET != 0 {
         return IpStep::Bad(r.frag4);
     }
     IpStep::Ip(IpLayer {
@@ -651,10 +648,7 @@ fn parse_ipv6<P: Packet>(q: &Within<'_, P>, off: usize, r: &Reasons) -> IpStep {
             _ => break,
         }
     }
-    if matches!(
-        proto,
-        IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_FRAGMENT
-    ) {
+    if is_ipv6_extension(proto) {
         return IpStep::Bad(r.too_many_ext);
     }
     IpStep::Ip(IpLayer {

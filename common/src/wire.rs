@@ -22,6 +22,21 @@ pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ROUTING: u8 = 43;
 pub const IPPROTO_FRAGMENT: u8 = 44;
 pub const IPPROTO_DSTOPTS: u8 = 60;
+
+/// The IPv6 extension headers the parser walks through (all others end the chain).
+#[inline(always)]
+pub fn is_ipv6_extension(next: u8) -> bool {
+    matches!(
+        next,
+        IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_FRAGMENT
+    )
+}
+
+/// IPv4 version 4 with a 20-byte header (IHL 5): no options.
+pub const IPV4_VER_IHL_NO_OPTIONS: u8 = 0x45;
+/// The fragment offset of the IPv4 flags/fragment-offset field: non-zero in every
+/// fragment but the first.
+pub const IPV4_FRAG_OFFSET: u16 = 0x1FFF;
 /// IPv6 extension headers skipped before giving up (counted as `ipv6_too_many_ext`).
 pub const MAX_IPV6_EXT_HEADERS: usize = 4;
 
