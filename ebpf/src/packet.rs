@@ -131,7 +131,7 @@ impl Packet for KernelPacket {
 
 /// Returns `x` unchanged, hidden from the optimiser (one register move).
 #[inline(always)]
-fn opaque(mut x: usize) -> usize {
+pub fn opaque(mut x: usize) -> usize {
     // SAFETY: a register move to itself; it only claims to modify x.
     unsafe {
         core::arch::asm!("{0} = {0}", inout(reg) x, options(pure, nomem, nostack, preserves_flags))

@@ -565,7 +565,10 @@ fn kernel_bound(capture: &Path, runs: usize) -> Result<KernelBound> {
     let through = |prog: std::os::fd::BorrowedFd<'_>| -> Result<Duration> {
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
-            workers.push((KernelWorker::new(i, prog.try_clone_to_owned()?), cpus.get(i).copied()));
+            workers.push((
+                KernelWorker::new(i, prog.try_clone_to_owned()?),
+                cpus.get(i).copied(),
+            ));
         }
         let reader = CaptureReader::open(capture)?;
         let start = Instant::now();
