@@ -74,30 +74,30 @@ pub fn count_on_flow<C: FrameHead>(
 /// at run time; the values are unchanged). Each path through the classifier knows
 /// some of them as constants (the key's shape, whether the opcode carries an AETH or
 /// a RETH, ...), and the compiler specialised the counting for them: `xdp_classify`
-/// verified in 254,835 instructions, 0.36 s a load; with them hidden, 134,072 and
+/// verified in 254,835 instructions, 0.36 s a load; with them hidden, 133,908 and
 /// 0.13 s (BENCHMARKS.md), with no change measured per packet. `analyze --engine
 /// kernel` waits for that load. `tc_egress_flows` keeps its fields known: there the
-/// same call raised the count from 116,215 to 125,409.
+/// same call raised the count from 116,215 to 125,409. By value: hiding the fields of
+/// a copy cost the cold-table case about 40 ns a packet.
 #[inline(always)]
-pub fn hidden_from_compiler(p: &Parsed) -> Parsed {
+pub fn hidden_from_compiler(mut parsed: Parsed) -> Parsed {
     let hide = |x: u32| opaque(x as usize) as u32;
     let hide_bool = |b: bool| hide(b as u32) != 0;
-    let mut q = *p;
-    q.tunnelled = hide_bool(q.tunnelled);
-    q.key.flags = hide(q.key.flags);
-    q.outer_tos = hide(q.outer_tos as u32) as u8;
-    q.inner_tos = hide(q.inner_tos as u32) as u8;
-    q.udp_len = hide(q.udp_len as u32) as u16;
-    q.bth.opcode = hide(q.bth.opcode as u32) as u8;
-    q.bth.flags = hide(q.bth.flags as u32) as u8;
-    q.bth.fecn = hide_bool(q.bth.fecn);
-    q.bth.becn = hide_bool(q.bth.becn);
-    q.bth.ack_req = hide_bool(q.bth.ack_req);
-    q.aeth_syndrome = hide(q.aeth_syndrome as u32) as u8;
-    q.has_syndrome = hide_bool(q.has_syndrome);
-    q.read_len = hide(q.read_len);
-    q.ext_truncated = hide_bool(q.ext_truncated);
-    q
+    parsed.tunnelled = hide_bool(parsed.tunnelled);
+    parsed.key.flags = hide(parsed.key.flags);
+    parsed.outer_tos = hide(parsed.outer_tos as u32) as u8;
+    parsed.inner_tos = hide(parsed.inner_tos as u32) as u8;
+    parsed.udp_len = hide(parsed.udp_len as u32) as u16;
+    parsed.bth.opcode = hide(parsed.bth.opcode as u32) as u8;
+    parsed.bth.flags = hide(parsed.bth.flags as u32) as u8;
+    parsed.bth.fecn = hide_bool(parsed.bth.fecn);
+    parsed.bth.becn = hide_bool(parsed.bth.becn);
+    parsed.bth.ack_req = hide_bool(parsed.bth.ack_req);
+    parsed.aeth_syndrome = hide(parsed.aeth_syndrome as u32) as u8;
+    parsed.has_syndrome = hide_bool(parsed.has_syndrome);
+    parsed.read_len = hide(parsed.read_len);
+    parsed.ext_truncated = hide_bool(parsed.ext_truncated);
+    parsed
 }
 
 /// The slot of `key`'s flow, taken from FLOW_FREE when the flow is new.

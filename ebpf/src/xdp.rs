@@ -33,7 +33,7 @@ fn classify_and_count(ctx: &XdpContext) {
         // only linear frames and data_end bounds the whole frame. (BPF_PROG_TEST_RUN
         // splits inputs over ~3.5 KB into fragments: `analyze` takes bytes from the capture.)
         let frame_len = (ctx.data_end() - ctx.data()) as u32;
-        let parsed = hidden_from_compiler(&parsed);
+        let parsed = hidden_from_compiler(parsed);
         count_on_flow(ctx, &parsed, ifindex, false, frame_len, &cfg);
     }
 }
