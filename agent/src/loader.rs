@@ -97,6 +97,11 @@ pub struct LoadOptions {
     /// Loads `tc_egress_flows` into TC_TAIL (egress flows). False loads the classifier
     /// alone, all `analyze` runs: the verifier takes 0.6-0.7 s over `tc_egress_flows`.
     pub egress_flows: bool,
+    /// Queues every slot of a new flow table on FLOW_FREE at load, one syscall a slot
+    /// (about 30 ms at 65,536). False leaves FLOW_FREE empty for the caller to fill
+    /// with [`Loaded::free_first_slots`]: `analyze`'s kernel engine, which knows from
+    /// its first pass how many flows the capture holds, queues that many.
+    pub queue_all_slots: bool,
 }
 
 impl Default for LoadOptions {
@@ -106,6 +111,7 @@ impl Default for LoadOptions {
             config: RuntimeConfig::default(),
             events_ring_bytes: EVENTS_RING_BYTES,
             egress_flows: true,
+            queue_all_slots: true,
         }
     }
 }
@@ -271,10 +277,9 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
         // An earlier agent's evicted slots: long enough ago to give back now.
         let waiting = loaded.slots.evicted().map_err(LoadError::Slots)?;
         loaded.give_back(&waiting)?;
-    } else {
+    } else if opts.queue_all_slots {
         // A new table: every slot is free (and zero).
-        let all: Vec<u32> = (0..loaded.slots.len() as u32).collect();
-        loaded.queue_free(&all)?;
+        loaded.free_first_slots(loaded.slots.len())?;
     }
     // The policy in force stays (an adopted datapath keeps enforcing it) until the
     // caller commits its own; a fresh one starts with an empty policy.
@@ -669,6 +674,14 @@ impl Loaded {
             self.write_slot(i, &FlowSlot::default())?;
         }
         Ok(())
+    }
+
+    /// Queues the first `count` slots of a new table (all zero) on FLOW_FREE, at
+    /// most as many as there are; for a table loaded without them
+    /// (`LoadOptions::queue_all_slots` false), once.
+    pub fn free_first_slots(&mut self, count: usize) -> Result<(), LoadError> {
+        let first: Vec<u32> = (0..count.min(self.slots.len()) as u32).collect();
+        self.queue_free(&first)
     }
 
     /// Queues slots `indexes` (zero already) on FLOW_FREE.

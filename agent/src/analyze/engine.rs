@@ -363,7 +363,8 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), AnalyzeError> {
 }
 
 /// Loads the classifier for the kernel engine (no events: nothing reads them; no
-/// egress flows: nothing leaves an interface).
+/// egress flows: nothing leaves an interface) with no free flow slots: the caller
+/// queues as many as the capture has flows (`Loaded::free_first_slots`).
 pub fn load_kernel(opts: &LoadOptions) -> Result<Loaded, AnalyzeError> {
     let opts = LoadOptions {
         config: RuntimeConfig {
@@ -371,6 +372,7 @@ pub fn load_kernel(opts: &LoadOptions) -> Result<Loaded, AnalyzeError> {
             ..opts.config
         },
         egress_flows: false,
+        queue_all_slots: false,
         ..*opts
     };
     Ok(loader::load(&opts)?)
