@@ -77,8 +77,8 @@ pub struct Analysis {
 /// reading come back in [`Analysis::error`] with the report so far.
 ///
 /// The kernel engine reads the capture twice: a reference pass for the tally while
-/// its programs load (the verifier takes 0.1-0.2 s over `xdp_classify`), then every frame through
-/// the program, up to where the first pass stopped.
+/// its program loads (the verifier takes 0.1-0.2 s over `xdp_classify`), then every
+/// frame through the program, up to where the first pass stopped.
 pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeError> {
     let reader = CaptureReader::open(path)?;
     let engine = opts.engine.unwrap_or(Engine::Reference);
