@@ -23,16 +23,18 @@
 use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
 use std::net::Ipv4Addr;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use roce_agent::analyze::engine::{allowed_cpus, load_kernel};
+use roce_agent::analyze::engine::{allowed_cpus, kernel_workers, load_kernel};
 use roce_agent::analyze::workers::{self, Icrc};
-use roce_agent::analyze::{CaptureReader, KernelWorker, Split};
+use roce_agent::analyze::{CaptureReader, Split};
 use roce_agent::loader::LoadOptions;
 use roce_common::config::RuntimeConfig;
+use roce_common::names::program::{XDP_BASELINE, XDP_CLASSIFY};
 use roce_common::policy::Policy;
 use roce_testkit::frame::{self, Eth, RoceMsg, L3};
 use roce_testkit::tshark;
@@ -304,7 +306,6 @@ fn run_agent(
             bail!("analyze ({label} engine) read {counted} frames of {frames}");
         }
     }
-    walls.sort();
     let engine = match engine {
         Some(e) => e.to_string(),
         None => {
@@ -321,7 +322,7 @@ fn run_agent(
     Ok(AgentRun {
         label,
         engine,
-        wall: walls[walls.len() / 2],
+        wall: median(walls),
         peak_rss_kib: rss,
         out,
     })
@@ -427,7 +428,7 @@ pub fn run(opts: &Options) -> Result<()> {
     };
     let ratio = |r: &AgentRun| fps(opts.frames, r.wall) / tshark_fps;
     // The kernel engine with a program that costs nothing per frame.
-    let bound_wall = bound.load + bound.empty_runs;
+    let bound_fps = fps(opts.frames, bound.load + bound.empty_runs);
     let round2 = |x: f64| (x * 100.0).round() / 100.0;
     let rss_mb = |kib: u64| (mb(kib) * 10.0).round() / 10.0;
     if opts.json {
@@ -465,8 +466,8 @@ pub fn run(opts: &Options) -> Result<()> {
         println!(
             "{}",
             serde_json::json!({"name": "analyze_kernel_bound_vs_tshark", "engine": "kernel", "peer": "tshark",
-                "pps": fps(opts.frames, bound_wall).round(), "peer_pps": tshark_fps.round(),
-                "ratio": round2(fps(opts.frames, bound_wall) / tshark_fps), "frames": opts.frames,
+                "pps": bound_fps.round(), "peer_pps": tshark_fps.round(),
+                "ratio": round2(bound_fps / tshark_fps), "frames": opts.frames,
                 "note": "the kernel engine with a program that costs nothing per frame: the load of xdp_classify plus the empty program's test runs"})
         );
         for r in &runs {
@@ -534,7 +535,7 @@ pub fn run(opts: &Options) -> Result<()> {
             bound.load.as_secs_f64(),
             bound.classify_runs.as_secs_f64(),
             bound.empty_runs.as_secs_f64(),
-            fps(opts.frames, bound_wall) / tshark_fps
+            bound_fps / tshark_fps
         );
         println!(
             "analyze_vs_tshark: default engine ({}) {:.1}x frames/s, peak RSS {:.1} MB (target >= {TARGET_RATIO}x, <= {TARGET_RSS_MB} MB); kernel engine {:.1}x (target >= {TARGET_RATIO_KERNEL}x)",
@@ -545,6 +546,12 @@ pub fn run(opts: &Options) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The middle of `v` (not empty), the upper one of an even count.
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
 }
 
 /// What bounds the kernel engine here, measured in this process with the engine's own
@@ -567,14 +574,8 @@ fn kernel_bound(capture: &Path, runs: usize) -> Result<KernelBound> {
     let n = cpus.len().max(1);
     let policy = Policy::default();
     let split = Split::new(n, RuntimeConfig::default(), &policy);
-    let through = |prog: std::os::fd::BorrowedFd<'_>| -> Result<Duration> {
-        let mut workers = Vec::with_capacity(n);
-        for i in 0..n {
-            workers.push((
-                KernelWorker::new(i, prog.try_clone_to_owned()?),
-                cpus.get(i).copied(),
-            ));
-        }
+    let through = |prog: BorrowedFd<'_>, name: &'static str| -> Result<Duration> {
+        let workers = kernel_workers(prog, name, n, &cpus)?;
         let reader = CaptureReader::open(capture)?;
         let start = Instant::now();
         let run = workers::run(reader, &split, Icrc::Skip, workers, false);
@@ -592,13 +593,9 @@ fn kernel_bound(capture: &Path, runs: usize) -> Result<KernelBound> {
         // The engine queues a slot per flow of its first pass (a few ms here); every
         // slot will do for a measure of the test runs.
         loaded.free_first_slots(usize::MAX)?;
-        empty.push(through(loaded.baseline_xdp_fd()?)?);
-        classify.push(through(loaded.xdp_fd()?)?);
+        empty.push(through(loaded.baseline_xdp_fd()?, XDP_BASELINE)?);
+        classify.push(through(loaded.xdp_fd()?, XDP_CLASSIFY)?);
     }
-    let median = |mut v: Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
-    };
     Ok(KernelBound {
         workers: n,
         load: median(load),

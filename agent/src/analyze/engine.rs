@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use roce_common::classify::{walk, Outcome};
 use roce_common::config::RuntimeConfig;
@@ -29,7 +29,7 @@ use roce_common::wire::ETH_HLEN;
 use super::capture::Batch;
 use super::tally::{check_icrc, FlowExtra, Talker, Talkers};
 use super::AnalyzeError;
-use crate::loader::{self, LoadOptions, Loaded};
+use crate::loader::{self, LoadError, LoadOptions, Loaded};
 use crate::testrun::run_once;
 
 /// Frames shorter than this cannot go through BPF_PROG_TEST_RUN (EINVAL); both
@@ -328,6 +328,26 @@ impl Work for KernelWorker {
         }
         Ok(())
     }
+}
+
+/// `n` kernel-engine workers, each with its own descriptor of `prog` (the program
+/// named `name`), worker `i` pinned to `cpus[i % cpus.len()]`, none when `cpus` is
+/// empty.
+pub fn kernel_workers(
+    prog: BorrowedFd<'_>,
+    name: &'static str,
+    n: usize,
+    cpus: &[usize],
+) -> Result<Vec<(KernelWorker, Option<usize>)>, AnalyzeError> {
+    (0..n)
+        .map(|i| {
+            let fd = prog
+                .try_clone_to_owned()
+                .map_err(|source| AnalyzeError::Load(LoadError::Fd { name, source }))?;
+            let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+            Ok((KernelWorker::new(i, fd), cpu))
+        })
+        .collect()
 }
 
 /// The CPUs this process may run on.

@@ -30,6 +30,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::Path;
 
+use roce_common::names::program::XDP_CLASSIFY;
 use roce_common::policy::Policy;
 
 pub use capture::{Batch, CaptureReader, Format, Frame};
@@ -39,7 +40,7 @@ pub use report::{render, AnalyzedFlow, CaptureInfo, FlowIdent, Report};
 pub use tally::{check_icrc, FlowExtra, NonRoceLossless, Talkers, Tally, MAX_TALKERS};
 
 use crate::doc::Document;
-use crate::loader::{LoadError, LoadOptions};
+use crate::loader::LoadOptions;
 
 /// Workers by default, at most: the reader thread walks every frame to assign it,
 /// so beyond a few workers it is the limit.
@@ -116,7 +117,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeEr
             // every slot queued, and the load skips a syscall per slot it would never
             // use (65,536 by default, about 30 ms).
             let flows = run.workers.iter().map(|w| w.shard.flows.len()).sum();
-            loaded.free_first_slots(flows).map_err(AnalyzeError::from)?;
+            loaded.free_first_slots(flows)?;
             let mut again = CaptureReader::open(path)?;
             again.limit_frames(run.read.frames);
             // One worker per CPU, pinned: the test runs are the cost.
@@ -126,17 +127,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeEr
                     "cannot read this process's CPUs: the kernel engine's workers are not pinned"
                 );
             }
-            let mut workers = Vec::with_capacity(n);
-            for i in 0..n {
-                let prog = loaded.xdp_fd()?.try_clone_to_owned().map_err(|source| {
-                    AnalyzeError::Load(LoadError::Fd {
-                        name: "xdp_classify",
-                        source,
-                    })
-                })?;
-                let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
-                workers.push((KernelWorker::new(i, prog), cpu));
-            }
+            let workers = engine::kernel_workers(loaded.xdp_fd()?, XDP_CLASSIFY, n, &cpus)?;
             let split = Split::new(n, cfg, &opts.policy);
             let kernel = workers::run(again, &split, workers::Icrc::Skip, workers, opts.progress);
             let short = kernel.workers.iter().map(|w| w.short).sum();

@@ -200,6 +200,18 @@ struct TcCase {
     egress_flows: bool,
 }
 
+/// `case` with the TC_TAIL slot emptied, named `name`: the policy decision alone, as
+/// it was made before egress flows were counted (what the tc programs cost against
+/// their past).
+fn decision_only(case: &TcCase, name: &'static str) -> TcCase {
+    TcCase {
+        name,
+        frame: case.frame.clone(),
+        egress_flows: false,
+        ..*case
+    }
+}
+
 fn tc_cases() -> Vec<TcCase> {
     let eth = Eth::default();
     let a4 = Ipv4Addr::new(198, 18, 0, 1);
@@ -235,23 +247,40 @@ fn tc_cases() -> Vec<TcCase> {
         5001,
         &[0u8; 256],
     );
+    let kept = TcCase {
+        name: "tc_egress_roce_ipv4_kept",
+        frame: frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write),
+        iface: enforce,
+        program: loader::TC_EGRESS,
+        rewrites: false,
+        egress_flows: true,
+    };
+    let v6_rewritten = TcCase {
+        name: "tc_egress_roce_ipv6_rewritten",
+        frame: frame::roce_frame(&eth, &v6.with_tos(2), 0xC000, &write),
+        iface: enforce,
+        program: loader::TC_EGRESS,
+        rewrites: true,
+        egress_flows: true,
+    };
+    let vtep_propagated = TcCase {
+        name: "tc_egress_vtep_ipv4_propagated",
+        frame: frame::vxlan_frame(&eth, &L3::v4(a4, b4), 0xD000, 5001, &inner),
+        iface: vtep,
+        program: loader::TC_EGRESS,
+        rewrites: true,
+        egress_flows: true,
+    };
+    let kept_decision_only = decision_only(&kept, "tc_egress_roce_ipv4_kept_decision_only");
+    let v6_rewritten_decision_only =
+        decision_only(&v6_rewritten, "tc_egress_roce_ipv6_rewritten_decision_only");
+    let vtep_propagated_decision_only = decision_only(
+        &vtep_propagated,
+        "tc_egress_vtep_ipv4_propagated_decision_only",
+    );
     vec![
-        TcCase {
-            name: "tc_egress_roce_ipv4_kept",
-            frame: frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write),
-            iface: enforce,
-            program: loader::TC_EGRESS,
-            rewrites: false,
-            egress_flows: true,
-        },
-        TcCase {
-            name: "tc_egress_roce_ipv4_kept_decision_only",
-            frame: frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write),
-            iface: enforce,
-            program: loader::TC_EGRESS,
-            rewrites: false,
-            egress_flows: false,
-        },
+        kept,
+        kept_decision_only,
         TcCase {
             name: "tc_egress_roce_ipv4_ce_kept",
             frame: frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(107), 0xC000, &write),
@@ -268,40 +297,10 @@ fn tc_cases() -> Vec<TcCase> {
             rewrites: true,
             egress_flows: true,
         },
-        TcCase {
-            name: "tc_egress_roce_ipv6_rewritten",
-            frame: frame::roce_frame(&eth, &v6.clone().with_tos(2), 0xC000, &write),
-            iface: enforce,
-            program: loader::TC_EGRESS,
-            rewrites: true,
-            egress_flows: true,
-        },
-        // The decision alone, as the policy made it before egress flows were counted
-        // (the TC_TAIL slot emptied): what the tc programs cost against their past.
-        TcCase {
-            name: "tc_egress_roce_ipv6_rewritten_decision_only",
-            frame: frame::roce_frame(&eth, &v6.with_tos(2), 0xC000, &write),
-            iface: enforce,
-            program: loader::TC_EGRESS,
-            rewrites: true,
-            egress_flows: false,
-        },
-        TcCase {
-            name: "tc_egress_vtep_ipv4_propagated",
-            frame: frame::vxlan_frame(&eth, &L3::v4(a4, b4), 0xD000, 5001, &inner),
-            iface: vtep,
-            program: loader::TC_EGRESS,
-            rewrites: true,
-            egress_flows: true,
-        },
-        TcCase {
-            name: "tc_egress_vtep_ipv4_propagated_decision_only",
-            frame: frame::vxlan_frame(&eth, &L3::v4(a4, b4), 0xD000, 5001, &inner),
-            iface: vtep,
-            program: loader::TC_EGRESS,
-            rewrites: true,
-            egress_flows: false,
-        },
+        v6_rewritten,
+        v6_rewritten_decision_only,
+        vtep_propagated,
+        vtep_propagated_decision_only,
         TcCase {
             name: "tc_ingress_decap_check",
             frame: frame::vxlan_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xD000, 5001, &inner),
