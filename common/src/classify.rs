@@ -1,11 +1,13 @@
 //! The classifier, and the only code that walks packet headers:
 //! Ethernet [+VLAN] / IPv4|IPv6 / UDP / (BTH | VXLAN / Ethernet / IP / UDP / BTH).
 //!
-//! A pure function over any [`Packet`]. The XDP program and the reference classifier
-//! call [`classify`]; the tc policy, the decapsulation check and `analyze` call
-//! [`walk`], whose [`Layers`] say where each header it parsed lies, so nothing else
-//! reads headers on its own and the limits (VLAN tags, extension headers, parse
-//! depth, the lengths the headers declare) are the same everywhere.
+//! A pure function over any [`Packet`]. The XDP program calls [`classify_into`],
+//! which tells it of each frame that is not a flow where its walk ends;
+//! `tc_egress_flows` calls [`classify`]; the reference classifier, the tc policy and
+//! `analyze` call [`walk`], the decapsulation check [`tunnel_layers`]. [`Layers`] say
+//! where each header the walk parsed lies, so nothing else reads headers on its own
+//! and the limits (VLAN tags, extension headers, parse depth, the lengths the headers
+//! declare) are the same everywhere.
 //!
 //! Lengths: the IPv4 total length, the IPv6 payload length and the UDP length bound
 //! what is parsed, as the receiving stack reads the datagram: bytes beyond them
@@ -283,6 +285,42 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
     walk(p, cfg).outcome
 }
 
+/// Told of each frame whose walk ends before a flow, where it ends.
+///
+/// The XDP program counts such a frame here and leaves, so that these paths never
+/// join the flow path. Joined at one return, LLVM carried the flow path's parsed
+/// fields across every one of them: stack stores on each non-RoCE frame, five of
+/// other UDP's 12 ns added, and a fourth of the verifier's work (BENCHMARKS.md).
+pub trait NotFlowSink {
+    /// `outcome` is `Other` or `Malformed`: the walk returns it next.
+    fn not_flow(&mut self, outcome: &Outcome);
+}
+
+/// The sink of walks whose callers read the outcome afterwards.
+pub struct Unheard;
+
+impl NotFlowSink for Unheard {
+    #[inline(always)]
+    fn not_flow(&mut self, _: &Outcome) {}
+}
+
+/// Tells `sink` of `outcome`, then gives it back to be returned.
+#[inline(always)]
+fn ended<S: NotFlowSink>(sink: &mut S, outcome: Outcome) -> Outcome {
+    sink.not_flow(&outcome);
+    outcome
+}
+
+/// [`classify`], telling `sink` of a frame that is not a flow where its walk ends.
+#[inline(always)]
+pub fn classify_into<P: Packet, S: NotFlowSink>(
+    p: &P,
+    cfg: &RuntimeConfig,
+    sink: &mut S,
+) -> Outcome {
+    walk_into(p, cfg, &mut Layers::default(), Depth::Whole, sink)
+}
+
 /// A UDP header that parsed: ports, declared length, and the view bounded by it.
 struct Udp<'a, P: Packet> {
     sport: u16,
@@ -318,7 +356,7 @@ fn parse_udp<'a, P: Packet>(
 #[inline(always)]
 pub fn walk<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Walk {
     let mut layers = Layers::default();
-    let outcome = walk_into(p, cfg, &mut layers, Depth::Whole);
+    let outcome = walk_into(p, cfg, &mut layers, Depth::Whole, &mut Unheard);
     Walk { outcome, layers }
 }
 
@@ -337,28 +375,34 @@ enum Depth {
 pub fn tunnel_layers<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Layers {
     let mut layers = Layers::default();
     // The outcome of a walk that stops early says nothing: only the layers are kept.
-    let _ = walk_into(p, cfg, &mut layers, Depth::InnerIp);
+    let _ = walk_into(p, cfg, &mut layers, Depth::InnerIp, &mut Unheard);
     layers
 }
 
 #[inline(always)]
-fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers, depth: Depth) -> Outcome {
+fn walk_into<P: Packet, S: NotFlowSink>(
+    p: &P,
+    cfg: &RuntimeConfig,
+    layers: &mut Layers,
+    depth: Depth,
+    sink: &mut S,
+) -> Outcome {
     let frame = Within::new(p);
     let outer = match common_ip(&frame, 0) {
         Some(ip) => ip,
         None => match outer_ip(&frame) {
             IpStep::Ip(ip) => ip,
-            IpStep::NotIp => return Outcome::Other(Class::NonIp),
-            IpStep::Bad(r) => return Outcome::Malformed(r),
+            IpStep::NotIp => return ended(sink, Outcome::Other(Class::NonIp)),
+            IpStep::Bad(r) => return ended(sink, Outcome::Malformed(r)),
         },
     };
     layers.outer = Some(outer);
     if outer.proto != IPPROTO_UDP {
-        return Outcome::Other(Class::OtherIp);
+        return ended(sink, Outcome::Other(Class::OtherIp));
     }
     let udp = match parse_udp(&frame.ending_at(outer.end), outer.l4, &OUTER) {
         Ok(u) => u,
-        Err(r) => return Outcome::Malformed(r),
+        Err(r) => return ended(sink, Outcome::Malformed(r)),
     };
 
     if udp.dport == cfg.roce_port {
@@ -368,30 +412,30 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers, depth: 
                 layers.bth_opcode = parsed.bth.opcode;
                 parsed.key = match flow_key(p, &outer, None, parsed.bth.dest_qp) {
                     Ok(key) => key,
-                    Err(r) => return Outcome::Malformed(r),
+                    Err(r) => return ended(sink, Outcome::Malformed(r)),
                 };
                 parsed.outer_tos = outer.tos;
                 parsed.sport = udp.sport;
                 parsed.udp_len = udp.len;
                 Outcome::Flow(parsed)
             }
-            Err(r) => Outcome::Malformed(r),
+            Err(r) => ended(sink, Outcome::Malformed(r)),
         };
     }
     if udp.dport != cfg.vxlan_port {
-        return Outcome::Other(Class::OtherUdp);
+        return ended(sink, Outcome::Other(Class::OtherUdp));
     }
 
     // VXLAN (RFC 7348): flags, 3 reserved, VNI, 1 reserved.
     let q = udp.rest;
     let vx = outer.l4 + UDP_HLEN;
     let Some(vxlan) = q.header(vx, VXLAN_HLEN) else {
-        return Outcome::Malformed(Reason::TruncatedVxlan);
+        return ended(sink, Outcome::Malformed(Reason::TruncatedVxlan));
     };
     let (vx_flags, vni_word) = (vxlan.u8(0), vxlan.be32(4));
     if vx_flags & VXLAN_FLAG_I == 0 {
         // The Linux VXLAN driver drops these too.
-        return Outcome::Malformed(Reason::BadVxlanFlags);
+        return ended(sink, Outcome::Malformed(Reason::BadVxlanFlags));
     }
     let inner_eth = vx + VXLAN_HLEN;
     layers.inner_eth = Some(inner_eth);
@@ -399,25 +443,25 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers, depth: 
         Some(ip) => ip,
         None => {
             let Some(inner_type) = q.header(inner_eth, ETH_HLEN).map(|h| h.be16(12)) else {
-                return Outcome::Malformed(Reason::TruncatedInnerEth);
+                return ended(sink, Outcome::Malformed(Reason::TruncatedInnerEth));
             };
             match parse_ip(&q, inner_eth + ETH_HLEN, inner_type, &INNER) {
                 IpStep::Ip(ip) => ip,
-                IpStep::NotIp => return Outcome::Other(Class::VxlanOther),
-                IpStep::Bad(r) => return Outcome::Malformed(r),
+                IpStep::NotIp => return ended(sink, Outcome::Other(Class::VxlanOther)),
+                IpStep::Bad(r) => return ended(sink, Outcome::Malformed(r)),
             }
         }
     };
     layers.inner = Some(inner);
     if depth == Depth::InnerIp || inner.proto != IPPROTO_UDP {
-        return Outcome::Other(Class::VxlanOther);
+        return ended(sink, Outcome::Other(Class::VxlanOther));
     }
     let inner_udp = match parse_udp(&q.ending_at(inner.end), inner.l4, &INNER) {
         Ok(u) => u,
-        Err(r) => return Outcome::Malformed(r),
+        Err(r) => return ended(sink, Outcome::Malformed(r)),
     };
     if inner_udp.dport != cfg.roce_port {
-        return Outcome::Other(Class::VxlanOther);
+        return ended(sink, Outcome::Other(Class::VxlanOther));
     }
     match parse_roce(&inner_udp.rest, inner.l4 + UDP_HLEN, &INNER) {
         Ok(mut parsed) => {
@@ -426,7 +470,7 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers, depth: 
             let tunnel = Some((&inner, vni_word >> 8));
             parsed.key = match flow_key(p, &outer, tunnel, parsed.bth.dest_qp) {
                 Ok(key) => key,
-                Err(r) => return Outcome::Malformed(r),
+                Err(r) => return ended(sink, Outcome::Malformed(r)),
             };
             parsed.tunnelled = true;
             parsed.outer_tos = outer.tos;
@@ -435,7 +479,7 @@ fn walk_into<P: Packet>(p: &P, cfg: &RuntimeConfig, layers: &mut Layers, depth: 
             parsed.udp_len = inner_udp.len;
             Outcome::Flow(parsed)
         }
-        Err(r) => Outcome::Malformed(r),
+        Err(r) => ended(sink, Outcome::Malformed(r)),
     }
 }
 
@@ -845,6 +889,74 @@ mod tests {
         assert_eq!(run(&g), Outcome::Malformed(Reason::BadIpv4Ihl));
         g[14] = 0x4F; // a 60-byte header: the 62-byte frame ends inside it
         assert_eq!(run(&g), Outcome::Malformed(Reason::TruncatedIpv4));
+    }
+
+    /// What a walk told its sink.
+    struct Heard(Vec<Outcome>);
+
+    impl NotFlowSink for Heard {
+        fn not_flow(&mut self, outcome: &Outcome) {
+            self.0.push(*outcome);
+        }
+    }
+
+    #[test]
+    fn the_sink_hears_each_frame_that_is_not_a_flow_once_and_never_a_flow() {
+        let inner = ipv6_udp(IPPROTO_UDP, &[], DEFAULT_ROCE_PORT, &ack());
+        let mut vx = vec![VXLAN_FLAG_I, 0, 0, 0, 0x12, 0x34, 0x56, 0];
+        vx.extend(&inner);
+        let vxlan = ipv4_udp(DEFAULT_VXLAN_PORT, &vx);
+        let plain = ipv4_udp(DEFAULT_ROCE_PORT, &ack());
+        // Every cut of both frames ends the walk in another header.
+        let mut frames: Vec<Vec<u8>> = (14..=vxlan.len()).map(|n| vxlan[..n].to_vec()).collect();
+        frames.extend((14..=plain.len()).map(|n| plain[..n].to_vec()));
+        frames.push(ipv4_udp(53, b"not roce"));
+        let mut tcp = plain.clone();
+        tcp[23] = 6;
+        frames.push(tcp);
+        let mut arp = plain.clone();
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        frames.push(arp);
+        let mut no_i_flag = vxlan.clone();
+        no_i_flag[42] = 0;
+        frames.push(no_i_flag);
+        let mut inner_not_roce = vxlan.clone();
+        inner_not_roce[42 + 8 + 14 + 40 + 2..][..2].copy_from_slice(&53u16.to_be_bytes());
+        frames.push(inner_not_roce);
+
+        let mut distinct: Vec<Outcome> = Vec::new();
+        for f in &frames {
+            let mut heard = Heard(Vec::new());
+            let outcome = classify_into(&SlicePacket(f), &RuntimeConfig::default(), &mut heard);
+            assert_eq!(outcome, run(f), "{f:02x?}");
+            match outcome {
+                Outcome::Flow(_) => assert!(heard.0.is_empty(), "{f:02x?}"),
+                not_flow => assert_eq!(heard.0, vec![not_flow], "{f:02x?}"),
+            }
+            if !distinct.contains(&outcome) {
+                distinct.push(outcome);
+            }
+        }
+        // The frames reach most of the walk's ends, and both flows.
+        for end in [
+            Outcome::Other(Class::NonIp),
+            Outcome::Other(Class::OtherIp),
+            Outcome::Other(Class::OtherUdp),
+            Outcome::Other(Class::VxlanOther),
+            Outcome::Malformed(Reason::TruncatedIpv4),
+            Outcome::Malformed(Reason::TruncatedUdp),
+            Outcome::Malformed(Reason::TruncatedBth),
+            Outcome::Malformed(Reason::TruncatedVxlan),
+            Outcome::Malformed(Reason::BadVxlanFlags),
+            Outcome::Malformed(Reason::TruncatedInnerEth),
+            Outcome::Malformed(Reason::TruncatedInnerIpv6),
+            Outcome::Malformed(Reason::TruncatedInnerUdp),
+            Outcome::Malformed(Reason::TruncatedInnerBth),
+        ] {
+            assert!(distinct.contains(&end), "no frame ended in {end:?}");
+        }
+        assert!(matches!(run(&plain), Outcome::Flow(_)));
+        assert!(matches!(run(&vxlan), Outcome::Flow(_)));
     }
 
     #[test]

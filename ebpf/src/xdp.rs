@@ -3,7 +3,7 @@
 use aya_ebpf::bindings::xdp_action;
 use aya_ebpf::macros::xdp;
 use aya_ebpf::programs::XdpContext;
-use roce_common::classify::{classify, Outcome};
+use roce_common::classify::{classify_into, NotFlowSink, Outcome};
 use roce_common::counters::stat_indices;
 
 use crate::flow::{count_on_flow, hidden_from_compiler};
@@ -20,21 +20,33 @@ pub fn xdp_classify(ctx: XdpContext) -> u32 {
 fn classify_and_count(ctx: &XdpContext) {
     let cfg = runtime_config(generation());
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
-    let outcome = classify(&pkt, &cfg);
+    // Frames that are not flows are counted where their walk ends, and leave here.
+    let outcome = classify_into(&pkt, &cfg, &mut StatsSink);
+    let Outcome::Flow(parsed) = outcome else {
+        return;
+    };
     let (main, extra) = stat_indices(&outcome);
     bump(main);
     if let Some(e) = extra {
         bump(e);
     }
-    if let Outcome::Flow(parsed) = outcome {
-        // SAFETY: ctx.ctx points at the kernel's xdp_md for this invocation.
-        let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
-        // The program is not multi-buffer aware (no xdp.frags), so the kernel hands it
-        // only linear frames and data_end bounds the whole frame. (BPF_PROG_TEST_RUN
-        // splits inputs over ~3.5 KB into fragments: `analyze` takes bytes from the capture.)
-        let frame_len = (ctx.data_end() - ctx.data()) as u32;
-        let parsed = hidden_from_compiler(parsed);
-        count_on_flow(ctx, &parsed, ifindex, false, frame_len, &cfg);
+    // SAFETY: ctx.ctx points at the kernel's xdp_md for this invocation.
+    let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
+    // The program is not multi-buffer aware (no xdp.frags), so the kernel hands it
+    // only linear frames and data_end bounds the whole frame. (BPF_PROG_TEST_RUN
+    // splits inputs over ~3.5 KB into fragments: `analyze` takes bytes from the capture.)
+    let frame_len = (ctx.data_end() - ctx.data()) as u32;
+    let parsed = hidden_from_compiler(parsed);
+    count_on_flow(ctx, &parsed, ifindex, false, frame_len, &cfg);
+}
+
+/// Frames that are not flows count in STATS where their walk ends.
+struct StatsSink;
+
+impl NotFlowSink for StatsSink {
+    #[inline(always)]
+    fn not_flow(&mut self, outcome: &Outcome) {
+        bump(stat_indices(outcome).0);
     }
 }
 
