@@ -102,6 +102,9 @@ impl Args {
     }
 }
 
+/// Issue 15's target for plain RoCE over IPv4: parsing and the flow update.
+const PLAIN_ROCE_TARGET: f64 = 2.5;
+
 /// One packet kind to measure, with the added cost the project aims for: at most
 /// `target_ratio` times what the empty program itself costs in the same run.
 struct Case {
@@ -136,12 +139,12 @@ fn cases() -> Vec<Case> {
         Case {
             name: "xdp_roce_ipv4",
             frame: roce_v4,
-            target_ratio: 2.5,
+            target_ratio: PLAIN_ROCE_TARGET,
         },
         Case {
             name: "xdp_roce_ipv4_ce",
             frame: roce_v4_ce,
-            target_ratio: 2.5,
+            target_ratio: PLAIN_ROCE_TARGET,
         },
         Case {
             name: "xdp_roce_in_vxlan",
@@ -209,6 +212,20 @@ fn decision_only(case: &TcCase, name: &'static str) -> TcCase {
         frame: case.frame.clone(),
         egress_flows: false,
         ..*case
+    }
+}
+
+/// Issue 15's tc target: the decision over RoCE that already carries the right DSCP
+/// costs at most what the empty program costs (the rewrite cases are judged by
+/// throughput). The issue predates counting the egress flow, which DESIGN.md asks of
+/// every RoCE frame leaving: a kept frame that also counts its flow may add the same
+/// flow update's budget as XDP's plain RoCE, 3.5x in all (BENCHMARKS.md).
+fn kept_target(case: &TcCase) -> f64 {
+    const DECISION: f64 = 1.0;
+    if case.egress_flows {
+        DECISION + PLAIN_ROCE_TARGET
+    } else {
+        DECISION
     }
 }
 
@@ -577,9 +594,7 @@ fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
         }
         let (ns, baseline) = (median_f(ours), median_f(base));
         let ratio = (ns - baseline) / baseline;
-        // Issue 15's tc target: RoCE that already carries the right DSCP costs at most
-        // what the empty program costs (the rewrite cases are judged by throughput).
-        let target = (!case.rewrites && case.name.contains("_kept")).then_some(1.0);
+        let target = (!case.rewrites && case.name.contains("_kept")).then(|| kept_target(&case));
         if args.json {
             println!(
                 "{}",
