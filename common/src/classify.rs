@@ -289,8 +289,8 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
 ///
 /// The XDP program counts such a frame here and leaves, so that these paths never
 /// join the flow path. Joined at one return, LLVM carried the flow path's parsed
-/// fields across every one of them: stack stores on each non-RoCE frame, five of
-/// other UDP's 12 ns added, and a fourth of the verifier's work (BENCHMARKS.md).
+/// fields across every one of them: stack stores on each non-RoCE frame, 3-4 ns of
+/// other UDP's 11-12 ns added, and a fifth of the verifier's work (BENCHMARKS.md).
 pub trait NotFlowSink {
     /// `outcome` is `Other` or `Malformed`: the walk returns it next.
     fn not_flow(&mut self, outcome: &Outcome);
