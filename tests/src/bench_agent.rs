@@ -28,6 +28,8 @@ use roce_agent::loader::{self, LoadOptions};
 use roce_common::flow::{addr_v4_mapped, FlowKey, FlowStats};
 use roce_common::flow::{KEY_EGRESS, KEY_OUTER_V6, KEY_TUNNELLED};
 
+use crate::median;
+
 /// The targets of issue 15.
 pub const TARGET_POLL_MS: f64 = 250.0;
 pub const TARGET_RSS_MB: f64 = 300.0;
@@ -238,11 +240,6 @@ fn memory_mb() -> Result<(f64, f64)> {
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-fn median_ms(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 /// The child: fill, poll, scrape, measure, print.
 pub fn child(opts: &Options) -> Result<()> {
     let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
@@ -325,15 +322,15 @@ pub fn child(opts: &Options) -> Result<()> {
     let flows_bytes = std::io::copy(&mut stream, &mut std::io::sink()).context("GET /flows")?;
     let flows_get_ms = start.elapsed().as_secs_f64() * 1000.0;
     let (_, hwm_after_flows) = memory_mb()?;
-    let poll_ms = median_ms(polls[1..].to_vec());
-    let scrape_ms = median_ms(scrapes.clone());
+    let poll_ms = median(polls[1..].to_vec());
+    let scrape_ms = median(scrapes.clone());
     let lines = [
         serde_json::json!({
             "name": "collector_interval_1m_flows", "value": poll_ms, "unit": "ms",
             "target": TARGET_POLL_MS, "met": poll_ms <= TARGET_POLL_MS,
             "flows": opts.flows, "entries": entries, "flows_in_document": flows_in_document,
-            "first_poll_ms": polls[0], "polls_ms": polls, "read_ms": median_ms(reads[1..].to_vec()),
-            "maps_only_ms": median_ms(bare.clone()), "troubled": opts.troubled,
+            "first_poll_ms": polls[0], "polls_ms": polls, "read_ms": median(reads[1..].to_vec()),
+            "maps_only_ms": median(bare.clone()), "troubled": opts.troubled,
             "cpus": cpus, "fill_s": fill_s,
         }),
         serde_json::json!({
@@ -374,7 +371,7 @@ pub fn child(opts: &Options) -> Result<()> {
             "  ({} flows, {entries} entries read, fill {fill_s:.1} s; polls {:?} ms; reading the maps alone {:.0} ms; peak RSS (VmHWM) {hwm:.0} MB, {hwm_after_flows:.0} MB after GET /flows)",
             flows_in_document,
             polls.iter().map(|p| p.round()).collect::<Vec<_>>(),
-            median_ms(bare.clone()),
+            median(bare.clone()),
         );
     }
     drop(tx);

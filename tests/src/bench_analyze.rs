@@ -39,6 +39,8 @@ use roce_common::policy::Policy;
 use roce_testkit::frame::{self, Eth, RoceMsg, L3};
 use roce_testkit::tshark;
 
+use crate::median;
+
 /// What to measure.
 pub struct Options {
     pub json: bool,
@@ -546,12 +548,6 @@ pub fn run(opts: &Options) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// The middle of `v` (not empty), the upper one of an even count.
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// What bounds the kernel engine here, measured in this process with the engine's own

@@ -182,9 +182,11 @@ fn ns_per_packet(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> Result<u32>
     Ok(out.duration_ns)
 }
 
-fn median(mut v: Vec<u32>) -> f64 {
-    v.sort_unstable();
-    v[v.len() / 2] as f64
+/// The median of the measurements of one case (the upper one of an even count), as
+/// every section of the bench reports them. `v` is never empty: rounds are at least 1.
+fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
 }
 
 // ---------------------------------------------------------------------------------
@@ -372,11 +374,6 @@ fn tc_ns(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32, fresh: bool) -> Result
     Ok(total as f64 / runs as f64)
 }
 
-fn median_f(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 /// What the measured programs are loaded with (`--events-sample`).
 fn load_options(args: &Args) -> LoadOptions {
     LoadOptions {
@@ -439,11 +436,11 @@ fn bench_xdp(args: &Args, rounds: usize) -> Result<()> {
                 }
             }
         }
-        let baseline = median(base);
+        let baseline = f64::from(median(base));
         report_per_packet(
             args,
             case.name,
-            median(off),
+            f64::from(median(off)),
             baseline,
             case.target_ratio,
             0,
@@ -454,7 +451,7 @@ fn bench_xdp(args: &Args, rounds: usize) -> Result<()> {
             report_per_packet(
                 args,
                 &label,
-                median(on),
+                f64::from(median(on)),
                 baseline,
                 case.target_ratio,
                 n,
@@ -541,7 +538,7 @@ fn bench_xdp_cold(args: &Args, rounds: usize) -> Result<()> {
         base.push(b as f64 / COLD_FLOWS as f64);
     }
     let created = loaded.stats()?[roce_common::counters::STAT_FLOW_CREATED as usize];
-    let (ns, baseline) = (median_f(ours), median_f(base));
+    let (ns, baseline) = (median(ours), median(base));
     if args.json {
         println!(
             "{}",
@@ -592,7 +589,7 @@ fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
                 case.rewrites,
             )?);
         }
-        let (ns, baseline) = (median_f(ours), median_f(base));
+        let (ns, baseline) = (median(ours), median(base));
         let ratio = (ns - baseline) / baseline;
         let target = (!case.rewrites && case.name.contains("_kept")).then(|| kept_target(&case));
         if args.json {
@@ -670,10 +667,10 @@ fn flood_in(ns: &str, settings: Option<Settings>, dst: Ipv4Addr, secs: f64) -> R
 /// rounds' ratios are printed too: on these VMs they spread by a third, so a ratio
 /// near 1.0 says "no difference this bench can see", not which is faster.
 fn throughput_line(args: &Args, name: &str, peer: &str, ours: &[f64], theirs: &[f64]) {
-    let pps = median_f(ours.to_vec());
-    let peer_pps = median_f(theirs.to_vec());
+    let pps = median(ours.to_vec());
+    let peer_pps = median(theirs.to_vec());
     let ratios: Vec<f64> = ours.iter().zip(theirs).map(|(o, t)| o / t).collect();
-    let ratio = median_f(ratios.clone());
+    let ratio = median(ratios.clone());
     let extra_pct = (1.0 / ratio - 1.0) * 100.0;
     if args.json {
         println!(
