@@ -75,7 +75,8 @@ pub fn count_on_flow<C: FrameHead>(
 /// some of them as constants (the key's shape, whether the opcode carries an AETH or
 /// a RETH, ...), and the compiler specialised the counting for them: `xdp_classify`
 /// verified in 254,835 instructions, 0.36 s a load; with them hidden, 133,908 and
-/// 0.13 s (BENCHMARKS.md), with no change measured per packet. `analyze --engine
+/// 0.13 s (BENCHMARKS.md; 105,107 since the non-flow ends leave early), with no
+/// change measured per packet. `analyze --engine
 /// kernel` waits for that load. `tc_egress_flows` keeps its fields known: there the
 /// same call raised the count from 116,215 to 125,409. By value: hiding the fields of
 /// a copy cost the cold-table case about 40 ns a packet.
