@@ -13,7 +13,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         // `check` found errors: its table said so; exit 1 without a second message.
         Err(e)
-            if e.downcast_ref::<roce_agent::check::FindingsAtErrorLevel>()
+            if e.downcast_ref::<roce_agent::cli::check::FindingsAtErrorLevel>()
                 .is_some() =>
         {
             ExitCode::from(cli::EXIT_RUNTIME)

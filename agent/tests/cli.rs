@@ -773,10 +773,11 @@ fn attach_failure_on_a_later_interface_detaches_the_earlier_ones() {
 fn findings(ns: &Netns, api: &str) -> Vec<roce_agent::audit::Finding> {
     let api = api.to_string();
     let body = ns
-        .enter(move || roce_agent::api::get_body(&api, "/findings", Duration::from_secs(5)))
+        .enter(move || roce_agent::api::client::get_body(&api, "/findings", Duration::from_secs(5)))
         .expect("enter the namespace")
         .expect("GET /findings");
-    let doc: roce_agent::api::Findings = serde_json::from_slice(&body).expect("findings JSON");
+    let doc: roce_agent::doc::finding::Findings =
+        serde_json::from_slice(&body).expect("findings JSON");
     doc.findings
 }
 

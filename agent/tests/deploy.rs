@@ -175,7 +175,7 @@ fn agent_runs_as_nobody_with_exactly_the_units_capabilities() {
     let start = Instant::now();
     let body = loop {
         let got = ns
-            .enter(|| roce_agent::api::get_body(listen, "/flows", Duration::from_secs(1)))
+            .enter(|| roce_agent::api::client::get_body(listen, "/flows", Duration::from_secs(1)))
             .expect("entering the namespace");
         if let Ok(body) = got {
             break body;
@@ -647,7 +647,9 @@ fn daemonset_command_line_runs_with_exactly_the_containers_capabilities() {
     let (first, first_path, _) = &probes[0];
     loop {
         let got = ns
-            .enter(|| roce_agent::api::get_body(&listen, first_path, Duration::from_secs(1)))
+            .enter(|| {
+                roce_agent::api::client::get_body(&listen, first_path, Duration::from_secs(1))
+            })
             .expect("entering the namespace");
         if got.is_ok() {
             break;
@@ -676,7 +678,7 @@ fn daemonset_command_line_runs_with_exactly_the_containers_capabilities() {
     // Every probe, and the scrape, as the kubelet and Prometheus ask: the node's IP.
     for (name, path, _) in &probes {
         let body = ns
-            .enter(|| roce_agent::api::get_body(&listen, path, Duration::from_secs(5)))
+            .enter(|| roce_agent::api::client::get_body(&listen, path, Duration::from_secs(5)))
             .expect("entering the namespace")
             .unwrap_or_else(|e| panic!("{name} GET {path}: {e}"));
         assert!(!body.is_empty(), "{name}");
@@ -686,13 +688,15 @@ fn daemonset_command_line_runs_with_exactly_the_containers_capabilities() {
         .expect("a scrape path")
         .to_string();
     let metrics = ns
-        .enter(|| roce_agent::api::get_body(&listen, &scrape, Duration::from_secs(5)))
+        .enter(|| roce_agent::api::client::get_body(&listen, &scrape, Duration::from_secs(5)))
         .expect("entering the namespace")
         .unwrap_or_else(|e| panic!("GET {scrape}: {e}"));
     assert!(String::from_utf8_lossy(&metrics).contains("roce_agent_build_info"));
     // Loopback is not where it listens.
     let loopback = ns
-        .enter(|| roce_agent::api::get_body("127.0.0.1:9473", "/findings", Duration::from_secs(1)))
+        .enter(|| {
+            roce_agent::api::client::get_body("127.0.0.1:9473", "/findings", Duration::from_secs(1))
+        })
         .expect("entering the namespace");
     assert!(loopback.is_err(), "the agent answered on loopback too");
 

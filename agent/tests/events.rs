@@ -12,9 +12,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use roce_agent::api::{self, Findings};
+use roce_agent::api::{self};
+use roce_agent::doc::event::{hex, Event, EventKind};
+use roce_agent::doc::finding::Findings;
 use roce_agent::doc::{Direction, Family};
-use roce_agent::events::{hex, Event, EventKind};
 use roce_testkit::frame::{cnp, roce_frame, Eth, RoceMsg, L3};
 use tokio::sync::{broadcast, watch};
 
@@ -71,12 +72,14 @@ fn serve() -> (tokio::runtime::Runtime, String) {
         .expect("runtime");
     let (tx, _) = broadcast::channel::<Arc<Event>>(1024);
     let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
-    let (_dtx, drx) = watch::channel(Arc::new(roce_agent::live::LiveDocument::default()));
-    let feed = api::EventFeed {
+    let (_dtx, drx) = watch::channel(Arc::new(
+        roce_agent::telemetry::live::LiveDocument::default(),
+    ));
+    let feed = api::server::EventFeed {
         sender: tx.clone(),
         sample: Arc::new(std::sync::atomic::AtomicU32::new(1)),
     };
-    let router = api::router(drx, frx, Some(feed));
+    let router = api::server::router(drx, frx, Some(feed));
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("bind");

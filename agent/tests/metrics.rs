@@ -19,9 +19,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use roce_agent::doc::finding::Severity;
 use roce_agent::doc::{Counters, Direction, Document, Ecn, Family, Flow};
-use roce_agent::finding::Severity;
-use roce_agent::metrics::{self, EventCounts, HostSources, Inputs};
+use roce_agent::telemetry::metrics::{self, EventCounts, HostSources, Inputs};
 use roce_testkit::netns::{unique_name, Netns};
 use roce_testkit::sock::set_int_option;
 
@@ -202,7 +202,7 @@ fn realistic_document() -> Document {
     Document { flows, counters }
 }
 
-fn realistic_findings() -> Vec<roce_agent::finding::Finding> {
+fn realistic_findings() -> Vec<roce_agent::doc::finding::Finding> {
     use roce_agent::audit::finding;
     vec![
         finding(
@@ -261,7 +261,7 @@ fn realistic_events() -> EventCounts {
 
 #[test]
 fn exposition_of_a_realistic_document_is_promtool_clean() {
-    let doc = roce_agent::live::LiveDocument::from(realistic_document());
+    let doc = roce_agent::telemetry::live::LiveDocument::from(realistic_document());
     let findings = realistic_findings();
     let events = realistic_events();
     // The RNIC counters as a scrape reads them from a fixture tree.
@@ -271,7 +271,7 @@ fn exposition_of_a_realistic_document_is_promtool_clean() {
     }
     .read();
     assert_eq!(host.rnic.len(), 1, "{host:?}");
-    let mut pfc = roce_agent::ethtool::PfcCounters {
+    let mut pfc = roce_agent::telemetry::ethtool::PfcCounters {
         ifname: "eth1".to_string(),
         ..Default::default()
     };
@@ -511,7 +511,7 @@ fn ethtool_statistics_of_a_veth_match_ethtool_dash_s() {
     let peer = ifindex(&pair.b, "vb");
     let stats = pair
         .a
-        .enter(|| roce_agent::ethtool::stats("va"))
+        .enter(|| roce_agent::telemetry::ethtool::stats("va"))
         .expect("enter namespace a")
         .expect("ethtool statistics of va");
     let value = |name: &str| stats.iter().find(|s| s.name == name).map(|s| s.value);
@@ -537,23 +537,23 @@ fn ethtool_statistics_of_a_veth_match_ethtool_dash_s() {
     // lo has no driver statistics; a missing device is named as such.
     let lo = pair
         .a
-        .enter(|| roce_agent::ethtool::stats("lo"))
+        .enter(|| roce_agent::telemetry::ethtool::stats("lo"))
         .expect("enter");
     assert!(
         matches!(
             lo,
-            Err(roce_agent::ethtool::EthtoolError::Unsupported { .. })
+            Err(roce_agent::telemetry::ethtool::EthtoolError::Unsupported { .. })
         ),
         "{lo:?}"
     );
     let missing = pair
         .a
-        .enter(|| roce_agent::ethtool::stats("vb"))
+        .enter(|| roce_agent::telemetry::ethtool::stats("vb"))
         .expect("enter");
     assert!(
         matches!(
             missing,
-            Err(roce_agent::ethtool::EthtoolError::NoDevice { .. })
+            Err(roce_agent::telemetry::ethtool::EthtoolError::NoDevice { .. })
         ),
         "{missing:?}"
     );

@@ -1,7 +1,7 @@
 //! `roce-agent top` as a user runs it: in a real terminal (a tmux pane on a private
 //! tmux server, killed again when a test ends, also when it fails), against a small
 //! fake agent serving a fixed `/flows` and `/findings` through the agent's own
-//! `api::router`. Keys go in with `tmux send-keys`, the screen comes out with
+//! `api::server::router`. Keys go in with `tmux send-keys`, the screen comes out with
 //! `tmux capture-pane`.
 //!
 //! Needs tmux (`cargo xtask setup` installs it); without it the terminal tests are
@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use roce_agent::api::{self, Findings};
+use roce_agent::api::{self};
+use roce_agent::doc::finding::Findings;
 use roce_agent::doc::Document;
 
 const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
@@ -145,7 +146,7 @@ impl Drop for Tmux {
     }
 }
 
-/// The agent's API (`api::router`) serving fixed answers on 127.0.0.1; stopped on drop.
+/// The agent's API (`api::server::router`) serving fixed answers on 127.0.0.1; stopped on drop.
 struct FakeAgent {
     addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -168,10 +169,10 @@ impl FakeAgent {
                 let listener =
                     tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
                 let (_flows_tx, flows) = tokio::sync::watch::channel(Arc::new(
-                    roce_agent::live::LiveDocument::from(doc),
+                    roce_agent::telemetry::live::LiveDocument::from(doc),
                 ));
                 let (_findings_tx, findings) = tokio::sync::watch::channel(Arc::new(findings));
-                axum::serve(listener, api::router(flows, findings, None))
+                axum::serve(listener, api::server::router(flows, findings, None))
                     .with_graceful_shutdown(async {
                         let _ = stopped.await;
                     })

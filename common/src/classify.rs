@@ -18,77 +18,10 @@
 
 use crate::bth::{self, Bth, BTH_LEN, XRCETH_LEN};
 use crate::config::RuntimeConfig;
-use crate::counters::{Class, Reason};
-use crate::flow::{addr_v4_mapped, FlowKey, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
+use crate::key::{addr_v4_mapped, FlowKey, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
 use crate::packet::{Header, Packet};
+use crate::parsed::{Class, Outcome, Parsed, Reason};
 use crate::wire::*;
-
-/// A RoCEv2 packet parsed as far as its BTH (and the AETH/RETH that counting needs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Parsed {
-    /// `Class::Roce` or `Class::RoceInVxlan`.
-    pub tunnelled: bool,
-    /// Flow key without ifindex and direction (the caller knows those).
-    pub key: FlowKey,
-    /// Outer IPv4 TOS / IPv6 traffic class.
-    pub outer_tos: u8,
-    /// Inner TOS / traffic class (0 when not tunnelled).
-    pub inner_tos: u8,
-    /// UDP source port of the RoCE datagram (the inner one when tunnelled).
-    pub sport: u16,
-    /// UDP length of the RoCE datagram, as its header declares it.
-    pub udp_len: u16,
-    pub bth: Bth,
-    /// AETH syndrome when `has_syndrome` (0 otherwise); see [`Parsed::syndrome`].
-    /// Plain fields written on every path, like `Layers::roce`: with an `Option`,
-    /// LLVM computed the syndrome class from an unset stack slot on paths without
-    /// one, which the verifier rejects (a packet pointer had been spilled there).
-    pub aeth_syndrome: u8,
-    /// The opcode carries an AETH and its syndrome was in the frame.
-    pub has_syndrome: bool,
-    /// RETH DMA length of a READ request.
-    pub read_len: u32,
-    /// An AETH or RETH that counting needs was cut off.
-    pub ext_truncated: bool,
-}
-
-impl Parsed {
-    /// The AETH syndrome, when the opcode carries one and it was present.
-    #[inline(always)]
-    pub fn syndrome(&self) -> Option<u8> {
-        self.has_syndrome.then_some(self.aeth_syndrome)
-    }
-
-    pub fn class(&self) -> Class {
-        if self.tunnelled {
-            Class::RoceInVxlan
-        } else {
-            Class::Roce
-        }
-    }
-
-    /// Payload bytes of the RoCE packet (after extension headers, before pad and ICRC).
-    // Inlined: called from both kernel programs, LLVM would otherwise make it a BPF
-    // subprogram taking `&Parsed`, which forces the whole Parsed onto the stack.
-    #[inline(always)]
-    pub fn payload_len(&self) -> u32 {
-        let overhead = (UDP_HLEN + BTH_LEN + bth::ext_headers_len(self.bth.opcode) + bth::ICRC_LEN)
-            as u32
-            + self.bth.pad_count() as u32;
-        (self.udp_len as u32).saturating_sub(overhead)
-    }
-}
-
-/// What the classifier made of one frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// RoCEv2, plain or in VXLAN: counts on a flow.
-    Flow(Parsed),
-    /// Parsed, but not RoCE: counts only in its class.
-    Other(Class),
-    /// Could not be parsed as far as the BTH: counts under its reason, creates no flow.
-    Malformed(Reason),
-}
 
 /// One IP header that parsed: where it is, where its upper layer starts and where
 /// its datagram ends.

@@ -3,67 +3,7 @@
 //! host QoS counters and the sampled-event counters.
 //! The names are what `/flows` and `/metrics` show; never reuse an index for another meaning.
 
-/// An enum, its names and its count from one list: the names are what `/flows` and
-/// `/metrics` show, in the enum's order.
-macro_rules! named_enum {
-    ($(#[$em:meta])* pub enum $E:ident, $NAMES:ident, $COUNT:ident {
-        $( $(#[$m:meta])* $V:ident = $name:literal ),* $(,)?
-    }) => {
-        $(#[$em])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(u32)]
-        pub enum $E { $( $(#[$m])* $V ),* }
-        pub const $COUNT: usize = [$($name),*].len();
-        pub const $NAMES: [&str; $COUNT] = [$($name),*];
-    };
-}
-
-named_enum! {
-    /// What the classifier made of a frame that it could parse.
-    pub enum Class, CLASS_NAMES, CLASS_COUNT {
-        Roce = "roce",
-        RoceInVxlan = "roce_in_vxlan",
-        VxlanOther = "vxlan_other",
-        OtherUdp = "other_udp",
-        OtherIp = "other_ip",
-        NonIp = "non_ip",
-    }
-}
-
-named_enum! {
-    /// Why a frame could not be parsed as far as the BTH (or, for the last one, why an
-    /// extension header that counting needs was missing). Each has its own counter.
-    pub enum Reason, REASON_NAMES, REASON_COUNT {
-        TruncatedEth = "truncated_eth",
-        TruncatedVlan = "truncated_vlan",
-        TooManyVlanTags = "too_many_vlan_tags",
-        TruncatedIpv4 = "truncated_ipv4",
-        BadIpv4Ihl = "bad_ipv4_ihl",
-        BadIpVersion = "bad_ip_version",
-        Ipv4Fragment = "ipv4_fragment",
-        TruncatedIpv6 = "truncated_ipv6",
-        TruncatedIpv6Ext = "truncated_ipv6_ext",
-        TooManyIpv6Ext = "too_many_ipv6_ext",
-        Ipv6Fragment = "ipv6_fragment",
-        TruncatedUdp = "truncated_udp",
-        TruncatedBth = "truncated_bth",
-        TruncatedVxlan = "truncated_vxlan",
-        BadVxlanFlags = "bad_vxlan_flags",
-        TruncatedInnerEth = "truncated_inner_eth",
-        TruncatedInnerIpv4 = "truncated_inner_ipv4",
-        BadInnerIpv4Ihl = "bad_inner_ipv4_ihl",
-        InnerIpv4Fragment = "inner_ipv4_fragment",
-        TruncatedInnerIpv6 = "truncated_inner_ipv6",
-        TruncatedInnerIpv6Ext = "truncated_inner_ipv6_ext",
-        TooManyInnerIpv6Ext = "too_many_inner_ipv6_ext",
-        InnerIpv6Fragment = "inner_ipv6_fragment",
-        TruncatedInnerUdp = "truncated_inner_udp",
-        TruncatedInnerBth = "truncated_inner_bth",
-        /// The BTH parsed but the AETH/RETH that counting needs was cut off: the packet
-        /// still counts on its flow, without its ACK/NAK class or READ length.
-        TruncatedExtHeader = "truncated_ext_header",
-    }
-}
+use crate::parsed::{Class, Outcome, Reason, REASON_COUNT};
 
 /// Layout of the STATS array.
 pub const STAT_CLASS_BASE: u32 = 0;
@@ -233,8 +173,7 @@ pub fn reason_index(r: Reason) -> u32 {
 /// The STATS entries one classified frame bumps: its class or reason, and for a
 /// RoCE packet with a cut-off extension header also `truncated_ext_header`.
 #[inline(always)]
-pub fn stat_indices(outcome: &crate::classify::Outcome) -> (u32, Option<u32>) {
-    use crate::classify::Outcome;
+pub fn stat_indices(outcome: &Outcome) -> (u32, Option<u32>) {
     match outcome {
         Outcome::Flow(p) => {
             let extra = if p.ext_truncated {
@@ -269,7 +208,7 @@ mod tests {
             assert_eq!(*idx, STAT_QOS_ROCE_REWRITTEN + i as u32);
         }
         assert_eq!(
-            REASON_NAMES[Reason::TruncatedExtHeader as usize],
+            crate::parsed::REASON_NAMES[Reason::TruncatedExtHeader as usize],
             "truncated_ext_header"
         );
         // Event counters after the QoS ones, then the drop reasons.

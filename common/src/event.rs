@@ -5,7 +5,7 @@
 //! [`EVENTS_PER_CPU_PER_WINDOW`] per CPU and window, and write an [`EventRecord`]
 //! into the ring; the agent reads it (`agent/src/events_reader.rs`).
 
-use crate::flow::FlowKey;
+use crate::key::FlowKey;
 
 /// Event kinds. Each is also the offset of its `events` counter after
 /// `counters::STAT_EVENTS_CE` and the index of its name in

@@ -16,8 +16,10 @@ pub mod counters;
 pub mod event;
 pub mod flow;
 pub mod icrc;
+pub mod key;
 pub mod names;
 pub mod packet;
+pub mod parsed;
 pub mod policy;
 pub mod psn;
 pub mod wire;
@@ -28,9 +30,9 @@ pub mod reference;
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of these are #[repr(C)], made of integers only, with explicit padding.
-    unsafe impl aya::Pod for crate::flow::FlowKey {}
-    unsafe impl aya::Pod for crate::flow::FlowKey4 {}
-    unsafe impl aya::Pod for crate::flow::FlowKeyMid {}
+    unsafe impl aya::Pod for crate::key::FlowKey {}
+    unsafe impl aya::Pod for crate::key::FlowKey4 {}
+    unsafe impl aya::Pod for crate::key::FlowKeyMid {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
     unsafe impl aya::Pod for crate::flow::FlowSlot {}
     unsafe impl aya::Pod for crate::config::RuntimeConfig {}

@@ -12,7 +12,7 @@ use crate::bth;
 use crate::classify::{ip_addresses, tunnel_layers, walk};
 use crate::config::RuntimeConfig;
 use crate::counters::*;
-use crate::flow::addr_v4_mapped;
+use crate::key::addr_v4_mapped;
 use crate::packet::Packet;
 use crate::wire::*;
 

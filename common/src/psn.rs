@@ -6,8 +6,8 @@
 //! exactly one IB MTU fits it, and is the configured default until then.
 
 use crate::bth::{self, op};
-use crate::classify::Parsed;
 use crate::config::{pmtu_log2, IB_MTU_LOG2};
+use crate::parsed::Parsed;
 
 pub const PSN_MASK: u32 = 0x00FF_FFFF;
 /// Distances below this are "ahead", at or above it "behind" (half the PSN space).

@@ -4,11 +4,13 @@
 
 use std::collections::HashMap;
 
-use crate::classify::{walk, Outcome, Walk};
+use crate::classify::{walk, Walk};
 use crate::config::RuntimeConfig;
 use crate::counters::{stat_indices, STATS_LEN};
-use crate::flow::{FlowKey, FlowStats};
+use crate::flow::FlowStats;
+use crate::key::FlowKey;
 use crate::packet::SlicePacket;
+use crate::parsed::Outcome;
 
 /// Flows and counters of everything fed to it, as the kernel would hold them (one CPU).
 #[derive(Clone, Debug)]

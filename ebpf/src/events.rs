@@ -9,7 +9,6 @@ use aya_ebpf::helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns};
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{PerCpuArray, RingBuf};
 use aya_ebpf::programs::{TcContext, XdpContext};
-use roce_common::classify::Parsed;
 use roce_common::counters::{
     event_index, STAT_EVENTS_DROPPED_RATE_LIMIT, STAT_EVENTS_DROPPED_RING_FULL,
 };
@@ -17,7 +16,8 @@ use roce_common::event::{
     captured_len, EventRecord, Trouble, EVENTS_OFF, EVENTS_PER_CPU_PER_WINDOW, EVENTS_RING_BYTES,
     EVENT_CE, EVENT_KIND_COUNT, EVENT_NONE, EVENT_PACKET_BYTES, EVENT_WINDOW_NS,
 };
-use roce_common::flow::FlowKey;
+use roce_common::key::FlowKey;
+use roce_common::parsed::Parsed;
 
 use crate::maps::bump;
 

@@ -8,12 +8,13 @@
 use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use aya_ebpf::maps::HashMap;
-use roce_common::classify::Parsed;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED};
 use roce_common::event::{Trouble, EVENTS_OFF};
-use roce_common::flow::{FlowKey, FlowKey4, FlowKeyMid, FlowSlot, KEY4_EGRESS, KEY_EGRESS};
+use roce_common::flow::FlowSlot;
 use roce_common::flow::{SLOT_FREE, SLOT_LIVE};
+use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, KEY4_EGRESS, KEY_EGRESS};
+use roce_common::parsed::Parsed;
 
 use crate::events::{emit, FrameHead};
 use crate::maps::{bump, FLOWS, FLOWS4, FLOWS_MID, FLOW_FREE, FLOW_SLOTS};

@@ -5,7 +5,8 @@ use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, Queue};
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
 use roce_common::counters::STATS_LEN;
-use roce_common::flow::{FlowKey, FlowKey4, FlowKeyMid, FlowSlot};
+use roce_common::flow::FlowSlot;
+use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid};
 pub use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN};
 use roce_common::policy::{
     DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,

@@ -9,9 +9,10 @@
 use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::macros::classifier;
 use aya_ebpf::programs::TcContext;
-use roce_common::classify::{classify, Outcome};
+use roce_common::classify::classify;
 use roce_common::counters::{STAT_TC_PULL_FAILED, STAT_TC_WRITE_FAILED};
 use roce_common::packet::Packet;
+use roce_common::parsed::Outcome;
 use roce_common::policy::{
     action_stats, csum_replace16, decap_check, decap_stats, decide, tos_word, Action, VtepStats,
 };

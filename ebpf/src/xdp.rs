@@ -3,8 +3,9 @@
 use aya_ebpf::bindings::xdp_action;
 use aya_ebpf::macros::xdp;
 use aya_ebpf::programs::XdpContext;
-use roce_common::classify::{classify_into, NotFlowSink, Outcome};
+use roce_common::classify::{classify_into, NotFlowSink};
 use roce_common::counters::stat_indices;
+use roce_common::parsed::Outcome;
 
 use crate::flow::{count_on_flow, hidden_from_compiler};
 use crate::maps::{bump, generation, runtime_config};

@@ -899,11 +899,12 @@ mod tests {
     use pnet::packet::vlan::VlanPacket;
     use pnet::packet::Packet as _;
     use roce_common::bth;
-    use roce_common::classify::{classify, Outcome};
+    use roce_common::classify::classify;
     use roce_common::config::RuntimeConfig;
-    use roce_common::counters::{Class, Reason};
-    use roce_common::flow::{addr_v4_mapped, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
+    use roce_common::key::{addr_v4_mapped, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
     use roce_common::packet::SlicePacket;
+    use roce_common::parsed::Outcome;
+    use roce_common::parsed::{Class, Reason};
 
     const A4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
     const B4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);

@@ -12,7 +12,7 @@
 //! - [`sock`]: an integer socket option, binding to a device, pinning to a CPU.
 //! - [`temp`]: temporary files and directories removed when dropped.
 //!
-//! The BPF_PROG_TEST_RUN wrapper stays in the agent (`roce_agent::testrun`): its
+//! The BPF_PROG_TEST_RUN wrapper stays in the agent (`roce_agent::datapath::testrun`): its
 //! `analyze --engine kernel` runs captures through it in production.
 
 pub mod bpffs;

@@ -12,8 +12,8 @@
 //! flow counted on one CPU, a quarter on both; 4,096 peers, each flow one queue pair
 //! to one of them, a quarter on egress), then does what `roce-agent run` does
 //! each interval: polls on one thread pinned to one CPU and publishes the document
-//! through the same `watch` channel the API serves, while the API (`api::router` and
-//! `api::metrics_router`) listens on loopback. Figures: the median poll after the
+//! through the same `watch` channel the API serves, while the API (`api::server::router` and
+//! `api::server::metrics_router`) listens on loopback. Figures: the median poll after the
 //! first (the first has no rates to make), VmRSS and VmHWM from /proc/self/status
 //! after the polls and scrapes, and the median of `GET /metrics` through HTTP; then
 //! one `GET /flows` of the whole table (its time, and VmHWM after it).
@@ -23,10 +23,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use roce_agent::collector::Collector;
-use roce_agent::loader::{self, LoadOptions};
-use roce_common::flow::{addr_v4_mapped, FlowKey, FlowStats};
-use roce_common::flow::{KEY_EGRESS, KEY_OUTER_V6, KEY_TUNNELLED};
+use roce_agent::datapath::loader::{self, LoadOptions};
+use roce_agent::telemetry::collector::Collector;
+use roce_common::flow::FlowStats;
+use roce_common::key::{addr_v4_mapped, FlowKey};
+use roce_common::key::{KEY_EGRESS, KEY_OUTER_V6, KEY_TUNNELLED};
 
 use crate::median;
 
@@ -75,7 +76,7 @@ pub fn run(opts: &Options) -> Result<()> {
 /// agent resolves them).
 fn interfaces() -> Vec<u32> {
     let found: Vec<u32> = (1..64)
-        .filter(|i| roce_agent::netif::name_of(*i).is_some())
+        .filter(|i| roce_agent::sys::netif::name_of(*i).is_some())
         .take(2)
         .collect();
     if found.is_empty() {
@@ -267,9 +268,10 @@ pub fn child(opts: &Options) -> Result<()> {
     let mut polls = vec![first.elapsed.as_secs_f64() * 1000.0];
     let mut reads = vec![first.read.as_secs_f64() * 1000.0];
     let (tx, rx) = tokio::sync::watch::channel(first.document);
-    let (_ftx, frx) = tokio::sync::watch::channel(Arc::new(roce_agent::api::Findings::default()));
-    let exporter = Arc::new(roce_agent::metrics::Exporter {
-        host: std::sync::RwLock::new(roce_agent::metrics::HostSources {
+    let (_ftx, frx) =
+        tokio::sync::watch::channel(Arc::new(roce_agent::doc::finding::Findings::default()));
+    let exporter = Arc::new(roce_agent::telemetry::metrics::Exporter {
+        host: std::sync::RwLock::new(roce_agent::telemetry::metrics::HostSources {
             sysfs_root: "/sys".into(),
             interfaces: Vec::new(),
         }),
@@ -277,8 +279,8 @@ pub fn child(opts: &Options) -> Result<()> {
         reloads: Default::default(),
         events_ring: None,
     });
-    let routes = roce_agent::api::router(rx.clone(), frx.clone(), None)
-        .merge(roce_agent::api::metrics_router(rx, frx, exporter));
+    let routes = roce_agent::api::server::router(rx.clone(), frx.clone(), None)
+        .merge(roce_agent::api::server::metrics_router(rx, frx, exporter));
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let addr = listener.local_addr()?.to_string();
     rt.spawn(async move { axum::serve(listener, routes).await });
@@ -305,7 +307,7 @@ pub fn child(opts: &Options) -> Result<()> {
     let mut body_len = 0;
     for _ in 0..opts.scrapes.max(1) {
         let start = Instant::now();
-        let body = roce_agent::api::get_body(&addr, "/metrics", Duration::from_secs(60))
+        let body = roce_agent::api::client::get_body(&addr, "/metrics", Duration::from_secs(60))
             .context("GET /metrics")?;
         scrapes.push(start.elapsed().as_secs_f64() * 1000.0);
         body_len = body.len();
@@ -317,8 +319,9 @@ pub fn child(opts: &Options) -> Result<()> {
     // Then GET /flows once, read as it comes (the whole table is hundreds of MB of
     // JSON): what it costs and what it does to the agent's peak memory.
     let start = Instant::now();
-    let mut stream = roce_agent::api::send_request(&addr, "/flows", Duration::from_secs(120))
-        .context("GET /flows")?;
+    let mut stream =
+        roce_agent::api::client::send_request(&addr, "/flows", Duration::from_secs(120))
+            .context("GET /flows")?;
     let flows_bytes = std::io::copy(&mut stream, &mut std::io::sink()).context("GET /flows")?;
     let flows_get_ms = start.elapsed().as_secs_f64() * 1000.0;
     let (_, hwm_after_flows) = memory_mb()?;

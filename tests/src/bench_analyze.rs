@@ -32,7 +32,7 @@ use anyhow::{bail, Context, Result};
 use roce_agent::analyze::engine::{allowed_cpus, kernel_workers, load_kernel};
 use roce_agent::analyze::workers::{self, Icrc};
 use roce_agent::analyze::{CaptureReader, Split};
-use roce_agent::loader::LoadOptions;
+use roce_agent::datapath::loader::LoadOptions;
 use roce_common::config::RuntimeConfig;
 use roce_common::names::program::{XDP_BASELINE, XDP_CLASSIFY};
 use roce_common::policy::Policy;

@@ -25,12 +25,13 @@ use std::fmt;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use roce_agent::loader::{LoadOptions, TC_EGRESS, TC_INGRESS};
-use roce_common::classify::Outcome;
+use roce_agent::datapath::loader::{LoadOptions, TC_EGRESS, TC_INGRESS};
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{STATS_LEN, STAT_FLOW_CREATED};
-use roce_common::flow::{FlowKey, FlowStats, KEY_EGRESS};
+use roce_common::flow::FlowStats;
+use roce_common::key::{FlowKey, KEY_EGRESS};
 use roce_common::packet::SlicePacket;
+use roce_common::parsed::Outcome;
 use roce_common::policy::{
     action_stats, apply, decap_check, decap_stats, ipv4_checksum, DscpEntry, IfaceQos, Kind,
     Policy, VtepKey, VtepStats, ECN_KERNEL, ECN_RFC6040, HOST_AUDIT, HOST_ENFORCE, HOST_OFF,

@@ -3,8 +3,8 @@
 //! they wrote and the STATS they counted.
 
 use aya::maps::{MapData, RingBuf};
-use roce_agent::loader::{load, LoadOptions, Loaded, TC_EGRESS};
-use roce_agent::testrun::{test_run, TestRun};
+use roce_agent::datapath::loader::{load, LoadOptions, Loaded, TC_EGRESS};
+use roce_agent::datapath::testrun::{test_run, TestRun};
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{
     STAT_EVENTS_CE, STAT_EVENTS_DROPPED_RATE_LIMIT, STAT_EVENTS_DROPPED_RING_FULL,
@@ -131,9 +131,9 @@ impl EventsHarness {
     }
 
     /// Records written into and read out of the ring, from the kernel's positions.
-    pub fn progress(&self) -> roce_agent::ring_progress::Progress {
+    pub fn progress(&self) -> roce_agent::telemetry::ring_progress::Progress {
         use std::os::fd::AsFd;
-        match roce_agent::ring_progress::RingProgress::map(self.ring.as_fd()) {
+        match roce_agent::telemetry::ring_progress::RingProgress::map(self.ring.as_fd()) {
             Ok(p) => p.read(),
             Err(e) => panic!("{e}"),
         }
@@ -143,7 +143,7 @@ impl EventsHarness {
     pub fn drain(&mut self) -> Vec<EventRecord> {
         let mut out = Vec::new();
         while let Some(item) = self.ring.next() {
-            match roce_agent::events_reader::decode(&item) {
+            match roce_agent::telemetry::events_reader::decode(&item) {
                 Some(rec) => out.push(rec),
                 None => panic!("a ring item of {} bytes is no EventRecord", item.len()),
             }

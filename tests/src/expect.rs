@@ -5,15 +5,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use roce_common::counters::Reason;
 use roce_common::counters::{
-    class_index, reason_index, Class, CLASS_NAMES, REASON_NAMES, STATS_LEN, STAT_CLASS_BASE,
-    STAT_FLOW_CREATED, STAT_NAMES_EVENTS, STAT_NAMES_EVENTS_DROPPED, STAT_NAMES_OTHER,
-    STAT_NAMES_QOS, STAT_REASON_BASE,
+    class_index, reason_index, STATS_LEN, STAT_CLASS_BASE, STAT_FLOW_CREATED, STAT_NAMES_EVENTS,
+    STAT_NAMES_EVENTS_DROPPED, STAT_NAMES_OTHER, STAT_NAMES_QOS, STAT_REASON_BASE,
 };
-use roce_common::flow::{
-    addr_v4_mapped, FlowKey, FlowStats, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
-};
+use roce_common::flow::FlowStats;
+use roce_common::key::{addr_v4_mapped, FlowKey, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
+use roce_common::parsed::Reason;
+use roce_common::parsed::{Class, CLASS_NAMES, REASON_NAMES};
 use roce_common::reference::ReferenceTable;
 use roce_testkit::frame::L3;
 

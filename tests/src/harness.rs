@@ -8,9 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use roce_agent::loader::{load, LoadOptions, Loaded};
-use roce_agent::testrun::{test_run, TestRun, TestRunOutput};
-use roce_common::flow::{FlowKey, FlowStats};
+use roce_agent::datapath::loader::{load, LoadOptions, Loaded};
+use roce_agent::datapath::testrun::{test_run, TestRun, TestRunOutput};
+use roce_common::flow::FlowStats;
+use roce_common::key::FlowKey;
 
 use crate::hex;
 

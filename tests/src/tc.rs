@@ -7,9 +7,10 @@
 
 use std::collections::BTreeMap;
 
-use roce_agent::loader::{load, LoadOptions, Loaded, TC_EGRESS, TC_INGRESS};
-use roce_agent::testrun::{test_run, TestRun};
-use roce_common::flow::{FlowKey, FlowStats};
+use roce_agent::datapath::loader::{load, LoadOptions, Loaded, TC_EGRESS, TC_INGRESS};
+use roce_agent::datapath::testrun::{test_run, TestRun};
+use roce_common::flow::FlowStats;
+use roce_common::key::FlowKey;
 use roce_common::policy::{IfaceQos, Policy, VtepKey, VtepStats};
 
 use crate::harness::pin_to_current_cpu;

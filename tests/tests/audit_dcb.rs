@@ -8,7 +8,7 @@
 
 use anyhow::{bail, Result};
 use roce_agent::audit::dcb::{self, DcbApp, DcbError, IeeePfc};
-use roce_agent::finding::Severity;
+use roce_agent::doc::finding::Severity;
 use roce_common::policy::Policy;
 use roce_testkit::netns::{unique_name, Netns};
 

@@ -471,10 +471,10 @@ fn run_probes_the_remote_ends_of_its_flows_when_asked() {
     let get_findings = || -> Option<Vec<roce_agent::audit::Finding>> {
         let body = path
             .a
-            .enter(|| roce_agent::api::get_body(api, "/findings", Duration::from_secs(2)))
+            .enter(|| roce_agent::api::client::get_body(api, "/findings", Duration::from_secs(2)))
             .ok()?
             .ok()?;
-        let doc: roce_agent::api::Findings = serde_json::from_slice(&body).ok()?;
+        let doc: roce_agent::doc::finding::Findings = serde_json::from_slice(&body).ok()?;
         Some(doc.findings)
     };
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -8,12 +8,13 @@
 //! `ROCE_DIFF_SEED=<u64>` replays a run; `ROCE_DIFF_PACKETS=<n>` changes its size
 //! (`cargo xtask fuzz` runs a million). Needs root.
 
-use roce_agent::loader::TC_EGRESS;
+use roce_agent::datapath::loader::TC_EGRESS;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{
-    class_index, reason_index, Class, Reason, CLASS_NAMES, REASON_COUNT, STAT_FLOW_INSERT_FAILED,
-    STAT_QOS_AUDIT_INTRUDER_REMARK, STAT_QOS_AUDIT_ROCE_REWRITE,
+    class_index, reason_index, STAT_FLOW_INSERT_FAILED, STAT_QOS_AUDIT_INTRUDER_REMARK,
+    STAT_QOS_AUDIT_ROCE_REWRITE,
 };
+use roce_common::parsed::{Class, Reason, CLASS_NAMES, REASON_COUNT};
 use roce_common::policy::{Policy, ENTRY_LOSSLESS};
 use roce_common::reference::ReferenceTable;
 use roce_tests::differential::{

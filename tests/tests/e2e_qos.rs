@@ -19,10 +19,10 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use roce_agent::attach::Attachments;
 use roce_agent::config::{EcnPropagation, HostMode, Settings};
-use roce_agent::loader::{self, LoadOptions};
-use roce_agent::qos::TcMechanism;
+use roce_agent::datapath::attach::Attachments;
+use roce_agent::datapath::loader::{self, LoadOptions};
+use roce_agent::datapath::qos::TcMechanism;
 use roce_common::counters::*;
 use roce_common::policy::ecn_encapsulate;
 use roce_common::policy::{ECN_KERNEL, ECN_RFC6040};

@@ -11,7 +11,7 @@ use roce_common::event::{
     EventRecord, EVENTS_PER_CPU_PER_WINDOW, EVENT_CE, EVENT_CNP, EVENT_NAK, EVENT_PACKET_BYTES,
     EVENT_PSN_GAP, EVENT_RNR_NAK,
 };
-use roce_common::flow::{FlowKey, KEY_EGRESS};
+use roce_common::key::{FlowKey, KEY_EGRESS};
 use roce_common::policy::{
     apply, IfaceQos, Policy, ECN_KERNEL, HOST_AUDIT, HOST_ENFORCE, HOST_OFF,
 };
@@ -317,7 +317,7 @@ fn a_full_ring_counts_ring_full_and_takes_events_again_once_read() {
         (capacity, burst - capacity, 0)
     );
     // The kernel's positions say the same (roce_agent_events_ring_*).
-    let progress = |written, read| roce_agent::ring_progress::Progress { written, read };
+    let progress = |written, read| roce_agent::telemetry::ring_progress::Progress { written, read };
     assert_eq!(h.progress(), progress(capacity, 0));
     assert_eq!(h.drain().len() as u64, capacity);
     assert_eq!(h.progress(), progress(capacity, capacity));
@@ -400,14 +400,14 @@ fn run(
     fd: std::os::fd::BorrowedFd<'_>,
     frame: &[u8],
     ctx: Option<&[u8]>,
-) -> roce_agent::testrun::TestRunOutput {
-    let run = roce_agent::testrun::TestRun {
+) -> roce_agent::datapath::testrun::TestRunOutput {
+    let run = roce_agent::datapath::testrun::TestRun {
         data: frame,
         repeat: 1,
         ctx_in: ctx,
         ctx_out_len: ctx.map_or(0, <[u8]>::len),
     };
-    match roce_agent::testrun::test_run(fd, &run) {
+    match roce_agent::datapath::testrun::test_run(fd, &run) {
         Ok(out) => out,
         Err(e) => panic!("test run: {e}"),
     }
@@ -416,10 +416,13 @@ fn run(
 #[test]
 fn the_reader_needs_a_runtime_and_takes_the_ring_once() {
     let mut h = harness();
-    let resolve: roce_agent::events_reader::Resolver = Arc::new(|_| None);
-    let err = roce_agent::events_reader::spawn(h.loaded_mut(), resolve.clone()).err();
+    let resolve: roce_agent::telemetry::events_reader::Resolver = Arc::new(|_| None);
+    let err = roce_agent::telemetry::events_reader::spawn(h.loaded_mut(), resolve.clone()).err();
     assert!(
-        matches!(err, Some(roce_agent::events_reader::EventsError::NoRuntime)),
+        matches!(
+            err,
+            Some(roce_agent::telemetry::events_reader::EventsError::NoRuntime)
+        ),
         "{err:?}"
     );
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -430,22 +433,23 @@ fn the_reader_needs_a_runtime_and_takes_the_ring_once() {
         Err(e) => panic!("runtime: {e}"),
     };
     // The harness took the ring already: a reader finds none.
-    let err =
-        rt.block_on(async { roce_agent::events_reader::spawn(h.loaded_mut(), resolve).err() });
+    let err = rt.block_on(async {
+        roce_agent::telemetry::events_reader::spawn(h.loaded_mut(), resolve).err()
+    });
     assert!(err.is_some_and(|e| e.to_string().contains("EVENTS")));
 }
 
 #[tokio::test]
 async fn the_reader_publishes_ingress_and_egress_events_on_the_broadcast() {
     roce_tests::harness::pin_to_current_cpu();
-    let opts = roce_agent::loader::LoadOptions {
+    let opts = roce_agent::datapath::loader::LoadOptions {
         config: roce_common::config::RuntimeConfig {
             events_sample: 1,
             ..Default::default()
         },
         ..Default::default()
     };
-    let mut loaded = match roce_agent::loader::load(&opts) {
+    let mut loaded = match roce_agent::datapath::loader::load(&opts) {
         Ok(l) => l,
         Err(e) => panic!("loading (needs root): {e}"),
     };
@@ -455,14 +459,16 @@ async fn the_reader_publishes_ingress_and_egress_events_on_the_broadcast() {
     {
         panic!("{e}");
     }
-    if let Err(e) = loaded.tc_fd(roce_agent::loader::TC_EGRESS) {
+    if let Err(e) = loaded.tc_fd(roce_agent::datapath::loader::TC_EGRESS) {
         panic!("{e}");
     }
-    let tx =
-        match roce_agent::events_reader::spawn(&mut loaded, Arc::new(roce_agent::netif::name_of)) {
-            Ok(spawned) => spawned.sender,
-            Err(e) => panic!("spawning the reader: {e}"),
-        };
+    let tx = match roce_agent::telemetry::events_reader::spawn(
+        &mut loaded,
+        Arc::new(roce_agent::sys::netif::name_of),
+    ) {
+        Ok(spawned) => spawned.sender,
+        Err(e) => panic!("spawning the reader: {e}"),
+    };
     let mut rx = tx.subscribe();
     let ce = write(&host4(tos(3)), 7);
     let c = roce_frame(&eth(), &host4(tos(2)), SPORT, &cnp(QP));
@@ -475,7 +481,7 @@ async fn the_reader_publishes_ingress_and_egress_events_on_the_broadcast() {
     }
     let skb = [0u8; roce_tests::tc::SKB_CTX_LEN];
     let egress = write(&host4((10 << 2) | 3), 8);
-    let fd = match loaded.tc_fd(roce_agent::loader::TC_EGRESS) {
+    let fd = match loaded.tc_fd(roce_agent::datapath::loader::TC_EGRESS) {
         Ok(fd) => fd,
         Err(e) => panic!("{e}"),
     };
@@ -489,7 +495,7 @@ async fn the_reader_publishes_ingress_and_egress_events_on_the_broadcast() {
             Err(_) => panic!("only {} events within 5 s: {events:#?}", events.len()),
         }
     }
-    let lo = roce_agent::netif::name_of(1).unwrap_or_else(|| "if#1".to_string());
+    let lo = roce_agent::sys::netif::name_of(1).unwrap_or_else(|| "if#1".to_string());
     let v: Vec<serde_json::Value> = events
         .iter()
         .map(|e| serde_json::to_value(&**e).unwrap_or_default())

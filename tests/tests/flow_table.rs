@@ -6,9 +6,9 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use roce_agent::loader::LoadOptions;
+use roce_agent::datapath::loader::LoadOptions;
 use roce_common::counters::STAT_FLOW_INSERT_FAILED;
-use roce_common::flow::FlowKey;
+use roce_common::key::FlowKey;
 use roce_testkit::frame::{roce_frame, Eth, RoceMsg, L3};
 use roce_tests::expect::key;
 use roce_tests::harness::Harness;
@@ -122,8 +122,8 @@ fn a_full_table_counts_insert_failures_and_keeps_every_flow_it_has() {
 
 #[test]
 fn an_adopted_table_gets_back_the_slots_its_last_agent_had_evicted() {
-    use roce_agent::loader::{load_pinned, LoadError};
-    use roce_agent::pin::PinDir;
+    use roce_agent::datapath::loader::{load_pinned, LoadError};
+    use roce_agent::datapath::pin::PinDir;
     let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
     let dir = bpffs.pin_dir();
     let opts = LoadOptions {
@@ -166,7 +166,7 @@ fn an_adopted_table_gets_back_the_slots_its_last_agent_had_evicted() {
 #[test]
 fn eviction_takes_back_a_stale_slot_without_deleting_the_live_flows_key() {
     use aya::maps::{HashMap, Map, MapData};
-    use roce_common::flow::FlowKey4;
+    use roce_common::key::FlowKey4;
     use roce_common::names::map;
     let mut h = Harness::load_with(&LoadOptions {
         flows_max_entries: SLOTS,

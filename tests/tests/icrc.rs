@@ -17,8 +17,9 @@ use std::path::Path;
 use std::process::Command;
 
 use roce_common::config::RuntimeConfig;
-use roce_common::counters::{class_index, Class};
+use roce_common::counters::class_index;
 use roce_common::icrc::icrc;
+use roce_common::parsed::Class;
 use roce_common::reference::ReferenceTable;
 use roce_testkit::frame::{cnp, opcode, roce_frame, vxlan_frame, Eth, RoceMsg, VlanTag, L3};
 use roce_testkit::tshark;

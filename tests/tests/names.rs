@@ -1,7 +1,7 @@
 //! The names declared once in `roce_common::names` are exactly the kernel object's:
 //! a map or program renamed on one side only fails here, not at attach time on a host.
 
-use roce_agent::loader::{load, LoadOptions};
+use roce_agent::datapath::loader::{load, LoadOptions};
 use roce_common::names::{map, program};
 
 #[test]
@@ -69,8 +69,9 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     );
     let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
     let dir = bpffs.pin_dir();
-    let pins = roce_agent::pin::PinDir::prepare(&dir).expect("pin directory");
-    let loaded = roce_agent::loader::load_pinned(&LoadOptions::default(), pins).expect("load");
+    let pins = roce_agent::datapath::pin::PinDir::prepare(&dir).expect("pin directory");
+    let loaded =
+        roce_agent::datapath::loader::load_pinned(&LoadOptions::default(), pins).expect("load");
     let mut shapes = Vec::new();
     for name in map::ALL {
         let info = aya::maps::MapInfo::from_pin(dir.join("maps").join(name)).expect(name);
@@ -123,7 +124,7 @@ fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
                 .expect("memlock in fdinfo");
             kernel += memlock;
         }
-        let estimate = roce_agent::loader::flow_tables_kernel_bytes(entries, cpus);
+        let estimate = roce_agent::datapath::loader::flow_tables_kernel_bytes(entries, cpus);
         let ratio = estimate as f64 / kernel as f64;
         assert!(
             (0.9..=1.1).contains(&ratio),

@@ -10,8 +10,10 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use roce_common::counters::*;
-use roce_common::flow::{FlowKey, FlowStats, KEY_EGRESS};
+use roce_common::flow::FlowStats;
+use roce_common::key::{FlowKey, KEY_EGRESS};
 use roce_common::packet::SlicePacket;
+use roce_common::parsed::Class;
 use roce_common::policy::{
     action_stats, apply, decap_check, decap_stats, ipv4_checksum, DscpEntry, IfaceQos, Kind,
     Policy, VtepStats, ECN_KERNEL, ECN_RFC6040, ENTRY_LOSSLESS, HOST_AUDIT, HOST_ENFORCE, HOST_OFF,
@@ -438,14 +440,14 @@ fn interfaces_beyond_the_direct_array_are_configured_through_the_hash() {
         let eth = Eth::default();
         let udp = udp_frame(&eth, &l3(false, false, 106), 40000, 5001, &[0; 32]);
         let before = h
-            .run_on(roce_agent::loader::TC_EGRESS, &udp, PRIO_IN, 5000)
+            .run_on(roce_agent::datapath::loader::TC_EGRESS, &udp, PRIO_IN, 5000)
             .data;
         h.set_iface_at(5000, Some(iface(HOST_ENFORCE, 0, ECN_KERNEL)));
-        let enforced = h.run_on(roce_agent::loader::TC_EGRESS, &udp, PRIO_IN, 5000);
+        let enforced = h.run_on(roce_agent::datapath::loader::TC_EGRESS, &udp, PRIO_IN, 5000);
         let on_lo = h.egress(&udp, PRIO_IN).data;
         h.set_iface_at(5000, None);
         let after = h
-            .run_on(roce_agent::loader::TC_EGRESS, &udp, PRIO_IN, 5000)
+            .run_on(roce_agent::datapath::loader::TC_EGRESS, &udp, PRIO_IN, 5000)
             .data;
         Ok((udp, before, enforced, on_lo, after))
     });
@@ -665,12 +667,12 @@ fn one_frame_in_and_out_is_two_flows_and_one_frame_in_the_class_counters() {
         Ok(fd) => fd,
         Err(e) => panic!("{e}"),
     };
-    let run = roce_agent::testrun::TestRun {
+    let run = roce_agent::datapath::testrun::TestRun {
         data: f,
         repeat: 1,
         ..Default::default()
     };
-    if let Err(e) = roce_agent::testrun::test_run(fd, &run) {
+    if let Err(e) = roce_agent::datapath::testrun::test_run(fd, &run) {
         panic!("XDP test run: {e}");
     }
     let flows = h.flows();

@@ -8,8 +8,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use roce_common::bth;
 use roce_common::config::RuntimeConfig;
-use roce_common::counters::{Class, Reason};
-use roce_common::flow::{FlowKey, FlowStats};
+use roce_common::flow::FlowStats;
+use roce_common::key::FlowKey;
+use roce_common::parsed::{Class, Reason};
 use roce_common::reference::ReferenceTable;
 use roce_common::wire::{ETH_HLEN, UDP_HLEN, VLAN_HLEN, VXLAN_HLEN};
 use roce_testkit::frame::{
@@ -228,7 +229,7 @@ fn one_flow_on_two_cpus_shares_its_psn_state_and_counts_no_false_gap() {
 /// atomically, so not one packet or byte is lost.
 #[test]
 fn two_cpus_counting_one_flow_at_once_lose_no_count() {
-    use roce_agent::testrun::{test_run, TestRun};
+    use roce_agent::datapath::testrun::{test_run, TestRun};
     const RUNS: u32 = 200_000;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!(
@@ -1386,9 +1387,9 @@ fn frames_shorter_than_an_ethernet_header_are_refused_by_the_kernel() {
     let fd = h.loaded().xdp_fd().expect("loaded");
     for len in [0, 1, 13] {
         let frame = vec![0u8; len];
-        let r = roce_agent::testrun::test_run(
+        let r = roce_agent::datapath::testrun::test_run(
             fd,
-            &roce_agent::testrun::TestRun {
+            &roce_agent::datapath::testrun::TestRun {
                 data: &frame,
                 repeat: 1,
                 ..Default::default()

@@ -17,11 +17,15 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use roce_common::classify::{walk, Outcome};
+use roce_common::classify::walk;
+
 use roce_common::config::RuntimeConfig;
-use roce_common::counters::{reason_index, Reason, STATS_LEN, STAT_FLOW_CREATED};
-use roce_common::flow::{FlowKey, FlowStats};
+use roce_common::counters::{reason_index, STATS_LEN, STAT_FLOW_CREATED};
+use roce_common::flow::FlowStats;
+use roce_common::key::FlowKey;
 use roce_common::packet::SlicePacket;
+use roce_common::parsed::Outcome;
+use roce_common::parsed::Reason;
 use roce_common::policy::Policy;
 use roce_common::reference::count_stats;
 use roce_common::wire::ETH_HLEN;
@@ -29,8 +33,8 @@ use roce_common::wire::ETH_HLEN;
 use super::capture::Batch;
 use super::tally::{check_icrc, FlowExtra, Talker, Talkers};
 use super::AnalyzeError;
-use crate::loader::{self, LoadError, LoadOptions, Loaded};
-use crate::testrun::run_once;
+use crate::datapath::loader::{self, LoadError, LoadOptions, Loaded};
+use crate::datapath::testrun::run_once;
 
 /// Frames shorter than this cannot go through BPF_PROG_TEST_RUN (EINVAL); both
 /// engines count them as `truncated_eth` without classifying them.

@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::loader::LoadError;
+use crate::datapath::loader::LoadError;
 
 /// Why an analysis failed or stopped early.
 #[derive(Debug, thiserror::Error)]

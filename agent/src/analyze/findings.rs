@@ -8,8 +8,8 @@ use roce_common::policy::Policy;
 
 use super::report::{AnalyzedFlow, CaptureInfo};
 use super::tally::{FlowExtra, Tally};
+use crate::doc::finding::{Finding, Severity};
 use crate::doc::{Counters, Flow};
-use crate::finding::{Finding, Severity};
 
 /// `{26}` or `{24, 26}`: the policy's lossless DSCP set.
 fn lossless_text(policy: &Policy) -> String {

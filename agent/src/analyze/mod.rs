@@ -39,8 +39,8 @@ pub use error::AnalyzeError;
 pub use report::{render, AnalyzedFlow, CaptureInfo, FlowIdent, Report};
 pub use tally::{check_icrc, FlowExtra, NonRoceLossless, Talkers, Tally, MAX_TALKERS};
 
+use crate::datapath::loader::LoadOptions;
 use crate::doc::Document;
-use crate::loader::LoadOptions;
 
 /// Workers by default, at most: the reader thread walks every frame to assign it,
 /// so beyond a few workers it is the limit.

@@ -3,13 +3,15 @@
 
 use std::net::IpAddr;
 
-use roce_common::flow::{FlowKey, FlowStats};
+use roce_common::flow::FlowStats;
+
+use roce_common::key::FlowKey;
 use serde::{Deserialize, Serialize};
 
 use super::capture::Format;
 use super::engine::Engine;
+use crate::doc::finding::{self, Finding};
 use crate::doc::{Counters, Document, Flow};
-use crate::finding::{self, Finding};
 
 /// A flow of the analysis: the flow document's record plus what analyze adds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -105,7 +107,7 @@ pub fn render(report: &Report, engine: Engine) -> String {
             Format::Pcapng => "pcapng",
         }
     );
-    out.push_str(&crate::table::render(&report.document()));
+    out.push_str(&crate::doc::table::render(&report.document()));
     let icrc: u64 = report.flows.iter().map(|f| f.icrc_errors).sum();
     let _ = writeln!(
         out,

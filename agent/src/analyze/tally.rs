@@ -10,10 +10,11 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use roce_common::bth::{self, ICRC_LEN};
-use roce_common::classify::{ip_addresses, IpLayer, Outcome, Parsed, Walk};
-use roce_common::counters::Class;
-use roce_common::flow::FlowKey;
+use roce_common::classify::{ip_addresses, IpLayer, Walk};
+use roce_common::key::FlowKey;
 use roce_common::packet::SlicePacket;
+use roce_common::parsed::Class;
+use roce_common::parsed::{Outcome, Parsed};
 use roce_common::policy::Policy;
 use roce_common::wire::{ECN_NOT_ECT, UDP_HLEN};
 

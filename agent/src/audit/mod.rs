@@ -15,7 +15,6 @@ pub mod link;
 pub mod mtu;
 pub mod path;
 pub mod rnic;
-pub mod watch;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -25,7 +24,7 @@ use std::time::Duration;
 use roce_common::policy::Policy;
 use serde::Serialize;
 
-pub use crate::finding::{Finding, Severity};
+pub use crate::doc::finding::{Finding, Severity};
 use link::{Link, LinkError, Rtnl};
 use mtu::UnderlaySource;
 

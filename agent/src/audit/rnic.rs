@@ -6,7 +6,7 @@
 //! - `class/infiniband/DEV/ports/N/link_layer` and `.../gid_attrs/ndevs/IDX`: the RDMA
 //!   ports and the netdevs of their GID tables (an unused slot fails to read, EINVAL);
 //! - `class/infiniband/DEV/ports/N/{hw_counters,counters}/*`: the port's counters, for
-//!   `/metrics` ([`read_port_counters`]; named there, in `crate::metrics`);
+//!   `/metrics` ([`read_port_counters`]; named there, in `crate::telemetry::metrics`);
 //! - `class/net/IF/ecn/roce_np/{enable/P,cnp_dscp,cnp_802p_prio}` and
 //!   `class/net/IF/ecn/roce_rp/enable/P` (P = priority 0..7): the ECN knobs of NVIDIA's
 //!   mlx5 driver as MLNX_OFED / DOCA-OFED ships it. Other NICs, VLAN devices and mainline

@@ -9,7 +9,8 @@
 use std::time::Instant;
 
 use clap::Parser;
-use roce_common::counters::{CLASS_NAMES, REASON_NAMES, STAT_CLASS_BASE, STAT_REASON_BASE};
+use roce_common::counters::{STAT_CLASS_BASE, STAT_REASON_BASE};
+use roce_common::parsed::{CLASS_NAMES, REASON_NAMES};
 use roce_tests::differential::{other_policy, DiffOptions, Differential, Report};
 
 #[derive(Parser)]

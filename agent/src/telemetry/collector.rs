@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::live::{Builder, LiveDocument};
-use crate::loader::{LoadError, Loaded};
-use crate::netif;
+use crate::datapath::loader::{LoadError, Loaded};
+use crate::sys::netif;
+use crate::telemetry::live::{Builder, LiveDocument};
 
 /// Owns the loaded programs and turns their maps into documents on demand.
 pub struct Collector {
@@ -53,7 +53,7 @@ impl Collector {
         let read = start.elapsed();
         self.loaded.maintain_flows(entries)?;
         let stats = self.loaded.stats()?;
-        let vteps = crate::qos::vtep_records(&self.loaded.vteps()?);
+        let vteps = crate::datapath::qos::vtep_records(&self.loaded.vteps()?);
         let now = Instant::now();
         let before = self
             .previous

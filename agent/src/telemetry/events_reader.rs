@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
 use roce_common::event::EventRecord;
-use roce_common::flow::FlowKey;
+use roce_common::key::FlowKey;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::broadcast;
 
+use crate::datapath::loader::{LoadError, Loaded};
+use crate::doc::event::{ecn_name, hex, monotonic_to_unix_offset_ns, Event, EventKind};
 use crate::doc::{key_addr, Direction, Family};
-use crate::events::{ecn_name, hex, monotonic_to_unix_offset_ns, Event, EventKind};
-use crate::loader::{LoadError, Loaded};
-use crate::ring_progress::RingProgress;
+use crate::telemetry::ring_progress::RingProgress;
 
 /// Events the broadcast holds for a subscriber that reads slower than they come.
 pub const EVENTS_CHANNEL_CAPACITY: usize = 4096;
@@ -229,7 +229,7 @@ mod tests {
     use super::*;
     use roce_common::counters::STAT_NAMES_EVENTS;
     use roce_common::event::{EVENT_CE, EVENT_PACKET_BYTES, EVENT_PSN_GAP};
-    use roce_common::flow::{addr_v4_mapped, KEY_EGRESS, KEY_INNER_V6, KEY_TUNNELLED};
+    use roce_common::key::{addr_v4_mapped, KEY_EGRESS, KEY_INNER_V6, KEY_TUNNELLED};
     use std::sync::atomic::{AtomicU32, Ordering};
 
     fn v4(a: [u8; 4]) -> [u32; 4] {

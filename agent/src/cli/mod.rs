@@ -3,6 +3,8 @@
 //! Exit codes: 0 success, 1 runtime error (no such interface, no BPF permission, no
 //! agent answering, ...), 2 usage or configuration error.
 
+pub mod check;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,13 +14,13 @@ use clap::{Args, Parser, Subcommand};
 use tokio::sync::watch;
 
 use crate::api;
-use crate::attach::Attachments;
-use crate::collector::Collector;
 use crate::config::{ConfigError, ConfigFile, Overrides, Settings, DEFAULT_LISTEN};
+use crate::datapath::attach::Attachments;
+use crate::datapath::loader;
+use crate::doc::table;
 use crate::doc::Document;
-use crate::loader;
-use crate::netif;
-use crate::table;
+use crate::sys::netif;
+use crate::telemetry::collector::Collector;
 
 /// Exit code of a runtime error.
 pub const EXIT_RUNTIME: u8 = 1;
@@ -149,15 +151,15 @@ pub struct EventsArgs {
     pub duration: Option<f64>,
     /// Only these kinds, comma-separated: ce, cnp, nak, rnr_nak, psn_gap
     #[arg(long, value_name = "KIND,...", value_delimiter = ',', value_parser = parse_kind)]
-    pub kind: Vec<crate::events::EventKind>,
+    pub kind: Vec<crate::doc::event::EventKind>,
 }
 
-fn parse_kind(s: &str) -> Result<crate::events::EventKind, String> {
-    crate::events::EventKind::from_name(s).ok_or_else(|| {
+fn parse_kind(s: &str) -> Result<crate::doc::event::EventKind, String> {
+    crate::doc::event::EventKind::from_name(s).ok_or_else(|| {
         format!(
             "unknown event kind {s:?}: use {}",
-            crate::events::EventKind::ALL
-                .map(crate::events::EventKind::name)
+            crate::doc::event::EventKind::ALL
+                .map(crate::doc::event::EventKind::name)
                 .join(", ")
         )
     })
@@ -254,7 +256,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub events_sample: Option<u32>,
     /// Pin maps, programs and links here (a bpffs; mounted on /sys/fs/bpf when none is): the datapath keeps classifying and enforcing when the agent exits, and a restarted agent adopts it with its counters
-    #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR)]
+    #[arg(long, value_name = "DIR", default_value = crate::datapath::pin::DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
     /// Pin nothing: the programs detach when the agent exits (trials, tests)
     #[arg(long, conflicts_with = "pin_dir")]
@@ -267,7 +269,7 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct DetachArgs {
     /// The pin directory of the datapath to remove (run --pin-dir)
-    #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR)]
+    #[arg(long, value_name = "DIR", default_value = crate::datapath::pin::DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
     /// Print what was removed as JSON
     #[arg(long)]
@@ -338,7 +340,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run(args),
         Command::Flows(args) => flows(args),
         Command::Analyze(args) => analyze(args),
-        Command::Check(args) => crate::check::check(args),
+        Command::Check(args) => crate::cli::check::check(args),
         Command::Events(args) => events(args),
         Command::Top(args) => crate::top::top(args),
         Command::Detach(args) => detach(args),
@@ -424,15 +426,15 @@ impl Launch {
     /// The host audit as `settings` asks for it: at start and every interval, in its
     /// own task (a slow audit never delays the flow table); MTUs set back in enforce
     /// mode when an MTU was asked for.
-    fn auditor(&self, settings: &Settings) -> crate::audit::watch::Watcher {
+    fn auditor(&self, settings: &Settings) -> crate::daemon::audit_task::Watcher {
         let enforce_mtu =
             settings.mode == crate::config::HostMode::Enforce && settings.mtu.is_some();
-        let peers = crate::audit::watch::PeerPolicy {
+        let peers = crate::daemon::audit_task::PeerPolicy {
             configured: settings.peers.clone(),
             from_flows: self.probe_flow_peers,
         };
-        crate::audit::watch::Watcher::new(
-            crate::check::audit_options(settings, &self.sysfs_root, AUDIT_PROBE_TIMEOUT),
+        crate::daemon::audit_task::Watcher::new(
+            crate::cli::check::audit_options(settings, &self.sysfs_root, AUDIT_PROBE_TIMEOUT),
             peers,
             enforce_mtu,
         )
@@ -447,7 +449,7 @@ fn load_datapath(settings: &Settings, pin_dir: Option<&Path>) -> anyhow::Result<
     let Some(dir) = pin_dir else {
         return loader::load(&opts).context("loading the kernel programs");
     };
-    let pins = crate::pin::PinDir::prepare(dir)
+    let pins = crate::datapath::pin::PinDir::prepare(dir)
         .with_context(|| format!("preparing the pin directory {}", dir.display()))?;
     loader::load_pinned(&opts, pins).context("loading the kernel programs")
 }
@@ -515,21 +517,24 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
     let pin_dir = launch.pin_dir.as_deref();
     // A datapath pinned earlier is adopted; one made now is removed again should the
     // start fail, so that a refused start leaves nothing behind.
-    let fresh = pin_dir.is_none_or(|d| !crate::pin::holds_datapath(d));
+    let fresh = pin_dir.is_none_or(|d| !crate::datapath::pin::holds_datapath(d));
     let loaded = match load_datapath(&settings, pin_dir) {
         Ok(l) => l,
         Err(e) => {
             // Maps may be pinned already (a verifier refusal comes after them); but
             // a directory another agent holds is that agent's.
-            let busy = e
-                .chain()
-                .any(|c| matches!(c.downcast_ref(), Some(crate::pin::PinError::Busy(_))));
+            let busy = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref(),
+                    Some(crate::datapath::pin::PinError::Busy(_))
+                )
+            });
             remove_fresh_datapath(fresh && !busy, pin_dir);
             return Err(e);
         }
     };
     let mut collector = Collector::new(loaded);
-    let mut attachments = Attachments::new(crate::qos::TcMechanism::Auto);
+    let mut attachments = Attachments::new(crate::datapath::qos::TcMechanism::Auto);
     if let Err(e) = attachments.apply(collector.loaded_mut(), &settings) {
         attachments.release(collector.loaded_mut());
         drop(collector);
@@ -550,16 +555,17 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
         Ok(p) => p.document,
         Err(e) => {
             tracing::warn!(error = %e, "reading the flow table failed");
-            Arc::new(crate::live::LiveDocument::default())
+            Arc::new(crate::telemetry::live::LiveDocument::default())
         }
     };
     let (tx, rx) = watch::channel(first);
 
     let mut auditor = launch.auditor(&settings);
     let findings = tokio::task::block_in_place(|| auditor.round(None));
-    let (findings_tx, findings_rx) = watch::channel(Arc::new(api::Findings { findings }));
+    let (findings_tx, findings_rx) =
+        watch::channel(Arc::new(crate::doc::finding::Findings { findings }));
     let findings_tx = Arc::new(findings_tx);
-    let mut audit_task = tokio::spawn(crate::audit::watch::every(
+    let mut audit_task = tokio::spawn(crate::daemon::audit_task::every(
         auditor,
         settings.interval,
         rx.clone(),
@@ -569,9 +575,9 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
     // Sampled events from the kernel programs; GET /events subscribes here.
     let events = start_events(collector.loaded_mut(), &settings);
     let events_sample = Arc::new(std::sync::atomic::AtomicU32::new(settings.events_sample));
-    let reloads = Arc::new(crate::metrics::ReloadCounts::default());
-    let exporter = Arc::new(crate::metrics::Exporter {
-        host: std::sync::RwLock::new(crate::metrics::HostSources {
+    let reloads = Arc::new(crate::telemetry::metrics::ReloadCounts::default());
+    let exporter = Arc::new(crate::telemetry::metrics::Exporter {
+        host: std::sync::RwLock::new(crate::telemetry::metrics::HostSources {
             sysfs_root: launch.sysfs_root.clone(),
             interfaces: settings.tc_interfaces(),
         }),
@@ -579,15 +585,13 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
         reloads: reloads.clone(),
         events_ring: events.as_ref().and_then(|e| e.progress.clone()),
     });
-    let feed = events.map(|e| api::EventFeed {
+    let feed = events.map(|e| api::server::EventFeed {
         sender: e.sender,
         sample: events_sample.clone(),
     });
-    let routes = api::router(rx.clone(), findings_rx.clone(), feed).merge(api::metrics_router(
-        rx.clone(),
-        findings_rx,
-        exporter.clone(),
-    ));
+    let routes = api::server::router(rx.clone(), findings_rx.clone(), feed).merge(
+        api::server::metrics_router(rx.clone(), findings_rx, exporter.clone()),
+    );
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(async move {
@@ -609,7 +613,7 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
         }
     };
     let mut server_done = None;
-    let mut throttle = crate::throttle::Throttle::default();
+    let mut throttle = crate::daemon::throttle::Throttle::default();
     loop {
         tokio::select! {
             _ = ticker.tick() => {
@@ -649,7 +653,7 @@ async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
                         ticker = new_ticker(new.interval).await;
                     }
                     audit_task.abort();
-                    audit_task = tokio::spawn(crate::audit::watch::every(
+                    audit_task = tokio::spawn(crate::daemon::audit_task::every(
                         launch.auditor(&new),
                         new.interval,
                         rx.clone(),
@@ -698,7 +702,7 @@ fn follow_interfaces(
     attachments: &mut Attachments,
     loaded: &mut loader::Loaded,
     settings: &Settings,
-    throttle: &mut crate::throttle::Throttle,
+    throttle: &mut crate::daemon::throttle::Throttle,
 ) {
     if !attachments.drifted(settings) {
         return;
@@ -716,7 +720,7 @@ fn remove_fresh_datapath(fresh: bool, pin_dir: Option<&Path>) {
     let (true, Some(dir)) = (fresh, pin_dir) else {
         return;
     };
-    if let Err(e) = crate::pin::detach(dir) {
+    if let Err(e) = crate::datapath::pin::detach(dir) {
         tracing::warn!(error = %e, "removing the half-made datapath failed: run `roce-agent detach`");
     }
 }
@@ -785,10 +789,10 @@ fn reload(
 fn start_events(
     loaded: &mut loader::Loaded,
     settings: &Settings,
-) -> Option<crate::events_reader::Spawned> {
+) -> Option<crate::telemetry::events_reader::Spawned> {
     let sample = settings.events_sample;
-    let resolve: crate::events_reader::Resolver = Arc::new(netif::name_of);
-    match crate::events_reader::spawn(loaded, resolve) {
+    let resolve: crate::telemetry::events_reader::Resolver = Arc::new(netif::name_of);
+    match crate::telemetry::events_reader::spawn(loaded, resolve) {
         Ok(spawned) => {
             if sample == roce_common::event::EVENTS_OFF {
                 tracing::info!("events_sample is 0: no sampled events until a reload sets it");
@@ -810,7 +814,7 @@ fn start_events(
 
 /// `roce-agent detach`.
 pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
-    let removed = crate::pin::detach(&args.pin_dir).with_context(|| {
+    let removed = crate::datapath::pin::detach(&args.pin_dir).with_context(|| {
         format!(
             "detaching the datapath pinned under {}",
             args.pin_dir.display()
@@ -839,7 +843,7 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
 
 /// `roce-agent flows`.
 pub fn flows(args: FlowsArgs) -> anyhow::Result<()> {
-    let body = api::get_body(&args.api, "/flows", CLIENT_TIMEOUT)?;
+    let body = api::client::get_body(&args.api, "/flows", CLIENT_TIMEOUT)?;
     let doc: Document = serde_json::from_slice(&body).with_context(|| {
         format!(
             "the answer of {} is not a roce-agent flow document",
@@ -869,7 +873,8 @@ pub fn flows(args: FlowsArgs) -> anyhow::Result<()> {
 
 /// `roce-agent events`.
 pub fn events(args: EventsArgs) -> anyhow::Result<()> {
-    use crate::events::{self, Line};
+    use crate::api::client::{follow, Line};
+    use crate::doc::event;
     use std::io::Write as _;
 
     let duration = match args.duration {
@@ -889,9 +894,9 @@ pub fn events(args: EventsArgs) -> anyhow::Result<()> {
         Some(path) => {
             let file = std::fs::File::create(path)
                 .with_context(|| format!("creating {}", path.display()))?;
-            Some(crate::pcapng::EventPcapng::new(std::io::BufWriter::new(
-                file,
-            ))?)
+            Some(crate::doc::pcapng::EventPcapng::new(
+                std::io::BufWriter::new(file),
+            )?)
         }
         None => None,
     };
@@ -899,7 +904,7 @@ pub fn events(args: EventsArgs) -> anyhow::Result<()> {
     let mut written = 0u64;
     let mut lost = 0u64;
     let mut failure: Option<anyhow::Error> = None;
-    events::follow(&args.api, &kinds, duration, |line| {
+    follow(&args.api, &kinds, duration, |line| {
         let result = match line {
             Line::Lagged(n) => {
                 lost += n;
@@ -915,7 +920,7 @@ pub fn events(args: EventsArgs) -> anyhow::Result<()> {
                         .map_err(anyhow::Error::from)
                         .and_then(|t| writeln!(out, "{t}").map_err(anyhow::Error::from))
                 } else {
-                    writeln!(out, "{}", events::human_line(&ev)).map_err(anyhow::Error::from)
+                    writeln!(out, "{}", event::human_line(&ev)).map_err(anyhow::Error::from)
                 }
             }
         };

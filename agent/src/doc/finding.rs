@@ -51,3 +51,9 @@ pub fn render(findings: &[Finding]) -> String {
     }
     out
 }
+
+/// The body of `GET /findings`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Findings {
+    pub findings: Vec<Finding>,
+}

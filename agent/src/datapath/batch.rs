@@ -94,8 +94,8 @@ mod tests {
     //! Against the agent's own FLOWS4 (needs root, as the other tests that load the
     //! object).
     use super::*;
-    use crate::loader::{self, LoadOptions};
-    use roce_common::flow::FlowKey4;
+    use crate::datapath::loader::{self, LoadOptions};
+    use roce_common::key::FlowKey4;
     use roce_common::names::map;
 
     fn key(i: u32) -> FlowKey4 {

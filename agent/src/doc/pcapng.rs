@@ -15,7 +15,7 @@ use pcap_file::pcapng::blocks::interface_description::{
 use pcap_file::pcapng::PcapNgWriter;
 use pcap_file::DataLink;
 
-use crate::events::Event;
+use crate::doc::event::Event;
 
 /// Bytes the agent captures of each frame (the events' `packet`).
 pub const SNAPLEN: u32 = 128;

@@ -20,15 +20,16 @@ use aya::Ebpf;
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS, LAYOUT_VERSION};
 use roce_common::counters::STATS_LEN;
 use roce_common::event::EVENTS_RING_BYTES;
-use roce_common::flow::{FlowKey, FlowKey4, FlowKeyMid, FlowSlot, FlowStats, ShapedKey};
+use roce_common::flow::{FlowSlot, FlowStats};
 use roce_common::flow::{SLOT_EVICTED, SLOT_LIVE};
+use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, ShapedKey};
 use roce_common::policy::{
     DscpEntry, IfaceQos, Policy, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
 
-use crate::batch;
-use crate::flow_table::{self, FlowSlots};
-use crate::pin::{self, PinDir, PinError};
+use crate::datapath::batch;
+use crate::datapath::flow_table::{self, FlowSlots};
+use crate::datapath::pin::{self, PinDir, PinError};
 use roce_common::names::map;
 pub use roce_common::names::program::{
     TC_BASELINE, TC_EGRESS, TC_EGRESS_FLOWS, TC_INGRESS, XDP_BASELINE, XDP_CLASSIFY as XDP_PROGRAM,
@@ -61,7 +62,7 @@ pub enum LoadError {
     #[error("reading map {name}: {source}")]
     Batch {
         name: &'static str,
-        source: crate::batch::BatchError,
+        source: crate::datapath::batch::BatchError,
     },
     #[error("counting the possible CPUs ({what}): {source}")]
     Cpus {
@@ -352,7 +353,7 @@ impl Loaded {
     /// driver has no native XDP. With pins: a link pinned for this interface gets the
     /// new program in place (no packet goes unclassified); a new link is pinned.
     pub fn attach_xdp(&mut self, ifname: &str) -> Result<AttachMode, LoadError> {
-        let Some(ifindex) = crate::netif::index_of(ifname) else {
+        let Some(ifindex) = crate::sys::netif::index_of(ifname) else {
             return Err(LoadError::NoInterface(ifname.to_string()));
         };
         if self.adopt_link(XDP_PROGRAM, ifindex)? {

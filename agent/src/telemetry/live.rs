@@ -23,14 +23,14 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use roce_common::flow::{
-    FlowKey, FlowStats, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
-};
+use roce_common::flow::FlowStats;
+
+use roce_common::key::{FlowKey, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
 use crate::doc::{key_addr, Counters, Direction, Document, Ecn, Flow};
-use crate::rates::{self, Totals};
+use crate::telemetry::rates::{self, Totals};
 
 /// The flows document of the running agent (see the module's doc).
 #[derive(Debug, Default)]
@@ -165,7 +165,7 @@ fn read_addr(words: &[u32], v6: bool) -> [u32; 4] {
     if v6 {
         [words[0], words[1], words[2], words[3]]
     } else {
-        roce_common::flow::addr_v4_mapped(words[0])
+        roce_common::key::addr_v4_mapped(words[0])
     }
 }
 
@@ -292,8 +292,8 @@ impl RowTable {
     fn wide_key(&self, r: &Row) -> WideKey {
         let mut k = WideKey::default();
         if !r.wide() {
-            k.src = roce_common::flow::addr_v4_mapped(r.src);
-            k.dst = roce_common::flow::addr_v4_mapped(r.dst);
+            k.src = roce_common::key::addr_v4_mapped(r.src);
+            k.dst = roce_common::key::addr_v4_mapped(r.dst);
             return k;
         }
         let w = &self.words[r.src as usize..];
@@ -1053,9 +1053,9 @@ fn rank_in_place<K: Ord + Copy + std::hash::Hash>(m: &mut HashMap<K, u32>) {
 mod tests {
     use super::*;
     use crate::doc::Rates;
-    use crate::rates;
+    use crate::telemetry::rates;
     use roce_common::counters::{STATS_LEN, STAT_FLOW_CREATED};
-    use roce_common::flow::{addr_v4_mapped, FlowKey4};
+    use roce_common::key::{addr_v4_mapped, FlowKey4};
     use std::collections::HashMap as Map;
     use std::net::IpAddr;
 
@@ -1151,7 +1151,7 @@ mod tests {
                         dst: v4(&mut r),
                         qp_dir: qp
                             | if egress != 0 {
-                                roce_common::flow::KEY4_EGRESS
+                                roce_common::key::KEY4_EGRESS
                             } else {
                                 0
                             },

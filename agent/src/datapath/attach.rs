@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 use aya::programs::TcAttachType;
 
 use crate::config::{HostMode, Settings};
-use crate::loader::{AttachMode, LoadError, Loaded, TC_EGRESS, TC_INGRESS, XDP_PROGRAM};
-use crate::netif;
-use crate::qos::{caused_by_os_error, iface_qos, QosError, TcInterface, TcMechanism};
+use crate::datapath::loader::{AttachMode, LoadError, Loaded, TC_EGRESS, TC_INGRESS, XDP_PROGRAM};
+use crate::datapath::qos::{caused_by_os_error, iface_qos, QosError, TcInterface, TcMechanism};
+use crate::sys::netif;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {

@@ -1,12 +1,8 @@
 //! The agent's HTTP API (`GET /flows`: the flow document ([`LiveDocument`]) as JSON; `GET /findings`:
 //! the last host audit as `check --json` prints it; `GET /metrics`: the Prometheus text
-//! exposition of both, see [`metrics_router`]), and the small HTTP client that
-//! `roce-agent flows` reads it with.
+//! exposition of both, see [`metrics_router`]; `GET /events`: sampled events as JSON lines).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -15,24 +11,20 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::watch;
 
-use crate::finding::Finding;
-use crate::live::LiveDocument;
+use crate::doc::event::{monotonic_to_unix_offset_ns, Event, EventKind};
+use crate::doc::finding::Findings;
+use crate::telemetry::live::LiveDocument;
+use tokio::sync::broadcast;
 
 /// The newest document; the collector sends, every request reads.
 pub type Latest = watch::Receiver<Arc<LiveDocument>>;
 /// The findings of the newest host audit.
 pub type LatestFindings = watch::Receiver<Arc<Findings>>;
 
-/// The body of `GET /findings`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Findings {
-    pub findings: Vec<Finding>,
-}
-
 /// Where sampled events are published, and the sampling in force.
 #[derive(Clone, Debug)]
 pub struct EventFeed {
-    pub sender: tokio::sync::broadcast::Sender<Arc<crate::events::Event>>,
+    pub sender: tokio::sync::broadcast::Sender<Arc<crate::doc::event::Event>>,
     /// `events_sample` now: 0 while events are off (a reload may turn them on).
     pub sample: Arc<std::sync::atomic::AtomicU32>,
 }
@@ -81,13 +73,13 @@ async fn serve_events(State(s): State<Sources>, uri: axum::http::Uri) -> Respons
         .into_iter()
         .flat_map(|q| q.split('&'))
         .find_map(|kv| kv.strip_prefix("kind="))
-        .map(crate::events::parse_kinds)
+        .map(crate::doc::event::parse_kinds)
         .transpose()
     {
         Ok(k) => k,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     };
-    let lines = crate::events::stream_lines(feed.sender.subscribe(), kinds);
+    let lines = stream_lines(feed.sender.subscribe(), kinds);
     (
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         axum::body::Body::from_stream(lines),
@@ -148,7 +140,7 @@ async fn serve_findings(State(s): State<Sources>) -> Response {
 struct MetricsSources {
     flows: Latest,
     findings: LatestFindings,
-    exporter: Arc<crate::metrics::Exporter>,
+    exporter: Arc<crate::telemetry::metrics::Exporter>,
 }
 
 /// `GET /metrics` (Prometheus text format 0.0.4), to merge into [`router`]'s routes:
@@ -157,7 +149,7 @@ struct MetricsSources {
 pub fn metrics_router(
     flows: Latest,
     findings: LatestFindings,
-    exporter: Arc<crate::metrics::Exporter>,
+    exporter: Arc<crate::telemetry::metrics::Exporter>,
 ) -> Router {
     Router::new()
         .route("/metrics", get(serve_metrics))
@@ -174,9 +166,14 @@ async fn serve_metrics(State(s): State<MetricsSources>) -> Response {
     // sysfs, ioctls, netlink and a pass over every flow: not on an async worker.
     let made = tokio::task::spawn_blocking(move || s.exporter.render(&doc, &findings.findings));
     match made.await {
-        Ok(Ok(body)) => {
-            ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
-        }
+        Ok(Ok(body)) => (
+            [(
+                header::CONTENT_TYPE,
+                crate::telemetry::metrics::CONTENT_TYPE,
+            )],
+            body,
+        )
+            .into_response(),
         Ok(Err(e)) => {
             tracing::error!(error = %e, "making /metrics failed");
             (StatusCode::INTERNAL_SERVER_ERROR, "metrics failed\n").into_response()
@@ -198,186 +195,50 @@ fn json<T: serde::Serialize>(value: &T) -> Response {
     }
 }
 
-/// Why a request to a running agent failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("{addr} is not a HOST:PORT address: {error}")]
-    Resolve { addr: String, error: std::io::Error },
-    #[error("no roce-agent answers at {addr} ({error}); is `roce-agent run` running, listening there (--listen, default 127.0.0.1:9473)?")]
-    Connect { addr: String, error: std::io::Error },
-    #[error("reading the answer from {addr}: {error}")]
-    Io { addr: String, error: std::io::Error },
-    #[error("{addr} answered {path} with HTTP status {status}: {body}")]
-    Status {
-        addr: String,
-        path: String,
-        status: u16,
-        body: String,
-    },
-    #[error("{addr} did not answer with HTTP: {detail}")]
-    Malformed { addr: String, detail: String },
-}
-
-/// Connects to `addr` and sends `GET path` (HTTP/1.0, the connection closes after the
-/// answer): the stream to read the answer from, with `timeout` on every read.
-pub fn send_request(addr: &str, path: &str, timeout: Duration) -> Result<TcpStream, ClientError> {
-    let targets: Vec<SocketAddr> = addr
-        .to_socket_addrs()
-        .map_err(|error| ClientError::Resolve {
-            addr: addr.to_string(),
-            error,
-        })?
-        .collect();
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-    let mut stream = None;
-    for t in &targets {
-        match TcpStream::connect_timeout(t, timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
+/// What `GET /events` streams: the events published after the request arrived, one
+/// JSON line each, filtered by kind (`?kind=ce,cnp`). A reader that falls behind the
+/// broadcast's capacity loses the oldest events, with a `{"lagged": N}` line saying
+/// how many; the collector never waits for it.
+pub fn stream_lines(
+    receiver: broadcast::Receiver<Arc<Event>>,
+    kinds: Option<Vec<EventKind>>,
+) -> impl futures_util::Stream<Item = Result<String, std::convert::Infallible>> + Send {
+    let offset = monotonic_to_unix_offset_ns();
+    futures_util::stream::unfold(receiver, move |mut rx| {
+        let kinds = kinds.clone();
+        async move {
+            loop {
+                match rx.recv().await {
+                    Ok(ev) => {
+                        if kinds.as_ref().is_some_and(|k| !k.contains(&ev.kind)) {
+                            continue;
+                        }
+                        let mut ev = (*ev).clone();
+                        if ev.time_unix_ns == 0 {
+                            ev.time_unix_ns = u64::try_from(ev.ts_ns as i128 + offset).unwrap_or(0);
+                        }
+                        let mut line = serde_json::to_string(&ev).unwrap_or_default();
+                        line.push('\n');
+                        return Some((Ok(line), rx));
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        return Some((Ok(format!("{{\"lagged\":{n}}}\n")), rx));
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
             }
-            Err(e) => last = e,
         }
-    }
-    let mut stream = stream.ok_or_else(|| ClientError::Connect {
-        addr: addr.to_string(),
-        error: last,
-    })?;
-    let io = |error| ClientError::Io {
-        addr: addr.to_string(),
-        error,
-    };
-    stream.set_read_timeout(Some(timeout)).map_err(io)?;
-    stream.set_write_timeout(Some(timeout)).map_err(io)?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).map_err(io)?;
-    Ok(stream)
-}
-
-/// Largest answer accepted (a full 16M-entry table is far below this).
-const MAX_RESPONSE: u64 = 1 << 32;
-
-/// `GET path` from `addr` (`HOST:PORT`), returning the body of a 200 answer.
-/// Plain HTTP/1.0, one request per connection.
-pub fn get_body(addr: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, ClientError> {
-    let stream = send_request(addr, path, timeout)?;
-    let io = |error| ClientError::Io {
-        addr: addr.to_string(),
-        error,
-    };
-    let mut raw = Vec::new();
-    stream
-        .take(MAX_RESPONSE)
-        .read_to_end(&mut raw)
-        .map_err(io)?;
-    let (status, body) = parse_response(&raw).map_err(|detail| ClientError::Malformed {
-        addr: addr.to_string(),
-        detail,
-    })?;
-    if status != 200 {
-        return Err(ClientError::Status {
-            addr: addr.to_string(),
-            path: path.to_string(),
-            status,
-            body: String::from_utf8_lossy(&body)
-                .trim()
-                .chars()
-                .take(200)
-                .collect(),
-        });
-    }
-    Ok(body)
-}
-
-/// Splits a whole HTTP/1.x response into its status and (de-chunked) body.
-fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("the answer has no complete header")?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "the header is not text")?;
-    let body = &raw[end + 4..];
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.split_whitespace();
-    let version = parts.next().unwrap_or_default();
-    if !version.starts_with("HTTP/1.") {
-        return Err(format!("unexpected status line {status_line:?}"));
-    }
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("unexpected status line {status_line:?}"))?;
-    let mut chunked = false;
-    let mut length = None;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value.to_ascii_lowercase().contains("chunked");
-        } else if name.eq_ignore_ascii_case("content-length") {
-            length = Some(
-                value
-                    .parse::<usize>()
-                    .map_err(|_| format!("bad Content-Length {value:?}"))?,
-            );
-        }
-    }
-    if chunked {
-        return dechunk(body).map(|b| (status, b));
-    }
-    match length {
-        Some(n) if n > body.len() => Err(format!(
-            "the answer was cut short ({} of {n} bytes)",
-            body.len()
-        )),
-        Some(n) => Ok((status, body[..n].to_vec())),
-        None => Ok((status, body.to_vec())),
-    }
-}
-
-fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let eol = body
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("a chunk size line is cut short")?;
-        let size_text = std::str::from_utf8(&body[..eol]).map_err(|_| "bad chunk size")?;
-        let size_text = size_text.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_text, 16)
-            .map_err(|_| format!("bad chunk size {size_text:?}"))?;
-        body = &body[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if body.len() < size + 2 {
-            return Err("a chunk is cut short".to_string());
-        }
-        out.extend_from_slice(&body[..size]);
-        body = &body[size + 2..];
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::client::{get_body, ClientError};
     use crate::doc::Document;
-
-    #[test]
-    fn parses_content_length_and_chunked_answers() {
-        let raw =
-            b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
-        assert_eq!(parse_response(raw).unwrap(), (200, b"{}".to_vec()));
-        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
-        assert_eq!(parse_response(raw).unwrap(), (200, b"abcde".to_vec()));
-        let raw = b"HTTP/1.1 404 Not Found\r\n\r\n";
-        assert_eq!(parse_response(raw).unwrap().0, 404);
-        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n").is_err());
-        assert!(parse_response(b"HTTP/1.0 200 OK\r\ncontent-length: 9\r\n\r\n{}").is_err());
-    }
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn serves_the_latest_document_and_the_client_reads_it() {
@@ -388,7 +249,7 @@ mod tests {
             findings: vec![crate::audit::finding(
                 "mtu",
                 Some("eth1"),
-                crate::finding::Severity::Error,
+                crate::doc::finding::Severity::Error,
                 "MTU 1500",
                 "MTU >= 9000",
                 "ip link set dev eth1 mtu 9000",
@@ -427,10 +288,11 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_large_table_is_streamed_as_the_same_bytes() {
-        use roce_common::flow::{FlowKey4, FlowStats};
+        use roce_common::flow::FlowStats;
+        use roce_common::key::FlowKey4;
         // More flows than one piece holds, and not a whole number of pieces.
         let n = FLOWS_PER_PIECE as u32 * 2 + 17;
-        let mut b = crate::live::Builder::new(0, |i| Some(format!("eth{i}")));
+        let mut b = crate::telemetry::live::Builder::new(0, |i| Some(format!("eth{i}")));
         for i in 0..n {
             let key = FlowKey4 {
                 src: i,
@@ -469,8 +331,8 @@ mod tests {
         doc.counters.roce = 42;
         let (_tx, rx) = watch::channel(Arc::new(LiveDocument::from(doc)));
         let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
-        let exporter = Arc::new(crate::metrics::Exporter {
-            host: std::sync::RwLock::new(crate::metrics::HostSources {
+        let exporter = Arc::new(crate::telemetry::metrics::Exporter {
+            host: std::sync::RwLock::new(crate::telemetry::metrics::HostSources {
                 sysfs_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                     .join("../tests/fixtures/sysfs/mlx5-good"),
                 interfaces: Vec::new(),
@@ -516,26 +378,5 @@ mod tests {
                 .unwrap();
         assert!(serde_json::from_slice::<Document>(&flows).is_ok());
         server.abort();
-    }
-
-    #[test]
-    fn nothing_listening_is_a_clear_error() {
-        // Bind then drop to find a port that is (almost certainly) closed.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let e = get_body(
-            &format!("127.0.0.1:{port}"),
-            "/flows",
-            Duration::from_secs(2),
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("no roce-agent answers at 127.0.0.1:"),
-            "{e}"
-        );
     }
 }

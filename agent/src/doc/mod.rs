@@ -5,15 +5,22 @@
 //! added, never renamed. Readers ignore fields they do not know, so a newer agent stays
 //! readable by an older `flows`.
 
+pub mod event;
+pub mod finding;
+pub mod pcapng;
+pub mod table;
+
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_common::counters::{
-    CLASS_NAMES, REASON_NAMES, STAT_CLASS_BASE, STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED,
-    STAT_REASON_BASE,
+    STAT_CLASS_BASE, STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED, STAT_REASON_BASE,
 };
-use roce_common::flow::{FlowKey, FlowStats};
+
+use roce_common::flow::FlowStats;
+use roce_common::key::FlowKey;
+use roce_common::parsed::{CLASS_NAMES, REASON_NAMES};
 use roce_common::policy::{VtepKey, VtepStats};
 use roce_common::wire::{ECN_CE, ECN_ECT0, ECN_ECT1, ECN_NOT_ECT};
 use serde::{Deserialize, Serialize};
@@ -455,10 +462,9 @@ impl Document {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use roce_common::counters::{Reason, STATS_LEN};
-    use roce_common::flow::{
-        addr_v4_mapped, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED,
-    };
+    use roce_common::counters::STATS_LEN;
+    use roce_common::key::{addr_v4_mapped, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
+    use roce_common::parsed::Reason;
 
     fn v4(a: [u8; 4]) -> [u32; 4] {
         addr_v4_mapped(u32::from_ne_bytes(a))

@@ -3,6 +3,8 @@
 //! link commands on pins found on a bpffs (`pin`). Each caller lays out its own
 //! `union bpf_attr` prefix and names its command.
 
+pub mod netif;
+
 use std::io;
 
 /// bpf(`cmd`, `attr`, sizeof `attr`): the kernel's non-negative answer (a new file

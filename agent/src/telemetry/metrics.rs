@@ -29,13 +29,14 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use roce_common::counters::{CLASS_NAMES, STAT_NAMES_OTHER};
+use roce_common::counters::STAT_NAMES_OTHER;
+use roce_common::parsed::CLASS_NAMES;
 
 use crate::audit::rnic::{self, CounterDir, PortCounter};
+use crate::doc::finding::{Finding, Severity};
 use crate::doc::{Counters, Direction, Flow};
-use crate::ethtool::{self, PauseDirection, PfcCounters};
-use crate::finding::{Finding, Severity};
-use crate::live::{Figures, LiveDocument};
+use crate::telemetry::ethtool::{self, PauseDirection, PfcCounters};
+use crate::telemetry::live::{Figures, LiveDocument};
 
 /// The `Content-Type` of `GET /metrics`: the text format 0.0.4.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -189,7 +190,7 @@ pub struct Exporter {
     /// Configuration reloads (SIGHUP) so far.
     pub reloads: Arc<ReloadCounts>,
     /// The EVENTS ring's positions, for `roce_agent_events_ring_*` (None: no reader).
-    pub events_ring: Option<Arc<crate::ring_progress::RingProgress>>,
+    pub events_ring: Option<Arc<crate::telemetry::ring_progress::RingProgress>>,
 }
 
 /// What the reloads of the configuration file did, for `roce_agent_config_*`.
@@ -247,7 +248,9 @@ impl ReloadCounts {
 
 /// The `roce_agent_events_ring_*` families: the kernel's positions in the EVENTS ring,
 /// which continue across agent restarts while the datapath stays pinned.
-fn encode_ring(progress: crate::ring_progress::Progress) -> Result<String, MetricsError> {
+fn encode_ring(
+    progress: crate::telemetry::ring_progress::Progress,
+) -> Result<String, MetricsError> {
     let mut registry = Registry::default();
     registry.register(
         "roce_agent_events_ring_written",
@@ -1321,7 +1324,7 @@ mod tests {
             .as_deref(),
             Some("12")
         );
-        for reason in roce_common::counters::REASON_NAMES {
+        for reason in roce_common::parsed::REASON_NAMES {
             let series = format!(r#"roce_parse_errors_total{{reason="{reason}"}}"#);
             assert_eq!(sample(&text, &series).as_deref(), Some("0"), "{series}");
         }

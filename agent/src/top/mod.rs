@@ -22,10 +22,11 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table};
 use ratatui::{Frame, Terminal};
 
-use crate::api::{self, ClientError, Findings};
+use crate::api::client::{self, ClientError};
 use crate::config::DEFAULT_LISTEN;
+use crate::doc::finding::Findings;
+use crate::doc::finding::Severity;
 use crate::doc::{Direction, Document, Flow};
-use crate::finding::Severity;
 
 /// How long one request to the agent may take: short, so that a dead or hung agent
 /// shows in the header within seconds (the UI itself never waits for it).
@@ -95,7 +96,7 @@ pub struct Snapshot {
 
 /// Asks the agent at `addr` for `/flows` and `/findings`.
 pub fn fetch(addr: &str, timeout: Duration) -> Snapshot {
-    let flows = api::get_body(addr, "/flows", timeout)
+    let flows = client::get_body(addr, "/flows", timeout)
         .map_err(|e| short_error(&e, timeout))
         .and_then(|body| {
             serde_json::from_slice::<Document>(&body)
@@ -103,7 +104,7 @@ pub fn fetch(addr: &str, timeout: Duration) -> Snapshot {
         });
     // A dead agent fails the same way twice: do not wait for it twice.
     let findings = match &flows {
-        Ok(_) => api::get_body(addr, "/findings", timeout)
+        Ok(_) => client::get_body(addr, "/findings", timeout)
             .map_err(|e| short_error(&e, timeout))
             .and_then(|body| {
                 serde_json::from_slice::<Findings>(&body)
@@ -986,8 +987,8 @@ impl Keyboard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::doc::finding::Finding;
     use crate::doc::{Counters, Ecn, Family, Rates};
-    use crate::finding::Finding;
     use ratatui::backend::TestBackend;
 
     fn flow(src: &str, qp: u32) -> Flow {

@@ -14,8 +14,8 @@ use aya::programs::{LinkOrder, TcAttachType};
 use roce_common::policy::{IfaceQos, VtepKey, VtepStats};
 
 use crate::config::{EcnPropagation, HostMode, Settings};
-use crate::loader::{LoadError, Loaded};
-use crate::netif;
+use crate::datapath::loader::{LoadError, Loaded};
+use crate::sys::netif;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QosError {
@@ -250,7 +250,7 @@ mod netlink {
 
     /// `tc qdisc del dev IF clsact`.
     pub fn del_clsact(ifname: &str) -> io::Result<()> {
-        let index = crate::netif::index_of(ifname)
+        let index = crate::sys::netif::index_of(ifname)
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, ifname.to_string()))?;
         // SAFETY: plain socket calls on buffers we own, of the sizes given.
         unsafe {

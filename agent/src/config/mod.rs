@@ -42,7 +42,7 @@ use roce_common::policy::{Policy, ECN_KERNEL, ECN_RFC6040, HOST_AUDIT, HOST_ENFO
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::loader::LoadOptions;
+use crate::datapath::loader::LoadOptions;
 
 /// Where the JSON API listens when neither `--listen` nor `listen` says otherwise:
 /// loopback only, port 9473.

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::api::Findings;
+use crate::doc::finding::Findings;
 use crate::doc::Direction;
-use crate::live::LiveDocument;
+use crate::telemetry::live::LiveDocument;
 
-use super::link::Rtnl;
-use super::{audit, fix_mtu_only, probe_peer, AuditOptions, Finding, Severity};
+use crate::audit::link::Rtnl;
+use crate::audit::{audit, fix_mtu_only, probe_peer, AuditOptions, Finding, Severity};
 
 /// How long a probed peer's result stands before it is probed again.
 pub const REPROBE_AFTER: Duration = Duration::from_secs(60);
@@ -124,7 +124,7 @@ impl Watcher {
                     tracing::info!("the host audit runs again");
                 }
                 a.findings.extend(self.probe_peers(wanted));
-                super::sort(&mut a.findings);
+                crate::audit::sort(&mut a.findings);
                 self.log_changes(&a.findings);
                 a.findings
             }
@@ -134,7 +134,7 @@ impl Watcher {
                     tracing::warn!(error = %text, "the host audit could not run");
                     self.failing = Some(text.clone());
                 }
-                vec![super::finding(
+                vec![crate::audit::finding(
                     "audit",
                     None,
                     Severity::Error,
