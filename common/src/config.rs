@@ -55,6 +55,27 @@ impl Default for RuntimeConfig {
     }
 }
 
+/// The RoCE path MTU and the netdev MTU: RoCE cannot fragment, so the RNIC picks the
+/// largest IB MTU whose packet, headers and all, fits the netdev MTU (the kernel's
+/// `iboe_get_mtu()`).
+/// What `iboe_get_mtu()` subtracts from the netdev MTU: GRH 40, UDP 8, BTH 12, XRC
+/// extended header 4, AtomicETH 28, ICRC 4.
+pub const ROCE_HEADROOM: u32 = 40 + 8 + 12 + 4 + 28 + 4;
+
+/// The InfiniBand MTUs.
+pub const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
+
+/// The RoCE path MTU a netdev MTU carries, as the kernel computes it (None below 256).
+pub fn roce_path_mtu(netdev_mtu: u32) -> Option<u32> {
+    let room = netdev_mtu.checked_sub(ROCE_HEADROOM)?;
+    IB_MTUS.into_iter().rev().find(|m| *m <= room)
+}
+
+/// The netdev MTU that carries a RoCE path MTU of `ib_mtu` bytes (4096 -> 4192).
+pub fn netdev_mtu_for(ib_mtu: u32) -> u32 {
+    ib_mtu + ROCE_HEADROOM
+}
+
 /// The IB MTUs, as log2: 256, 512, 1024, 2048, 4096.
 pub const IB_MTU_LOG2: [u8; 5] = [8, 9, 10, 11, 12];
 

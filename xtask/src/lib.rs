@@ -1,6 +1,7 @@
 //! Project tasks shared by `cargo xtask ...`. The namespace lab and the other test
 //! tooling live in `roce-testkit` (`testkit/`).
 
+pub mod cycles;
 pub mod setup;
 
 /// `cargo run --quiet --release -p roce-tests --bin BIN -- ARGS`: the tests crate's

@@ -25,8 +25,9 @@ enum Cmd {
     Setup,
     /// Run the lint set, then every test: unit tests, BPF_PROG_TEST_RUN cases, namespace end-to-end runs.
     Test(test::Args),
-    /// Run clippy over the workspace (but the kernel crate) with warnings as errors.
-    Lint,
+    /// Check that no crate has an import cycle among its top-level modules, then run
+    /// clippy over the workspace (but the kernel crate) with warnings as errors.
+    Lint(test::LintArgs),
     /// Build a namespace lab, run the agent and a traffic generator, show the flow table.
     Demo(demo::Args),
     /// Measure per-packet cost and throughput against baselines in the same run.
@@ -42,7 +43,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Setup => xtask::setup::ensure_all(),
         Cmd::Test(a) => test::run(a),
-        Cmd::Lint => test::lint(),
+        Cmd::Lint(a) => test::lint(&a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Soak(a) => soak::run(a),

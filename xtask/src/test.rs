@@ -1,4 +1,5 @@
-//! `cargo xtask test`: set-up, the lint set (clippy, warnings as errors), then every
+//! `cargo xtask test`: set-up, the lint set (no import cycle among a crate's
+//! top-level modules, clippy with warnings as errors), then every
 //! test of the workspace (unit tests, kernel tests through BPF_PROG_TEST_RUN,
 //! namespace end-to-end runs), the demo (as the README runs it), then a check that
 //! nothing was left behind. `cargo xtask lint` runs the lint set alone.
@@ -11,6 +12,13 @@ use anyhow::{bail, Context, Result};
 pub struct Args {
     /// Only tests whose name contains this string.
     pub filter: Option<String>,
+}
+
+#[derive(clap::Args, Default)]
+pub struct LintArgs {
+    /// Only the import-cycle check (no clippy, no build): a second.
+    #[arg(long)]
+    pub cycles_only: bool,
 }
 
 fn cargo(args: &[&str]) -> Result<()> {
@@ -33,7 +41,7 @@ pub fn run(args: Args) -> Result<()> {
     // The lint set first: it takes a minute and fails fast. Not with a filter (a
     // developer running a few tests); `cargo xtask lint` runs it alone.
     if args.filter.is_none() {
-        lint()?;
+        lint(&LintArgs::default())?;
     }
     let before = namespaces();
     let mounts_before = test_bpffs_mounts();
@@ -75,10 +83,18 @@ fn test_bpffs_mounts() -> Vec<String> {
         .collect()
 }
 
-/// clippy over every crate but the kernel one, warnings as errors: the workspace's
-/// lint set (no unwrap, expect or panic outside tests in agent/ and common/, see
-/// [workspace.lints] in Cargo.toml) and clippy's defaults everywhere.
-pub fn lint() -> Result<()> {
+/// The import-cycle check of the crates in `xtask::cycles::CHECKED` (no cycle among
+/// a crate's top-level modules), then clippy over every crate but the kernel one,
+/// warnings as errors: the workspace's lint set (no unwrap, expect or panic outside
+/// tests in agent/ and common/, see [workspace.lints] in Cargo.toml) and clippy's
+/// defaults everywhere.
+pub fn lint(args: &LintArgs) -> Result<()> {
+    let root = roce_testkit::lab::bins::workspace_root();
+    let summary = xtask::cycles::check(&root, xtask::cycles::CHECKED)?;
+    eprintln!("[lint] {summary}");
+    if args.cycles_only {
+        return Ok(());
+    }
     // clippy builds the agent's build script, which builds the kernel object.
     xtask::setup::ensure_rust()?;
     cargo(&[

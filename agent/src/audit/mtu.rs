@@ -7,29 +7,12 @@
 
 use super::link::Link;
 use super::{finding, Finding, Severity};
-
-/// What `iboe_get_mtu()` subtracts from the netdev MTU: GRH 40, UDP 8, BTH 12, XRC
-/// extended header 4, AtomicETH 28, ICRC 4.
-pub const ROCE_HEADROOM: u32 = 40 + 8 + 12 + 4 + 28 + 4;
-
-/// The InfiniBand MTUs.
-pub const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
+pub use roce_common::config::{netdev_mtu_for, roce_path_mtu, IB_MTUS, ROCE_HEADROOM};
 
 /// Outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8.
 pub const VXLAN_OVERHEAD_V4: u32 = 50;
 /// Outer Ethernet 14 + IPv6 40 + UDP 8 + VXLAN 8.
 pub const VXLAN_OVERHEAD_V6: u32 = 70;
-
-/// The RoCE path MTU a netdev MTU carries, as the kernel computes it (None below 256).
-pub fn roce_path_mtu(netdev_mtu: u32) -> Option<u32> {
-    let room = netdev_mtu.checked_sub(ROCE_HEADROOM)?;
-    IB_MTUS.into_iter().rev().find(|m| *m <= room)
-}
-
-/// The netdev MTU that carries a RoCE path MTU of `ib_mtu` bytes (4096 -> 4192).
-pub fn netdev_mtu_for(ib_mtu: u32) -> u32 {
-    ib_mtu + ROCE_HEADROOM
-}
 
 fn path_text(netdev_mtu: u32) -> String {
     match roce_path_mtu(netdev_mtu) {

@@ -444,7 +444,7 @@ impl Launch {
 /// Loads the kernel side, pinned under `pin_dir` (adopting what is pinned there) or
 /// not at all.
 fn load_datapath(settings: &Settings, pin_dir: Option<&Path>) -> anyhow::Result<loader::Loaded> {
-    let opts = settings.load_options();
+    let opts = loader::LoadOptions::for_settings(&settings);
     note_flow_table_memory(opts.flows_max_entries);
     let Some(dir) = pin_dir else {
         return loader::load(&opts).context("loading the kernel programs");
@@ -985,7 +985,7 @@ pub fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
     }
     let opts = AnalyzeOptions {
         engine: args.engine,
-        load: settings.load_options(),
+        load: loader::LoadOptions::for_settings(&settings),
         policy,
         progress: true,
         workers: args.workers.map(usize::from),
@@ -1014,6 +1014,20 @@ pub fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_is_a_subcommand_with_the_documented_defaults() {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from(["roce-agent", "top"]).unwrap();
+        match cli.command {
+            Command::Top(t) => {
+                assert_eq!(t.api, "127.0.0.1:9473");
+                assert_eq!(t.interval, 1.0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     use clap::CommandFactory;
 
     #[test]

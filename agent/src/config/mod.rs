@@ -42,8 +42,6 @@ use roce_common::policy::{Policy, ECN_KERNEL, ECN_RFC6040, HOST_AUDIT, HOST_ENFO
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::datapath::loader::LoadOptions;
-
 /// Where the JSON API listens when neither `--listen` nor `listen` says otherwise:
 /// loopback only, port 9473.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9473";
@@ -585,7 +583,7 @@ impl Settings {
     /// The netdev MTU the RoCE interfaces need: `mtu`, or the one carrying `default_pmtu`.
     pub fn required_mtu(&self) -> u32 {
         self.mtu
-            .unwrap_or_else(|| crate::audit::mtu::netdev_mtu_for(self.default_pmtu))
+            .unwrap_or_else(|| roce_common::config::netdev_mtu_for(self.default_pmtu))
     }
 
     /// `mtu` and `peers` (the host audit).
@@ -747,15 +745,6 @@ impl Settings {
         Ok(())
     }
 
-    /// What `loader::load` needs.
-    pub fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            flows_max_entries: self.flows_map_size,
-            config: self.runtime_config(),
-            ..LoadOptions::default()
-        }
-    }
-
     /// The interfaces that get tc programs and whose PFC counters `/metrics` reads:
     /// `interfaces` (host policy), then the VTEPs not among them.
     pub fn tc_interfaces(&self) -> Vec<String> {
@@ -913,7 +902,6 @@ mod tests {
         assert_eq!(s.flows_map_size, 1024);
         assert_eq!((s.runtime.roce_port, s.runtime.vxlan_port), (4792, 8472));
         assert_eq!(s.runtime.default_pmtu_log2, 10);
-        assert_eq!(s.load_options().flows_max_entries, 1024);
     }
 
     #[test]
@@ -1147,9 +1135,9 @@ mod tests {
     fn events_sample_defaults_to_one_the_flag_wins_and_it_is_bounded() {
         let s = resolve("", &iface("e")).unwrap();
         assert_eq!(s.events_sample, 1);
-        assert_eq!(s.load_options().config.events_sample, 1);
+        assert_eq!(s.runtime_config().events_sample, 1);
         let s = resolve("events_sample = 0\n", &iface("e")).unwrap();
-        assert_eq!(s.load_options().config.events_sample, 0);
+        assert_eq!(s.runtime_config().events_sample, 0);
         let flag = Overrides {
             events_sample: Some(1000),
             ..iface("e")

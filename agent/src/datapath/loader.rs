@@ -27,6 +27,7 @@ use roce_common::policy::{
     DscpEntry, IfaceQos, Policy, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
 
+use crate::config::Settings;
 use crate::datapath::batch;
 use crate::datapath::flow_table::{self, FlowSlots};
 use crate::datapath::pin::{self, PinDir, PinError};
@@ -104,6 +105,17 @@ pub struct LoadOptions {
     /// with [`Loaded::free_first_slots`]: `analyze`'s kernel engine, which knows from
     /// its first pass how many flows the capture holds, queues that many.
     pub queue_all_slots: bool,
+}
+
+impl LoadOptions {
+    /// What a configured agent loads: its flow table size and runtime configuration.
+    pub fn for_settings(settings: &Settings) -> Self {
+        LoadOptions {
+            flows_max_entries: settings.flows_map_size,
+            config: settings.runtime_config(),
+            ..LoadOptions::default()
+        }
+    }
 }
 
 impl Default for LoadOptions {

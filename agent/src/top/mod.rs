@@ -1275,19 +1275,6 @@ mod tests {
     }
 
     #[test]
-    fn top_is_a_subcommand_with_the_documented_defaults() {
-        use clap::Parser as _;
-        let cli = crate::cli::Cli::try_parse_from(["roce-agent", "top"]).unwrap();
-        match cli.command {
-            crate::cli::Command::Top(t) => {
-                assert_eq!(t.api, "127.0.0.1:9473");
-                assert_eq!(t.interval, 1.0);
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
     fn numbers_in_human_units() {
         assert_eq!(si(0.0), "0");
         assert_eq!(si(0.5), "0.5");
