@@ -221,9 +221,9 @@ pub fn classify<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Outcome {
 /// Told of each frame whose walk ends before a flow, where it ends.
 ///
 /// The XDP program counts such a frame here and leaves, so that these paths never
-/// join the flow path. Joined at one return, LLVM carried the flow path's parsed
-/// fields across every one of them: stack stores on each non-RoCE frame, 3-4 ns of
-/// other UDP's 11-12 ns added, and a fifth of the verifier's work (BENCHMARKS.md).
+/// join the flow path. Joined at one return, LLVM would carry the flow path's parsed
+/// fields across every one of them (stack stores on each non-RoCE frame, and more
+/// verifier work).
 pub trait NotFlowSink {
     /// `outcome` is `Other` or `Malformed`: the walk returns it next.
     fn not_flow(&mut self, outcome: &Outcome);
@@ -420,9 +420,8 @@ fn walk_into<P: Packet, S: NotFlowSink>(
 /// through one window: no VLAN tag, then IPv4 without options or fragment offset, or
 /// IPv6 without extension headers. This is what the general walk ([`outer_ip`], or
 /// [`parse_ip`] inside a tunnel) makes of such a frame, without its branches, spills
-/// and second checks (a third to a half of the XDP program's added time on non-RoCE
-/// frames, BENCHMARKS.md). None for any other frame, which the general walk then
-/// reads; a test holds the two equal.
+/// and second checks. None for any other frame, which the general walk then reads; a
+/// test holds the two equal.
 #[inline(always)]
 fn common_ip<P: Packet>(q: &Within<'_, P>, eth: usize) -> Option<IpLayer> {
     let l3 = eth + ETH_HLEN;

@@ -88,8 +88,7 @@ impl FlowStats {
     /// `tick` is a cheap clock (the kernel's jiffies) and `now_ns` reads the clock that
     /// first/last seen are kept in; it is called only for a flow's first packet and when
     /// the tick changed since the flow's last one. The coarse clock it stands for moves
-    /// only once a tick, so this saves its helper call on all other packets (about a
-    /// tenth of the XDP program's time, BENCHMARKS.md).
+    /// only once a tick, so this saves its helper call on all other packets.
     #[inline(always)]
     pub fn record(
         &mut self,

@@ -7,10 +7,9 @@
 use crate::wire::MAX_PARSE_OFFSET;
 
 /// A header whose whole length was checked once: its fields are read with no check
-/// of their own (BENCHMARKS.md, issue 15: one bounds check per header instead of one
-/// per field took most of the parser's cost away). A field beyond the checked length
-/// reads as zero; every call site reads constant offsets inside a constant length, so
-/// the compiler removes that test.
+/// of their own (one bounds check per header, not one per field). A field beyond the
+/// checked length reads as zero; every call site reads constant offsets inside a
+/// constant length, so the compiler removes that test.
 pub trait Header: Copy {
     fn u8(&self, k: usize) -> u8;
     /// A big-endian 16-bit field.
@@ -110,7 +109,7 @@ impl Header for SliceHeader<'_> {
 }
 
 // Inlined across crates: `analyze` walks every frame of a capture through these, and
-// a call per header field was a fifth of its time.
+// a call per header field would cost `analyze` much of its time.
 impl<'a> Packet for SlicePacket<'a> {
     type Header = SliceHeader<'a>;
 

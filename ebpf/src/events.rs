@@ -65,12 +65,12 @@ impl FrameHead for TcContext {
 /// The events of one packet counted on its flow: its CE event and its opcode-kind
 /// event, each sampled and rate-limited on its own.
 ///
-/// `key` makes the flow key only for an event that is kept: a plain IPv4 flow's wide
-/// key took a CE packet 40 ns at 1 in 1000 when it was built before the countdown.
+/// `key` makes the flow key only for an event that is kept, since building it for
+/// every packet costs the CE path.
 ///
-/// Inlined: as a BPF subprogram it needed the packet's fields passed through the stack
-/// (five arguments at most), which took `xdp_classify` to exactly 512 bytes, and it
-/// verified no faster.
+/// Inlined: as a BPF subprogram it would need the packet's fields passed through the
+/// stack (five arguments at most), which brings `xdp_classify` to the 512-byte stack
+/// limit, and it would verify no faster.
 #[inline(always)]
 pub fn emit<C: FrameHead, K: Fn() -> FlowKey>(
     ctx: &C,

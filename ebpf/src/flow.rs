@@ -74,13 +74,11 @@ pub fn count_on_flow<C: FrameHead>(
 /// `parsed` with its discrete fields hidden from the compiler (a register move each
 /// at run time; the values are unchanged). Each path through the classifier knows
 /// some of them as constants (the key's shape, whether the opcode carries an AETH or
-/// a RETH, ...), and the compiler specialised the counting for them: `xdp_classify`
-/// verified in 254,835 instructions, 0.36 s a load; with them hidden, 133,908 and
-/// 0.13 s (BENCHMARKS.md; 105,107 since the non-flow ends leave early), with no
-/// change measured per packet. `analyze --engine
-/// kernel` waits for that load. `tc_egress_flows` keeps its fields known: there the
-/// same call raised the count from 116,215 to 125,409. By value: hiding the fields of
-/// a copy cost the cold-table case about 40 ns a packet.
+/// a RETH, ...), and the compiler would specialise the counting for each path's
+/// constants, which multiplies the verifier's work; hidden, the load is several times
+/// shorter at no per-packet cost. `analyze --engine kernel` waits for that load. Not
+/// used in `tc_egress_flows`, where it makes verification longer. By value: hiding a
+/// copy's fields slows the cold table.
 #[inline(always)]
 pub fn hidden_from_compiler(mut parsed: Parsed) -> Parsed {
     let hide = |x: u32| opaque(x as usize) as u32;

@@ -43,7 +43,7 @@ pub fn tc_egress(ctx: TcContext) -> i32 {
 /// The egress flows: `tc_egress` tail-calls it for a RoCE frame leaving an `--iface`
 /// interface (after its rewrite). A program of its own so that the verifier checks the
 /// flow counting and its events apart from the policy: in one program each path
-/// through the decision's walk multiplied those through the flow's, close to the
+/// through the decision's walk would multiply those through the flow's, close to the
 /// verifier's 1M-instruction limit.
 #[classifier]
 pub fn tc_egress_flows(ctx: TcContext) -> i32 {

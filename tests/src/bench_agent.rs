@@ -1,22 +1,24 @@
-//! roce-bench's `agent` section: the agent at a million flows (issue 15). How long one
-//! collector interval takes (`Collector::poll`: the kernel flow maps and STATS read into
-//! the flows document, interfaces named, rates against the previous poll), how much
+//! roce-bench's `agent` section: the agent at a million flows. How long one collector
+//! interval takes (`Collector::poll`: the kernel flow table and STATS read into the
+//! flows document, interfaces named, rates against the previous poll), how much
 //! memory the agent holds, and how long a `GET /metrics` scrape takes, with
 //! `--agent-flows` (default 1,000,000) flows in the kernel tables.
 //!
 //! It runs in a child process (`roce-bench --agent-child`), so that its RSS is the
-//! agent's alone. The child loads the real object with its flow tables sized for the
-//! flows, fills them from user space with BPF_MAP_UPDATE_BATCH (half the flows plain
-//! IPv4 in FLOWS4, the other half in FLOWS_MID: a half of those IPv4 in VXLAN over
-//! IPv4, a half IPv6; every
-//! flow counted on one CPU, a quarter on both; 4,096 peers, each flow one queue pair
-//! to one of them, a quarter on egress), then does what `roce-agent run` does
-//! each interval: polls on one thread pinned to one CPU and publishes the document
-//! through the same `watch` channel the API serves, while the API (`api::server::router` and
-//! `api::server::metrics_router`) listens on loopback. Figures: the median poll after the
-//! first (the first has no rates to make), VmRSS and VmHWM from /proc/self/status
-//! after the polls and scrapes, and the median of `GET /metrics` through HTTP; then
-//! one `GET /flows` of the whole table (its time, and VmHWM after it).
+//! agent's alone. The child loads the real object with its flow table sized for the
+//! flows (and a sixteenth more), fills it from user space through
+//! `Loaded::insert_flows` (each flow takes a free slot of FLOW_SLOTS, as a program
+//! would, and its key goes into FLOWS4 or FLOWS_MID by batch update): half the flows
+//! plain IPv4, the other half a half IPv4 in VXLAN over IPv4, a half IPv6; 4,096
+//! peers, each flow one queue pair to one of them, a quarter on egress; CE marks on a
+//! seventh of the flows, CNPs on a tenth (on all with `--agent-troubled`). Then it
+//! does what `roce-agent run` does each interval: polls on one thread pinned to one
+//! CPU and publishes the document through the same `watch` channel the API serves,
+//! while the API (`api::server::router` and `api::server::metrics_router`) listens on
+//! loopback. Figures: the median poll after the first (the first has no rates to
+//! make), VmRSS and VmHWM from /proc/self/status after the polls and scrapes, and the
+//! median of `GET /metrics` through HTTP; then one `GET /flows` of the whole table (its
+//! time, and VmHWM after it).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -31,7 +33,7 @@ use roce_common::key::{KEY_EGRESS, KEY_OUTER_V6, KEY_TUNNELLED};
 
 use crate::median;
 
-/// The targets of issue 15.
+/// The targets (BENCHMARKS.md).
 pub const TARGET_POLL_MS: f64 = 250.0;
 pub const TARGET_RSS_MB: f64 = 300.0;
 pub const TARGET_SCRAPE_MS: f64 = 100.0;
@@ -157,7 +159,7 @@ fn shape(i: u32) -> (usize, u32, u32, u32, bool) {
 
 /// Fills the flow table with `n4` plain IPv4 flows and `nw` others (half VXLAN, half
 /// IPv6), CHUNK flows a call of `Loaded::insert_flows` (each takes a free slot, as a
-/// program would; its key goes into FLOWS4 or FLOWS by batch update).
+/// program would; its key goes into FLOWS4 or FLOWS_MID by batch update).
 fn fill(loaded: &mut loader::Loaded, n4: u32, nw: u32, troubled: bool) -> Result<()> {
     const CHUNK: u32 = 8192;
     let ifs = interfaces();
@@ -293,7 +295,7 @@ pub fn child(opts: &Options) -> Result<()> {
         tx.send_replace(p.document);
     }
     let flows_in_document = tx.borrow().len();
-    // The floor under a poll: the kernel's batch lookups and the CPU merge, no document.
+    // The floor under a poll: FLOW_SLOTS read through its mapped window, no document.
     let mut bare = Vec::new();
     for _ in 0..3 {
         let start = Instant::now();
@@ -319,10 +321,9 @@ pub fn child(opts: &Options) -> Result<()> {
     // Then GET /flows once, read as it comes (the whole table is hundreds of MB of
     // JSON): what it costs and what it does to the agent's peak memory.
     let start = Instant::now();
-    let mut stream =
-        roce_agent::api::client::send_request(&addr, "/flows", Duration::from_secs(120))
-            .context("GET /flows")?;
-    let flows_bytes = std::io::copy(&mut stream, &mut std::io::sink()).context("GET /flows")?;
+    let mut body = roce_agent::api::client::get_reader(&addr, "/flows", Duration::from_secs(120))
+        .context("GET /flows")?;
+    let flows_bytes = std::io::copy(&mut body, &mut std::io::sink()).context("GET /flows")?;
     let flows_get_ms = start.elapsed().as_secs_f64() * 1000.0;
     let (_, hwm_after_flows) = memory_mb()?;
     let poll_ms = median(polls[1..].to_vec());

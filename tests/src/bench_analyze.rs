@@ -55,7 +55,7 @@ pub struct Options {
     pub runs: usize,
 }
 
-/// The ratios the project aims for (issue 15): the default engine reads at least 100
+/// The ratios the project aims for: the default engine reads at least 100
 /// times as many frames per second as tshark decoding to fields, in at most 64 MB;
 /// the kernel engine (every frame through BPF_PROG_TEST_RUN) at least 20 times.
 const TARGET_RATIO: f64 = 100.0;

@@ -1,8 +1,11 @@
 //! The client of the agent's HTTP API: `roce-agent flows`, `events` and `top` read a
 //! running agent with it.
+//!
+//! HTTP/1.1 over [`ureq`]. Addresses are `HOST:PORT` (`127.0.0.1:9473`, `[::1]:9473`)
+//! or `http://HOST:PORT`; https:// needs TLS, which is not built in yet. No proxy from
+//! the environment, no redirects: the answer of the agent at that address, or an error.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::io::{BufRead, BufReader, Read};
 use std::time::{Duration, Instant};
 
 use crate::doc::event::{Event, EventKind};
@@ -27,146 +30,189 @@ pub enum ClientError {
     Malformed { addr: String, detail: String },
 }
 
-/// Connects to `addr` and sends `GET path` (HTTP/1.0, the connection closes after the
-/// answer): the stream to read the answer from, with `timeout` on every read.
-pub fn send_request(addr: &str, path: &str, timeout: Duration) -> Result<TcpStream, ClientError> {
-    let targets: Vec<SocketAddr> = addr
-        .to_socket_addrs()
-        .map_err(|error| ClientError::Resolve {
-            addr: addr.to_string(),
-            error,
-        })?
-        .collect();
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-    let mut stream = None;
-    for t in &targets {
-        match TcpStream::connect_timeout(t, timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = e,
-        }
-    }
-    let mut stream = stream.ok_or_else(|| ClientError::Connect {
-        addr: addr.to_string(),
-        error: last,
-    })?;
-    let io = |error| ClientError::Io {
-        addr: addr.to_string(),
-        error,
-    };
-    stream.set_read_timeout(Some(timeout)).map_err(io)?;
-    stream.set_write_timeout(Some(timeout)).map_err(io)?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).map_err(io)?;
-    Ok(stream)
-}
-
 /// Largest answer accepted (a full 16M-entry table is far below this).
 const MAX_RESPONSE: u64 = 1 << 32;
+/// How much of a non-200 answer's body is read (the error keeps its first 200 chars).
+const MAX_ERROR_BODY: u64 = 64 * 1024;
+/// Longest line of `GET /events` accepted (an event is well under 1 KiB).
+const MAX_EVENT_LINE: u64 = 1 << 20;
 
-/// `GET path` from `addr` (`HOST:PORT`), returning the body of a 200 answer.
-/// Plain HTTP/1.0, one request per connection.
+/// `GET path` from `addr`, returning the body of a 200 answer. `timeout` bounds the
+/// connect and every read and write (not the whole transfer: a large table may take
+/// longer, as long as it keeps coming).
 pub fn get_body(addr: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, ClientError> {
-    let stream = send_request(addr, path, timeout)?;
-    let io = |error| ClientError::Io {
-        addr: addr.to_string(),
-        error,
-    };
-    let mut raw = Vec::new();
-    stream
-        .take(MAX_RESPONSE)
-        .read_to_end(&mut raw)
-        .map_err(io)?;
-    let (status, body) = parse_response(&raw).map_err(|detail| ClientError::Malformed {
-        addr: addr.to_string(),
-        detail,
-    })?;
-    if status != 200 {
-        return Err(ClientError::Status {
-            addr: addr.to_string(),
-            path: path.to_string(),
-            status,
-            body: String::from_utf8_lossy(&body)
-                .trim()
-                .chars()
-                .take(200)
-                .collect(),
-        });
-    }
+    let mut body = Vec::new();
+    get_reader(addr, path, timeout)?
+        .read_to_end(&mut body)
+        .map_err(|e| error(addr, ureq::Error::from(e)))?;
     Ok(body)
 }
 
-/// Splits a whole HTTP/1.x response into its status and (de-chunked) body.
-fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("the answer has no complete header")?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "the header is not text")?;
-    let body = &raw[end + 4..];
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.split_whitespace();
-    let version = parts.next().unwrap_or_default();
-    if !version.starts_with("HTTP/1.") {
-        return Err(format!("unexpected status line {status_line:?}"));
-    }
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("unexpected status line {status_line:?}"))?;
-    let mut chunked = false;
-    let mut length = None;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value.to_ascii_lowercase().contains("chunked");
-        } else if name.eq_ignore_ascii_case("content-length") {
-            length = Some(
-                value
-                    .parse::<usize>()
-                    .map_err(|_| format!("bad Content-Length {value:?}"))?,
-            );
-        }
-    }
-    if chunked {
-        return dechunk(body).map(|b| (status, b));
-    }
-    match length {
-        Some(n) if n > body.len() => Err(format!(
-            "the answer was cut short ({} of {n} bytes)",
-            body.len()
-        )),
-        Some(n) => Ok((status, body[..n].to_vec())),
-        None => Ok((status, body.to_vec())),
-    }
+/// `GET path` from `addr`: the body of a 200 answer, read as it comes (at most 4 GiB),
+/// with the timeouts of [`get_body`]. Its read errors carry [`ureq::Error`]s.
+pub fn get_reader(
+    addr: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<impl Read + Send + 'static, ClientError> {
+    let response = request(addr, path, timeout, timeout)?;
+    Ok(response
+        .into_body()
+        .into_with_config()
+        .limit(MAX_RESPONSE)
+        .reader())
 }
 
-fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let eol = body
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("a chunk size line is cut short")?;
-        let size_text = std::str::from_utf8(&body[..eol]).map_err(|_| "bad chunk size")?;
-        let size_text = size_text.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_text, 16)
-            .map_err(|_| format!("bad chunk size {size_text:?}"))?;
-        body = &body[eol + 2..];
-        if size == 0 {
-            return Ok(out);
+/// Sends `GET path` to `addr` and waits for the answer's head: the answer when it is
+/// 200, else [`ClientError::Status`] with the start of its body.
+fn request(
+    addr: &str,
+    path: &str,
+    connect: Duration,
+    per_read: Duration,
+) -> Result<ureq::http::Response<ureq::Body>, ClientError> {
+    let url = url(addr, path)?;
+    resolves(addr)?;
+    let agent = ureq::Agent::config_builder()
+        .proxy(None)
+        .max_redirects(0)
+        .max_redirects_will_error(false)
+        .http_status_as_error(false)
+        .user_agent(concat!("roce-agent/", env!("CARGO_PKG_VERSION")))
+        .timeout_connect(Some(connect))
+        .timeout_per_read(Some(per_read))
+        .timeout_per_write(Some(connect))
+        .build()
+        .new_agent();
+    let response = agent.get(&url).call().map_err(|e| error(addr, e))?;
+    let status = response.status().as_u16();
+    if status == 200 {
+        return Ok(response);
+    }
+    // The reason is a courtesy: whatever arrives of it in time.
+    let mut body = Vec::new();
+    let _ = response
+        .into_body()
+        .into_reader()
+        .take(MAX_ERROR_BODY)
+        .read_to_end(&mut body);
+    Err(ClientError::Status {
+        addr: addr.to_string(),
+        path: path.to_string(),
+        status,
+        body: String::from_utf8_lossy(&body)
+            .trim()
+            .chars()
+            .take(200)
+            .collect(),
+    })
+}
+
+/// The URL of `path` at `addr` (`HOST:PORT` or `http://HOST:PORT`).
+fn url(addr: &str, path: &str) -> Result<String, ClientError> {
+    let resolve = |message: &str| ClientError::Resolve {
+        addr: addr.to_string(),
+        error: std::io::Error::new(std::io::ErrorKind::InvalidInput, message),
+    };
+    let scheme = |s: &str| {
+        addr.get(..s.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(s))
+    };
+    if scheme("https://") {
+        return Err(resolve(
+            "https:// needs TLS support, which this roce-agent does not have yet",
+        ));
+    }
+    let authority = if scheme("http://") {
+        addr.get("http://".len()..).unwrap_or_default()
+    } else {
+        addr
+    };
+    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    let well_formed = authority.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && port.parse::<u16>().is_ok()
+            && !host.contains(['/', '?', '#', '@', ' '])
+            // An IPv6 address is bracketed: [::1]:9473.
+            && (!host.contains(':') || (host.starts_with('[') && host.ends_with(']')))
+    });
+    if !well_formed {
+        return Err(resolve(
+            "expected HOST:PORT, e.g. 127.0.0.1:9473 or [::1]:9473",
+        ));
+    }
+    Ok(format!("http://{authority}{path}"))
+}
+
+/// Checks that the host of `addr` (well-formed, see [`url`]) has an address: a failed
+/// name lookup is [`ClientError::Resolve`], which ureq's error does not tell apart.
+fn resolves(addr: &str) -> Result<(), ClientError> {
+    let authority = addr.rsplit_once("//").map_or(addr, |(_, a)| a);
+    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    std::net::ToSocketAddrs::to_socket_addrs(authority)
+        .map(drop)
+        .map_err(|error| ClientError::Resolve {
+            addr: addr.to_string(),
+            error,
+        })
+}
+
+/// A failed request, in the terms of [`ClientError`].
+fn error(addr: &str, e: ureq::Error) -> ClientError {
+    use std::io::{Error as IoError, ErrorKind};
+    let addr = addr.to_string();
+    match e {
+        ureq::Error::Io(error) => match error.kind() {
+            ErrorKind::ConnectionRefused
+            | ErrorKind::HostUnreachable
+            | ErrorKind::NetworkUnreachable
+            | ErrorKind::NetworkDown
+            | ErrorKind::AddrNotAvailable => ClientError::Connect { addr, error },
+            ErrorKind::UnexpectedEof => ClientError::Malformed {
+                addr,
+                detail: "the connection closed before the answer was complete".into(),
+            },
+            _ => ClientError::Io { addr, error },
+        },
+        ureq::Error::Timeout(ureq::Timeout::Connect) => ClientError::Connect {
+            addr,
+            error: IoError::new(ErrorKind::TimedOut, "connecting timed out"),
+        },
+        ureq::Error::Timeout(_) => ClientError::Io {
+            addr,
+            error: IoError::new(ErrorKind::TimedOut, "timed out"),
+        },
+        ureq::Error::HostNotFound => ClientError::Resolve {
+            addr,
+            error: IoError::new(ErrorKind::NotFound, "no such host"),
+        },
+        ureq::Error::BadUri(detail) => ClientError::Resolve {
+            addr,
+            error: IoError::new(ErrorKind::InvalidInput, detail),
+        },
+        ureq::Error::Http(e) => ClientError::Resolve {
+            addr,
+            error: IoError::new(ErrorKind::InvalidInput, e.to_string()),
+        },
+        ureq::Error::BodyExceedsLimit(limit) => ClientError::Malformed {
+            addr,
+            detail: format!("the answer is larger than {limit} bytes"),
+        },
+        e @ (ureq::Error::Protocol(_) | ureq::Error::LargeResponseHeader(..)) => {
+            ClientError::Malformed {
+                addr,
+                detail: e.to_string(),
+            }
         }
-        if body.len() < size + 2 {
-            return Err("a chunk is cut short".to_string());
-        }
-        out.extend_from_slice(&body[..size]);
-        body = &body[size + 2..];
+        other => ClientError::Io {
+            addr,
+            error: IoError::other(other.to_string()),
+        },
     }
 }
 
@@ -177,6 +223,12 @@ pub enum Line {
     /// The agent dropped this many events for this reader (it read too slowly).
     Lagged(u64),
 }
+
+/// How long each read of `GET /events` waits: how late `--duration` may end the stream
+/// when nothing arrives.
+const FOLLOW_READ: Duration = Duration::from_millis(200);
+/// How long `follow` tries to connect, and to get the head of the answer.
+const FOLLOW_CONNECT: Duration = Duration::from_secs(5);
 
 /// Follows `GET /events` of the agent at `addr` until `duration` (None: until the agent
 /// closes the stream) or until `each` returns false. Kinds are filtered by the agent.
@@ -194,81 +246,62 @@ pub fn follow(
             kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(",")
         )
     };
-    // Short reads, so that --duration ends on time even when nothing arrives.
-    let stream = send_request(addr, &path, Duration::from_millis(200))?;
-    let io = |error| ClientError::Io {
-        addr: addr.to_string(),
-        error,
+    let started = Instant::now();
+    let deadline = duration.map(|d| started + d);
+    let past_deadline = || deadline.is_some_and(|d| Instant::now() >= d);
+    let timed_out = |e: &ClientError| matches!(e, ClientError::Io { error, .. } if error.kind() == std::io::ErrorKind::TimedOut);
+    // Reads are short so that `duration` ends on time while events are idle; the head
+    // of the answer may take longer (a busy agent): ask again until FOLLOW_CONNECT.
+    let response = loop {
+        match request(addr, &path, FOLLOW_CONNECT, FOLLOW_READ) {
+            Ok(response) => break response,
+            Err(e) if timed_out(&e) && past_deadline() => return Ok(()),
+            Err(e) if timed_out(&e) && started.elapsed() < FOLLOW_CONNECT => continue,
+            Err(e) => return Err(e),
+        }
     };
     let malformed = |detail: String| ClientError::Malformed {
         addr: addr.to_string(),
         detail,
     };
-    let deadline = duration.map(|d| Instant::now() + d);
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    let mut in_headers = true;
-    let mut status_seen = false;
+    let mut reader = BufReader::new(response.into_body().into_reader());
+    let mut line = Vec::new();
     loop {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if past_deadline() {
             return Ok(());
         }
-        match reader.read_line(&mut line) {
-            Ok(0) => {
-                return if status_seen {
-                    Ok(())
-                } else {
-                    Err(malformed("the connection closed before an answer".into()))
-                }
-            }
+        let room = MAX_EVENT_LINE.saturating_sub(line.len() as u64);
+        match reader.by_ref().take(room).read_until(b'\n', &mut line) {
+            // The agent closed the stream.
+            Ok(0) if room > 0 => return Ok(()),
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                // A partial line stays in `line` and is completed by the next read.
-                continue;
-            }
-            Err(e) => return Err(io(e)),
+            // A partial line stays in `line` and is completed by the next read.
+            Err(e) => match ureq::Error::from(e) {
+                ureq::Error::Timeout(ureq::Timeout::PerRead) => continue,
+                // The agent stopped (a stream cut short ends as a closed one).
+                ureq::Error::Io(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::UnexpectedEof
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    return Ok(())
+                }
+                e => return Err(error(addr, e)),
+            },
         }
-        if !line.ends_with('\n') {
+        if line.last() != Some(&b'\n') {
+            if line.len() as u64 >= MAX_EVENT_LINE {
+                return Err(malformed(format!(
+                    "an event line is longer than {MAX_EVENT_LINE} bytes"
+                )));
+            }
             continue;
         }
-        let text = line.trim_end().to_string();
+        let text = String::from_utf8_lossy(&line).trim().to_string();
         line.clear();
-        if !status_seen {
-            let code: u16 = text
-                .split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse().ok())
-                .ok_or_else(|| malformed(format!("not an HTTP status line: {text:?}")))?;
-            if code != 200 {
-                let mut body = String::new();
-                let _ = std::io::Read::read_to_string(&mut reader, &mut body);
-                let body = body
-                    .rsplit("\r\n\r\n")
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .to_string();
-                return Err(ClientError::Status {
-                    addr: addr.to_string(),
-                    path,
-                    status: code,
-                    body,
-                });
-            }
-            status_seen = true;
-            continue;
-        }
-        if in_headers {
-            if text.is_empty() {
-                in_headers = false;
-            }
-            continue;
-        }
         if text.is_empty() {
             continue;
         }
@@ -294,18 +327,167 @@ pub fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+    use std::thread::{self, JoinHandle};
+
+    /// A one-connection HTTP server: reads the request's head, writes each piece after
+    /// its pause, holds the connection open for `linger`, closes it. Joins to the head.
+    fn serve(pieces: Vec<(Duration, Vec<u8>)>, linger: Duration) -> (String, JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+                head.push(byte[0]);
+            }
+            for (pause, piece) in pieces {
+                thread::sleep(pause);
+                // The client may have gone (a --duration end): not the test's concern.
+                if conn.write_all(&piece).is_err() {
+                    break;
+                }
+            }
+            thread::sleep(linger);
+            String::from_utf8(head).unwrap()
+        });
+        (addr, server)
+    }
+
+    fn answer(text: &str) -> Vec<(Duration, Vec<u8>)> {
+        vec![(Duration::ZERO, text.as_bytes().to_vec())]
+    }
+
+    const T: Duration = Duration::from_secs(5);
 
     #[test]
-    fn parses_content_length_and_chunked_answers() {
-        let raw =
-            b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
-        assert_eq!(parse_response(raw).unwrap(), (200, b"{}".to_vec()));
-        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
-        assert_eq!(parse_response(raw).unwrap(), (200, b"abcde".to_vec()));
-        let raw = b"HTTP/1.1 404 Not Found\r\n\r\n";
-        assert_eq!(parse_response(raw).unwrap().0, 404);
-        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n").is_err());
-        assert!(parse_response(b"HTTP/1.0 200 OK\r\ncontent-length: 9\r\n\r\n{}").is_err());
+    fn content_length_chunked_and_close_delimited_bodies() {
+        let (addr, server) = serve(
+            answer(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+            ),
+            Duration::ZERO,
+        );
+        assert_eq!(get_body(&addr, "/flows", T).unwrap(), b"{}");
+        let head = server.join().unwrap();
+        assert!(head.starts_with("GET /flows HTTP/1.1\r\n"), "{head}");
+        assert!(
+            head.to_ascii_lowercase().contains(&format!("host: {addr}")),
+            "{head}"
+        );
+
+        // In pieces, with a chunk extension.
+        let (addr, server) = serve(
+            vec![
+                (
+                    Duration::ZERO,
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab".to_vec(),
+                ),
+                (
+                    Duration::from_millis(50),
+                    b"c\r\n2;x=y\r\nde\r\n0\r\n\r\n".to_vec(),
+                ),
+            ],
+            Duration::ZERO,
+        );
+        let url = format!("http://{addr}");
+        assert_eq!(get_body(&url, "/findings", T).unwrap(), b"abcde");
+        server.join().unwrap();
+
+        let (addr, server) = serve(
+            answer("HTTP/1.0 200 OK\r\n\r\nuntil the end"),
+            Duration::ZERO,
+        );
+        assert_eq!(get_body(&addr, "/metrics", T).unwrap(), b"until the end");
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn an_answer_cut_short_is_malformed() {
+        let (addr, server) = serve(
+            answer("HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n{}"),
+            Duration::ZERO,
+        );
+        let e = get_body(&addr, "/flows", T).unwrap_err();
+        assert!(matches!(e, ClientError::Malformed { .. }), "{e}");
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_status_other_than_200_is_an_error_with_the_reason() {
+        let (addr, server) = serve(
+            answer("HTTP/1.1 404 Not Found\r\ncontent-length: 16\r\n\r\n  no such path\r\n"),
+            Duration::ZERO,
+        );
+        let e = get_body(&addr, "/nope", T).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Status { status: 404, path, body, .. } if path == "/nope" && body == "no such path"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("{addr} answered /nope with HTTP status 404: no such path")
+        );
+        server.join().unwrap();
+
+        // A long reason is cut to its first 200 characters; a redirect is not followed.
+        let long = "x".repeat(1000);
+        let (addr, server) = serve(
+            answer(&format!(
+                "HTTP/1.1 301 Moved\r\nlocation: http://192.0.2.1/\r\ncontent-length: {}\r\n\r\n{long}",
+                long.len()
+            )),
+            Duration::ZERO,
+        );
+        let e = get_body(&addr, "/flows", T).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Status { status: 301, body, .. } if body.len() == 200),
+            "{e:?}"
+        );
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn an_answer_that_is_not_http_is_malformed() {
+        let (addr, server) = serve(
+            answer("SSH-2.0-OpenSSH_9.6\r\n"),
+            Duration::from_millis(500),
+        );
+        let e = get_body(&addr, "/flows", T).unwrap_err();
+        assert!(matches!(e, ClientError::Malformed { .. }), "{e:?}");
+        assert!(e.to_string().contains("did not answer with HTTP"), "{e}");
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn addresses_are_host_port_or_http() {
+        assert_eq!(
+            url("127.0.0.1:9473", "/flows").unwrap(),
+            "http://127.0.0.1:9473/flows"
+        );
+        assert_eq!(
+            url("[::1]:9473", "/flows").unwrap(),
+            "http://[::1]:9473/flows"
+        );
+        assert_eq!(url("HTTP://host:1/", "/e").unwrap(), "http://host:1/e");
+        for bad in [
+            "localhost",
+            "::1",
+            "host:port",
+            ":9473",
+            "host:1/x",
+            "user@host:1",
+        ] {
+            let e = url(bad, "/flows").unwrap_err();
+            assert!(matches!(e, ClientError::Resolve { .. }), "{bad}: {e}");
+        }
+        let e = get_body("nosuchhost.invalid:9473", "/flows", T).unwrap_err();
+        assert!(matches!(e, ClientError::Resolve { .. }), "{e}");
+        let e = get_body("https://127.0.0.1:9473", "/flows", T).unwrap_err();
+        assert!(matches!(e, ClientError::Resolve { .. }), "{e}");
+        assert!(e.to_string().contains("https:// needs TLS support"), "{e}");
     }
 
     #[test]
@@ -323,9 +505,157 @@ mod tests {
         )
         .unwrap_err();
         assert!(
+            matches!(&e, ClientError::Connect { error, .. } if error.kind() == std::io::ErrorKind::ConnectionRefused),
+            "{e:?}"
+        );
+        assert!(
             e.to_string()
                 .contains("no roce-agent answers at 127.0.0.1:"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_silent_server_times_out() {
+        // Bound but never accepting: the connection is made, no answer comes.
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap().to_string();
+        let start = Instant::now();
+        let e = get_body(&addr, "/flows", Duration::from_millis(200)).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Io { error, .. } if error.kind() == std::io::ErrorKind::TimedOut),
+            "{e:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    fn event_line(psn: u32) -> String {
+        let ev = Event {
+            ts_ns: 1,
+            ifname: "eth1".into(),
+            direction: crate::doc::Direction::Ingress,
+            kind: EventKind::Cnp,
+            family: crate::doc::Family::Ipv4,
+            src: "10.0.0.1".parse().unwrap(),
+            dst: "10.0.0.2".parse().unwrap(),
+            sport: 4791,
+            vni: None,
+            inner_family: None,
+            inner_src: None,
+            inner_dst: None,
+            dest_qp: 17,
+            opcode: 0x81,
+            psn,
+            dscp: 48,
+            ecn: "ect0".into(),
+            inner_ecn: None,
+            sample: 1,
+            packet_len: 60,
+            packet: String::new(),
+            time_unix_ns: 0,
+        };
+        format!("{}\n", serde_json::to_string(&ev).unwrap())
+    }
+
+    /// An HTTP chunk of `text`.
+    fn chunk(text: &str) -> Vec<u8> {
+        format!("{:x}\r\n{text}\r\n", text.len()).into_bytes()
+    }
+
+    fn collect(
+        addr: &str,
+        kinds: &[EventKind],
+        duration: Option<Duration>,
+    ) -> Result<Vec<String>, ClientError> {
+        let mut got = Vec::new();
+        follow(addr, kinds, duration, |line| {
+            got.push(match line {
+                Line::Event(ev) => format!("event {}", ev.psn),
+                Line::Lagged(n) => format!("lagged {n}"),
+            });
+            true
+        })?;
+        Ok(got)
+    }
+
+    #[test]
+    fn events_stream_through_idle_pauses_and_lagged_lines() {
+        let split = event_line(3);
+        let (first_half, second_half) = split.split_at(40);
+        let (addr, server) = serve(
+            vec![
+                (Duration::ZERO, b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n".to_vec()),
+                (Duration::ZERO, chunk(&event_line(1))),
+                (Duration::ZERO, chunk("{\"lagged\":7}\n")),
+                // Idle for longer than a read waits, then a line in two pieces.
+                (Duration::from_millis(700), chunk(first_half)),
+                (Duration::from_millis(300), chunk(second_half)),
+                (Duration::ZERO, b"0\r\n\r\n".to_vec()),
+            ],
+            Duration::ZERO,
+        );
+        let got = collect(&addr, &[EventKind::Cnp, EventKind::Ce], None).unwrap();
+        assert_eq!(got, ["event 1", "lagged 7", "event 3"]);
+        let head = server.join().unwrap();
+        assert!(
+            head.starts_with("GET /events?kind=cnp,ce HTTP/1.1\r\n"),
+            "{head}"
+        );
+    }
+
+    #[test]
+    fn events_end_on_duration_while_idle_and_when_the_agent_stops() {
+        let mut pieces = answer("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+        pieces.push((Duration::ZERO, chunk(&event_line(1))));
+        let (addr, _server) = serve(pieces.clone(), Duration::from_secs(5));
+        let start = Instant::now();
+        let got = collect(&addr, &[], Some(Duration::from_millis(500))).unwrap();
+        let took = start.elapsed();
+        assert_eq!(got, ["event 1"]);
+        assert!(
+            took >= Duration::from_millis(500) && took < Duration::from_millis(1500),
+            "{took:?}"
+        );
+
+        // The agent goes away mid-stream: the end of the stream, not an error.
+        let (addr, server) = serve(pieces, Duration::from_millis(300));
+        let got = collect(&addr, &[], None).unwrap();
+        assert_eq!(got, ["event 1"]);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn events_errors_are_clear() {
+        let (addr, server) = serve(
+            answer(
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 16\r\n\r\nevents are off\r\n",
+            ),
+            Duration::ZERO,
+        );
+        let e = collect(&addr, &[], None).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Status { status: 503, body, .. } if body == "events are off"),
+            "{e:?}"
+        );
+        server.join().unwrap();
+
+        let mut pieces = answer("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+        pieces.push((Duration::ZERO, chunk("<html>\n")));
+        let (addr, server) = serve(pieces, Duration::ZERO);
+        let e = collect(&addr, &[], None).unwrap_err();
+        assert!(e.to_string().contains("not an event line: <html>"), "{e}");
+        server.join().unwrap();
+
+        let (addr, server) = serve(
+            answer("SSH-2.0-OpenSSH_9.6\r\n"),
+            Duration::from_millis(500),
+        );
+        let e = collect(&addr, &[], Some(Duration::from_secs(2))).unwrap_err();
+        assert!(matches!(e, ClientError::Malformed { .. }), "{e:?}");
+        server.join().unwrap();
     }
 }

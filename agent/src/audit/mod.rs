@@ -86,6 +86,31 @@ pub struct AuditOptions {
     pub probe_timeout: Duration,
 }
 
+impl AuditOptions {
+    /// What the audit of a running agent or of `check` looks at, from resolved
+    /// settings: the interfaces and VTEPs (none: every interface that is up).
+    pub fn for_settings(
+        settings: &crate::config::Settings,
+        sysfs_root: &std::path::Path,
+        probe_timeout: Duration,
+    ) -> AuditOptions {
+        let mut interfaces = settings.interfaces.clone();
+        for v in &settings.vteps {
+            if !interfaces.contains(v) {
+                interfaces.push(v.clone());
+            }
+        }
+        AuditOptions {
+            interfaces,
+            required_mtu: settings.required_mtu(),
+            peers: settings.peers.clone(),
+            sysfs_root: sysfs_root.to_path_buf(),
+            policy: settings.policy,
+            probe_timeout,
+        }
+    }
+}
+
 /// Why the audit itself could not run (exit 2), as opposed to what it found.
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {

@@ -3,14 +3,43 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use clap::Args;
 use serde::Serialize;
 
 use crate::audit::{self, Audit, AuditOptions, Change, Finding, FixFailure, Severity};
-use crate::cli::CheckArgs;
 use crate::config::{ConfigFile, Overrides, Settings};
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Interface to audit; repeat for more [default: the config's interfaces and VTEPs, else every interface that is up]
+    #[arg(long = "iface", value_name = "IF")]
+    pub iface: Vec<String>,
+    /// The netdev MTU the RoCE interfaces need [default: the config's `mtu`, else the one carrying the RoCE path MTU (default_pmtu, 4096): 4192]
+    #[arg(long, value_name = "BYTES")]
+    pub mtu: Option<u32>,
+    /// A host whose network path must carry --mtu with DF set (IPv4 or IPv6); repeat for more
+    #[arg(long = "peer", value_name = "ADDR")]
+    pub peer: Vec<std::net::IpAddr>,
+    /// TOML configuration file: interfaces, vteps, mtu, peers, default_pmtu and [qos] apply
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The directory that stands for /sys (fixture trees)
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// Apply what can be applied (MTU via netlink, DCB entries, writable sysfs knobs) on the audited interfaces, print each change, then audit again
+    #[arg(long)]
+    pub fix: bool,
+    /// Print {"findings": [...]} (and "changes" with --fix) as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds a path probe waits for an answer
+    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    pub probe_timeout: f64,
+}
 
 /// The audit found at least one error (exit 1); the table says which.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +69,7 @@ pub fn options(args: &CheckArgs) -> anyhow::Result<AuditOptions> {
         ..Overrides::default()
     };
     let settings = Settings::resolve(file.as_ref(), &flags, false)?;
-    Ok(audit_options(
+    Ok(AuditOptions::for_settings(
         &settings,
         &args.sysfs_root,
         probe_timeout(args.probe_timeout)?,
@@ -57,29 +86,6 @@ fn probe_timeout(secs: f64) -> anyhow::Result<Duration> {
             message: format!("{secs} is out of range (0.01 to 60 seconds)"),
         }
         .into())
-    }
-}
-
-/// What the audit of a running agent or of `check` looks at, from resolved settings:
-/// the interfaces and VTEPs (none: every interface that is up).
-pub fn audit_options(
-    settings: &Settings,
-    sysfs_root: &std::path::Path,
-    probe_timeout: Duration,
-) -> AuditOptions {
-    let mut interfaces = settings.interfaces.clone();
-    for v in &settings.vteps {
-        if !interfaces.contains(v) {
-            interfaces.push(v.clone());
-        }
-    }
-    AuditOptions {
-        interfaces,
-        required_mtu: settings.required_mtu(),
-        peers: settings.peers.clone(),
-        sysfs_root: sysfs_root.to_path_buf(),
-        policy: settings.policy,
-        probe_timeout,
     }
 }
 

@@ -102,7 +102,7 @@ impl Args {
     }
 }
 
-/// Issue 15's target for plain RoCE over IPv4: parsing and the flow update.
+/// The target for plain RoCE over IPv4: parsing and the flow update.
 const PLAIN_ROCE_TARGET: f64 = 2.5;
 
 /// One packet kind to measure, with the added cost the project aims for: at most
@@ -205,9 +205,8 @@ struct TcCase {
     egress_flows: bool,
 }
 
-/// `case` with the TC_TAIL slot emptied, named `name`: the policy decision alone, as
-/// it was made before egress flows were counted (what the tc programs cost against
-/// their past).
+/// `case` with the TC_TAIL slot emptied, named `name`: the policy decision alone,
+/// without the egress flow.
 fn decision_only(case: &TcCase, name: &'static str) -> TcCase {
     TcCase {
         name,
@@ -217,12 +216,10 @@ fn decision_only(case: &TcCase, name: &'static str) -> TcCase {
     }
 }
 
-/// Issue 15's tc target, for the cases of RoCE that already carries the right DSCP
-/// (the rewrite cases are judged by throughput, the others have none): the decision
-/// costs at most what the empty program costs. The issue predates counting the
-/// egress flow, which DESIGN.md asks of every RoCE frame leaving: a kept frame that
-/// also counts its flow may add the same flow update's budget as XDP's plain RoCE,
-/// 3.5x in all (BENCHMARKS.md).
+/// The tc target, for the cases of RoCE that already carries the right DSCP (the
+/// rewrite cases are judged by throughput, the others have none). The decision costs
+/// at most one empty program (1.0x); a kept frame that also counts its egress flow,
+/// the same flow update as XDP's, may add plain RoCE's 2.5x: 3.5x.
 fn kept_target(case: &TcCase) -> Option<f64> {
     const DECISION: f64 = 1.0;
     if case.rewrites || !case.name.contains("_kept") {

@@ -1,0 +1,185 @@
+//! `check --fix` for DCB: the app entries and PFC mask the policy needs, planned from
+//! the state [`query`](super::query) returned and written over dcbnl.
+
+use roce_common::policy::Policy;
+
+use super::check::{dscps_that_matter, join, lossless_priority_mask, pfc_text};
+use super::socket::{delete_apps, set_apps, set_pfc};
+use super::{DcbApp, DcbError, DcbState, IeeePfc};
+use crate::audit::Change;
+
+/// What to do for one DSCP whose app entries differ from the policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct AppRepair {
+    dscp: u8,
+    /// Entries of this DSCP with another priority: deleted first (entries are per
+    /// (selector, protocol, priority), and some drivers refuse a second priority).
+    remove: Vec<DcbApp>,
+    /// The policy's entry, when it is not there yet.
+    add: Option<DcbApp>,
+    before: Vec<u8>,
+    after: u8,
+}
+
+/// What [`fix`] would do, in order: repairs that only add first (so that on mlx5 the
+/// port never drops its last DSCP entry, which would switch it back to trust PCP),
+/// then delete-and-add pairs; then the PFC state to set.
+fn plan(state: &DcbState, policy: &Policy) -> (Vec<AppRepair>, Option<IeeePfc>) {
+    let mut repairs: Vec<AppRepair> = dscps_that_matter(policy)
+        .into_iter()
+        .filter_map(|(dscp, want)| {
+            let before = state.dscp_priorities(dscp);
+            if before == [want] {
+                return None;
+            }
+            let remove = before
+                .iter()
+                .filter(|p| **p != want)
+                .map(|p| DcbApp::dscp(dscp, *p))
+                .collect();
+            let add = (!before.contains(&want)).then(|| DcbApp::dscp(dscp, want));
+            Some(AppRepair {
+                dscp,
+                remove,
+                add,
+                before,
+                after: want,
+            })
+        })
+        .collect();
+    repairs.sort_by_key(|r| !r.remove.is_empty());
+    let want = lossless_priority_mask(policy);
+    let pfc = state
+        .pfc
+        .filter(|p| p.enabled != want)
+        .map(|p| IeeePfc { enabled: want, ..p });
+    (repairs, pfc)
+}
+
+/// Makes `ifname`'s DCB state what the policy needs: the app entries of the DSCPs
+/// that matter (a wrong entry of the same DSCP deleted first) and the PFC mask.
+/// Returns each change made. Only for devices with DCB (`query` succeeded); needs
+/// CAP_NET_ADMIN. Other DSCPs' entries (the `dcb_app` Warning) are left alone.
+///
+/// On an error, the changes made before it stay made (a new [`query`](super::query)
+/// shows them).
+pub fn fix(ifname: &str, state: &DcbState, policy: &Policy) -> (Vec<Change>, Result<(), DcbError>) {
+    let mut changes = Vec::new();
+    // What was changed before a failure is reported too: nothing half-applied unsaid.
+    let result = apply(ifname, state, policy, &mut changes);
+    (changes, result)
+}
+
+fn apply(
+    ifname: &str,
+    state: &DcbState,
+    policy: &Policy,
+    changes: &mut Vec<Change>,
+) -> Result<(), DcbError> {
+    let (repairs, pfc) = plan(state, policy);
+    for r in repairs {
+        delete_apps(ifname, &r.remove)?;
+        if let Some(add) = r.add {
+            set_apps(ifname, &[add])?;
+        }
+        changes.push(Change {
+            check: "dcb_app".to_string(),
+            interface: ifname.to_string(),
+            what: format!("app DSCP {}", r.dscp),
+            before: priorities_text(&r.before),
+            after: priorities_text(&[r.after]),
+        });
+    }
+    if let (Some(new), Some(old)) = (pfc, state.pfc) {
+        set_pfc(ifname, &new)?;
+        changes.push(Change {
+            check: "pfc".to_string(),
+            interface: ifname.to_string(),
+            what: "pfc".to_string(),
+            before: pfc_text(old.enabled),
+            after: pfc_text(new.enabled),
+        });
+    }
+    Ok(())
+}
+
+/// `priority 3`, `priorities 0, 3`, `no entry`.
+fn priorities_text(p: &[u8]) -> String {
+    match p {
+        [] => "no entry".to_string(),
+        [p] => format!("priority {p}"),
+        ps => format!("priorities {}", join(ps)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(apps: &[(u8, u8)], pfc_mask: Option<u8>) -> DcbState {
+        DcbState {
+            apps: apps.iter().map(|(d, p)| DcbApp::dscp(*d, *p)).collect(),
+            pfc: pfc_mask.map(|enabled| IeeePfc {
+                cap: 8,
+                enabled,
+                delay: 77,
+                ..IeeePfc::default()
+            }),
+            ets: None,
+            dcbx: Some(0x09),
+        }
+    }
+
+    fn right() -> DcbState {
+        state(&[(26, 3), (48, 6)], Some(1 << 3))
+    }
+
+    #[test]
+    fn the_fix_adds_first_then_replaces_and_sets_the_pfc_mask() {
+        let (repairs, pfc) = plan(&state(&[(26, 0)], Some(1 << 4)), &Policy::default());
+        assert_eq!(
+            repairs,
+            vec![
+                AppRepair {
+                    dscp: 48,
+                    remove: vec![],
+                    add: Some(DcbApp::dscp(48, 6)),
+                    before: vec![],
+                    after: 6,
+                },
+                AppRepair {
+                    dscp: 26,
+                    remove: vec![DcbApp::dscp(26, 0)],
+                    add: Some(DcbApp::dscp(26, 3)),
+                    before: vec![0],
+                    after: 3,
+                },
+            ]
+        );
+        // Only the mask changes: cap, delay (mlx5's cable length) stay.
+        assert_eq!(
+            pfc,
+            Some(IeeePfc {
+                cap: 8,
+                enabled: 1 << 3,
+                delay: 77,
+                ..IeeePfc::default()
+            })
+        );
+        // A right entry next to a wrong one: only the wrong one goes.
+        let (repairs, _) = plan(
+            &state(&[(26, 0), (26, 3), (48, 6)], None),
+            &Policy::default(),
+        );
+        assert_eq!(repairs.len(), 1);
+        assert_eq!(
+            (repairs[0].remove.clone(), repairs[0].add),
+            (vec![DcbApp::dscp(26, 0)], None)
+        );
+        assert_eq!(priorities_text(&repairs[0].before), "priorities 0, 3");
+        // Nothing to do on a right state.
+        assert_eq!(plan(&right(), &Policy::default()), (vec![], None));
+        let (changes, result) = fix("eth1", &right(), &Policy::default());
+        assert!(changes.is_empty() && result.is_ok());
+    }
+}

@@ -1,0 +1,45 @@
+//! `roce-agent detach`: removes the pinned datapath.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    /// The pin directory of the datapath to remove (run --pin-dir)
+    #[arg(long, value_name = "DIR", default_value = crate::datapath::pin::DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+    /// Print what was removed as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `roce-agent detach`.
+pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
+    let removed = crate::datapath::pin::detach(&args.pin_dir).with_context(|| {
+        format!(
+            "detaching the datapath pinned under {}",
+            args.pin_dir.display()
+        )
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&removed)?);
+        return Ok(());
+    }
+    if removed.links.is_empty() && removed.programs.is_empty() && removed.maps.is_empty() {
+        println!("nothing pinned under {}", args.pin_dir.display());
+        return Ok(());
+    }
+    println!(
+        "detached {} links; removed {} program and {} map pins and {}",
+        removed.links.len(),
+        removed.programs.len(),
+        removed.maps.len(),
+        args.pin_dir.display()
+    );
+    for l in &removed.links {
+        println!("  link {l}");
+    }
+    Ok(())
+}

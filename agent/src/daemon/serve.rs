@@ -1,0 +1,247 @@
+//! The daemon's loop: the API server, the collector every interval, interfaces
+//! followed as they come and go, SIGHUP reloads, and shutdown on SIGINT or SIGTERM.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context as _};
+use tokio::sync::watch;
+
+use crate::api;
+use crate::config::Settings;
+use crate::datapath::attach::Attachments;
+use crate::datapath::loader;
+use crate::sys::netif;
+use crate::telemetry::collector::Collector;
+
+use super::launch::{load_datapath, remove_fresh_datapath, start_events};
+use super::reload::reload;
+use super::{error_text, Launch};
+
+/// How long a shutdown waits for open API connections.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigterm = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
+
+    // Claim the API address before attaching anything, so a busy port changes nothing.
+    let listener = tokio::net::TcpListener::bind(&settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let local = listener
+        .local_addr()
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    if !local.ip().is_loopback() {
+        tracing::warn!(listen = %local, "the API (flows, findings, metrics, events) is reachable from other hosts: it has no authentication; bind it to loopback unless a firewall or a scraper needs it");
+    }
+
+    let pin_dir = launch.pin_dir.as_deref();
+    // A datapath pinned earlier is adopted; one made now is removed again should the
+    // start fail, so that a refused start leaves nothing behind.
+    let fresh = pin_dir.is_none_or(|d| !crate::datapath::pin::holds_datapath(d));
+    let loaded = match load_datapath(&settings, pin_dir) {
+        Ok(l) => l,
+        Err(e) => {
+            // Maps may be pinned already (a verifier refusal comes after them); but
+            // a directory another agent holds is that agent's.
+            let busy = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref(),
+                    Some(crate::datapath::pin::PinError::Busy(_))
+                )
+            });
+            remove_fresh_datapath(fresh && !busy, pin_dir);
+            return Err(e);
+        }
+    };
+    let mut collector = Collector::new(loaded);
+    let mut attachments = Attachments::new(crate::datapath::qos::TcMechanism::Auto);
+    if let Err(e) = attachments.apply(collector.loaded_mut(), &settings) {
+        attachments.release(collector.loaded_mut());
+        drop(collector);
+        remove_fresh_datapath(fresh, pin_dir);
+        return Err(anyhow!(e));
+    }
+    match pin_dir {
+        Some(dir) if fresh => {
+            tracing::info!(pin_dir = %dir.display(), "datapath pinned: it keeps running when the agent exits")
+        }
+        Some(dir) => {
+            tracing::info!(pin_dir = %dir.display(), "adopted the pinned datapath: counters continue")
+        }
+        None => tracing::info!("--no-pin: the datapath goes when the agent exits"),
+    }
+
+    let first = match collector.poll() {
+        Ok(p) => p.document,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the flow table failed");
+            Arc::new(crate::telemetry::live::LiveDocument::default())
+        }
+    };
+    let (tx, rx) = watch::channel(first);
+
+    let mut auditor = launch.auditor(&settings);
+    let findings = tokio::task::block_in_place(|| auditor.round(None));
+    let (findings_tx, findings_rx) =
+        watch::channel(Arc::new(crate::doc::finding::Findings { findings }));
+    let findings_tx = Arc::new(findings_tx);
+    let mut audit_task = tokio::spawn(crate::daemon::audit_task::every(
+        auditor,
+        settings.interval,
+        rx.clone(),
+        findings_tx.clone(),
+    ));
+
+    // Sampled events from the kernel programs; GET /events subscribes here.
+    let events = start_events(collector.loaded_mut(), &settings);
+    let events_sample = Arc::new(std::sync::atomic::AtomicU32::new(settings.events_sample));
+    let reloads = Arc::new(crate::telemetry::metrics::ReloadCounts::default());
+    let exporter = Arc::new(crate::telemetry::metrics::Exporter {
+        host: std::sync::RwLock::new(crate::telemetry::metrics::HostSources {
+            sysfs_root: launch.sysfs_root.clone(),
+            interfaces: settings.tc_interfaces(),
+        }),
+        top_flows: settings.top_flows,
+        reloads: reloads.clone(),
+        events_ring: events.as_ref().and_then(|e| e.progress.clone()),
+    });
+    let feed = events.map(|e| api::server::EventFeed {
+        sender: e.sender,
+        sample: events_sample.clone(),
+    });
+    let routes = api::server::router(rx.clone(), findings_rx.clone(), feed).merge(
+        api::server::metrics_router(rx.clone(), findings_rx, exporter.clone()),
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, routes)
+            .with_graceful_shutdown(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    tracing::info!(listen = %local, interval = ?settings.interval, required_mtu = settings.required_mtu(), "serving GET /flows, GET /findings and GET /metrics");
+
+    let mut ticker = new_ticker(settings.interval).await;
+    // Link changes wake the loop at once; the interval check catches what they miss.
+    let mut link_events = match netif::link_events() {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            tracing::warn!(error = %e, "no rtnetlink link events: interfaces are checked every interval only");
+            None
+        }
+    };
+    let mut server_done = None;
+    let mut throttle = crate::daemon::throttle::Throttle::default();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                match tokio::task::block_in_place(|| collector.poll()) {
+                    Ok(p) => {
+                        tracing::debug!(flows = p.document.len(), entries = p.entries, elapsed = ?p.elapsed, read = ?p.read, "polled");
+                        attachments.log_changes(&p.document.counters.qos);
+                        // Shared, not copied: the collector keeps it for the next rates.
+                        tx.send_replace(p.document);
+                        // Interfaces that appeared, went away or were re-created.
+                        follow_interfaces(&mut attachments, collector.loaded_mut(), &settings, &mut throttle);
+                    }
+                    Err(e) => {
+                        if let Some(left_out) = throttle.allow("poll", std::time::Instant::now()) {
+                            tracing::warn!(error = %e, left_out, "reading the flow table failed");
+                        }
+                    }
+                }
+            }
+            Some(()) = async {
+                match link_events.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                tokio::task::block_in_place(|| {
+                    follow_interfaces(&mut attachments, collector.loaded_mut(), &settings, &mut throttle)
+                });
+            }
+            _ = sighup.recv() => {
+                let reloaded = tokio::task::block_in_place(|| {
+                    reload(&launch, &settings, &mut attachments, collector.loaded_mut())
+                });
+                reloads.record(reloaded.is_some());
+                if let Some(new) = reloaded {
+                    if new.interval != settings.interval {
+                        ticker = new_ticker(new.interval).await;
+                    }
+                    audit_task.abort();
+                    audit_task = tokio::spawn(crate::daemon::audit_task::every(
+                        launch.auditor(&new),
+                        new.interval,
+                        rx.clone(),
+                        findings_tx.clone(),
+                    ));
+                    events_sample.store(new.events_sample, std::sync::atomic::Ordering::Relaxed);
+                    exporter.set_interfaces(new.tc_interfaces());
+                    settings = new;
+                }
+            }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            r = &mut server => { server_done = Some(r); break; }
+        }
+    }
+
+    audit_task.abort();
+    attachments.release(collector.loaded_mut());
+    match pin_dir {
+        Some(dir) => {
+            tracing::info!(pin_dir = %dir.display(), "the pinned datapath keeps classifying and enforcing; `roce-agent detach` removes it")
+        }
+        None => tracing::info!(interfaces = ?settings.interfaces, "detached"),
+    }
+    match server_done {
+        Some(Ok(Ok(()))) => Err(anyhow!("the API server stopped unexpectedly")),
+        Some(Ok(Err(e))) => Err(anyhow!(e).context("the API server failed")),
+        Some(Err(e)) => Err(anyhow!(e).context("the API server task failed")),
+        None => {
+            let _ = stop_tx.send(());
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+                .await
+                .is_err()
+            {
+                server.abort();
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Applies `settings` again when an interface is not where its programs are (it
+/// appeared, went away, was re-created or renamed); a failure is retried at the next
+/// check.
+fn follow_interfaces(
+    attachments: &mut Attachments,
+    loaded: &mut loader::Loaded,
+    settings: &Settings,
+    throttle: &mut crate::daemon::throttle::Throttle,
+) {
+    if !attachments.drifted(settings) {
+        return;
+    }
+    if let Err(e) = attachments.apply(loaded, settings) {
+        if let Some(left_out) = throttle.allow("interfaces", std::time::Instant::now()) {
+            tracing::warn!(error = %error_text(&anyhow!(e)), left_out, "attaching to an interface that changed failed; trying again at the next check");
+        }
+    }
+}
+
+/// An interval ticker whose first (immediate) tick is already taken.
+async fn new_ticker(every: Duration) -> tokio::time::Interval {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    ticker
+}

@@ -1,0 +1,100 @@
+//! What `/metrics` reads from the host at scrape time: the RNIC port counters (sysfs)
+//! and the PFC pause counters (ethtool statistics, else DCB) of the configured
+//! interfaces and the RNICs' netdevs.
+
+use std::path::PathBuf;
+
+use crate::audit::rnic::{self, PortCounter};
+use crate::telemetry::ethtool::{self, PfcCounters};
+
+/// The counters of one RDMA port, as read for a scrape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RnicPortCounters {
+    pub device: String,
+    pub port: u32,
+    /// The port's first netdev (GID index order); empty on an InfiniBand port.
+    pub netdev: String,
+    pub counters: Vec<PortCounter>,
+}
+
+/// What the host is asked at scrape time.
+#[derive(Clone, Debug)]
+pub struct HostSources {
+    /// The directory that stands for `/sys` (`--sysfs-root`).
+    pub sysfs_root: PathBuf,
+    /// Interfaces whose PFC counters are read (the RNIC netdevs are added).
+    pub interfaces: Vec<String>,
+}
+
+/// What [`HostSources::read`] found.
+#[derive(Clone, Debug, Default)]
+pub struct HostReadings {
+    pub rnic: Vec<RnicPortCounters>,
+    pub pfc: Vec<PfcCounters>,
+}
+
+impl HostSources {
+    /// Reads the RNIC port counters and the PFC counters. A source that cannot be read
+    /// (no RDMA, no such interface, no DCB) contributes nothing and is logged at debug
+    /// level: a scrape never fails for want of hardware.
+    pub fn read(&self) -> HostReadings {
+        let ports = rnic::read_rnic_ports(&self.sysfs_root).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "RDMA ports not read");
+            Vec::new()
+        });
+        let mut readings = HostReadings::default();
+        let mut pfc_interfaces: Vec<&String> = Vec::new();
+        for n in self
+            .interfaces
+            .iter()
+            .chain(ports.iter().flat_map(|p| &p.netdevs))
+        {
+            if !pfc_interfaces.contains(&n) {
+                pfc_interfaces.push(n);
+            }
+        }
+        for port in &ports {
+            match rnic::read_port_counters(&self.sysfs_root, port) {
+                Ok(counters) => readings.rnic.push(RnicPortCounters {
+                    device: port.device.clone(),
+                    port: port.port,
+                    netdev: port.netdevs.first().cloned().unwrap_or_default(),
+                    counters,
+                }),
+                Err(e) => tracing::debug!(error = %e, "RNIC counters not read"),
+            }
+        }
+        let socket = ethtool::EthtoolSocket::open()
+            .map_err(|e| tracing::debug!(error = %e, "no ethtool statistics"))
+            .ok();
+        for ifname in &pfc_interfaces {
+            if let Some(pfc) = read_pfc(socket.as_ref(), ifname) {
+                readings.pfc.push(pfc);
+            }
+        }
+        readings
+    }
+}
+
+/// The PFC counters of `ifname`: mlx5's ethtool statistics (frames and durations), else
+/// the DCB PFC reply (frames only; veth, vxlan and most virtual devices have neither).
+fn read_pfc(socket: Option<&ethtool::EthtoolSocket>, ifname: &str) -> Option<PfcCounters> {
+    if let Some(socket) = socket {
+        match socket.stats(ifname) {
+            Ok(stats) => {
+                let pfc = ethtool::pfc_from_stats(ifname, &stats);
+                if !pfc.is_empty() {
+                    return Some(pfc);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "ethtool statistics not read"),
+        }
+    }
+    match crate::audit::dcb::query(ifname) {
+        Ok(state) => state.pfc.map(|p| ethtool::pfc_from_dcb(ifname, &p)),
+        Err(e) => {
+            tracing::debug!(interface = %ifname, error = %e, "no DCB PFC counters");
+            None
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! The view's model, [`TopState`]: the agent's last answers in (a [`Snapshot`]),
+//! [`Command`]s from the user in, sorted rows and the scroll position out. Pure: no
+//! terminal, no network, no clock, so every rule of the order is tested here.
+
+use std::time::{Duration, SystemTime};
+
+use crate::doc::finding::{Findings, Severity};
+use crate::doc::{Document, Flow};
+
+use super::fetch::Snapshot;
+
+/// The order of the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortKey {
+    /// CE + CNPs + NAKs + RNR NAKs + PSN gaps.
+    Problems,
+    /// Outer CE packets / packets.
+    CeRatio,
+    /// CNPs per second.
+    CnpRate,
+    /// Bits per second.
+    Bitrate,
+}
+
+impl SortKey {
+    /// How the footer names the order.
+    pub fn label(self) -> &'static str {
+        match self {
+            SortKey::Problems => "problems",
+            SortKey::CeRatio => "CE ratio",
+            SortKey::CnpRate => "CNPs/s",
+            SortKey::Bitrate => "bits/s",
+        }
+    }
+
+    /// What a flow is sorted by: its rate over the last interval (0 when the agent
+    /// gave none), then its total, both larger first.
+    fn values(self, f: &Flow) -> (f64, f64) {
+        let r = f.rates.as_ref();
+        match self {
+            SortKey::Problems => (
+                r.map_or(0.0, |r| r.ce_per_s + r.cnps_per_s + r.naks_per_s),
+                problems_total(f) as f64,
+            ),
+            SortKey::CeRatio => (r.map_or(0.0, |r| r.ce_ratio), f.ce_ratio()),
+            SortKey::CnpRate => (r.map_or(0.0, |r| r.cnps_per_s), f.cnps as f64),
+            SortKey::Bitrate => (r.map_or(0.0, |r| r.bits_per_s), f.bytes as f64),
+        }
+    }
+}
+
+/// Everything that went wrong on a flow since it was first seen.
+pub fn problems_total(f: &Flow) -> u64 {
+    f.ecn
+        .ce
+        .saturating_add(f.cnps)
+        .saturating_add(f.naks)
+        .saturating_add(f.rnr_naks)
+        .saturating_add(f.psn_gaps)
+}
+
+/// What the user can ask of the model (the keys that mean each are in `input`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Sort by this key, from the top.
+    SortBy(SortKey),
+    /// Reverse the order, from the top.
+    Reverse,
+    /// Scroll one row up or down.
+    Up,
+    Down,
+    /// Scroll one page up or down.
+    PageUp,
+    PageDown,
+    /// The first or the last page.
+    First,
+    Last,
+}
+
+/// The host audit's findings, counted by severity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuditCounts {
+    pub errors: usize,
+    pub warnings: usize,
+    pub infos: usize,
+}
+
+impl AuditCounts {
+    pub fn of(findings: &Findings) -> AuditCounts {
+        let mut c = AuditCounts::default();
+        for f in &findings.findings {
+            match f.severity {
+                Severity::Error => c.errors += 1,
+                Severity::Warning => c.warnings += 1,
+                Severity::Info => c.infos += 1,
+            }
+        }
+        c
+    }
+}
+
+/// The view's state: the last answers of the agent, the order and the scroll
+/// position. Pure: no terminal, no network, no clock.
+#[derive(Debug)]
+pub struct TopState {
+    addr: String,
+    interval: Duration,
+    /// The last flow document the agent answered, and when.
+    doc: Option<Document>,
+    answered_at: Option<SystemTime>,
+    /// Why the last request failed; None when it succeeded.
+    error: Option<String>,
+    /// The last findings counted, or why `/findings` failed while `/flows` answered.
+    audit: Option<Result<AuditCounts, String>>,
+    sort: SortKey,
+    reverse: bool,
+    /// Indices into `doc.flows` in display order (sorted once per answer or key,
+    /// not once per frame).
+    order: Vec<usize>,
+    /// Index of the first row shown.
+    scroll: usize,
+    /// Rows the table shows at once (set from the terminal's size).
+    page: usize,
+}
+
+impl TopState {
+    pub fn new(addr: impl Into<String>, interval: Duration) -> TopState {
+        TopState {
+            addr: addr.into(),
+            interval,
+            doc: None,
+            answered_at: None,
+            error: None,
+            audit: None,
+            sort: SortKey::Problems,
+            reverse: false,
+            order: Vec::new(),
+            scroll: 0,
+            page: 1,
+        }
+    }
+
+    /// Takes one round of answers. A failed round keeps the last document on screen.
+    pub fn update(&mut self, snap: Snapshot) {
+        match snap.flows {
+            Ok(doc) => {
+                self.doc = Some(doc);
+                self.answered_at = Some(snap.at);
+                self.error = None;
+                self.audit = Some(snap.findings.map(|f| AuditCounts::of(&f)));
+                self.resort();
+            }
+            // The audit counts of the last answer stay: they are as old as the flows.
+            Err(e) => self.error = Some(e),
+        }
+        self.clamp_scroll();
+    }
+
+    /// Does what the user asked.
+    pub fn apply(&mut self, command: Command) {
+        match command {
+            Command::SortBy(key) => self.sort_by(key),
+            Command::Reverse => {
+                self.reverse = !self.reverse;
+                self.resort();
+                self.scroll = 0;
+            }
+            Command::Up => self.scroll = self.scroll.saturating_sub(1),
+            Command::Down => self.scroll = self.scroll.saturating_add(1),
+            Command::PageUp => self.scroll = self.scroll.saturating_sub(self.page),
+            Command::PageDown => self.scroll = self.scroll.saturating_add(self.page),
+            Command::First => self.scroll = 0,
+            Command::Last => self.scroll = self.max_scroll(),
+        }
+        self.clamp_scroll();
+    }
+
+    /// How many rows fit in the table (see [`super::draw::page_rows`]).
+    pub fn set_page(&mut self, rows: usize) {
+        self.page = rows.max(1);
+        self.clamp_scroll();
+    }
+
+    /// The flows in display order.
+    pub fn rows(&self) -> impl Iterator<Item = &Flow> + '_ {
+        let flows = self.doc.as_ref().map_or(&[][..], |d| &d.flows[..]);
+        self.order.iter().filter_map(move |&i| flows.get(i))
+    }
+
+    pub fn row_count(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Index of the first row shown.
+    pub fn scroll(&self) -> usize {
+        self.scroll
+    }
+
+    /// Rows the table shows at once.
+    pub fn page(&self) -> usize {
+        self.page
+    }
+
+    /// The order: its key, and whether it is reversed.
+    pub fn sort(&self) -> (SortKey, bool) {
+        (self.sort, self.reverse)
+    }
+
+    /// The agent's address, as the user gave it.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// How often the agent is asked.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The last flow document the agent answered.
+    pub fn document(&self) -> Option<&Document> {
+        self.doc.as_ref()
+    }
+
+    /// When the agent last answered.
+    pub fn answered_at(&self) -> Option<SystemTime> {
+        self.answered_at
+    }
+
+    /// Why the last round failed; None when it succeeded.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// The last findings counted, or why `/findings` failed while `/flows` answered;
+    /// None before the first answer.
+    pub fn audit(&self) -> Option<&Result<AuditCounts, String>> {
+        self.audit.as_ref()
+    }
+
+    fn sort_by(&mut self, key: SortKey) {
+        self.sort = key;
+        self.resort();
+        // A new order starts at its top.
+        self.scroll = 0;
+    }
+
+    fn resort(&mut self) {
+        let Some(doc) = &self.doc else {
+            self.order.clear();
+            return;
+        };
+        let (key, reverse) = (self.sort, self.reverse);
+        let mut order: Vec<usize> = (0..doc.flows.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (fa, fb) = (&doc.flows[a], &doc.flows[b]);
+            let (ra, ta) = key.values(fa);
+            let (rb, tb) = key.values(fb);
+            let larger_first = rb.total_cmp(&ra).then(tb.total_cmp(&ta));
+            let by_key = if reverse {
+                larger_first.reverse()
+            } else {
+                larger_first
+            };
+            // Ties keep the canonical order, so equal rows do not swap between frames.
+            by_key.then_with(|| fa.canonical_cmp(fb))
+        });
+        self.order = order;
+    }
+
+    fn max_scroll(&self) -> usize {
+        self.order.len().saturating_sub(self.page)
+    }
+
+    fn clamp_scroll(&mut self) {
+        self.scroll = self.scroll.min(self.max_scroll());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::top::tests::{answered, document, flow, qps, rates, state_with};
+    use Command::{Down, First, Last, PageDown, PageUp, Reverse, SortBy, Up};
+
+    #[test]
+    fn problems_first_by_default() {
+        let s = state_with(document());
+        assert_eq!(s.sort(), (SortKey::Problems, false));
+        assert_eq!(qps(&s), vec![0x10, 0x20, 0x30, 0x40]);
+    }
+
+    #[test]
+    fn sort_keys_and_reverse_change_the_order() {
+        let mut s = state_with(document());
+        s.apply(SortBy(SortKey::CeRatio));
+        assert_eq!(qps(&s), vec![0x20, 0x10, 0x30, 0x40]);
+        s.apply(SortBy(SortKey::Bitrate));
+        assert_eq!(qps(&s), vec![0x40, 0x30, 0x10, 0x20]);
+        s.apply(SortBy(SortKey::CnpRate));
+        // 0x10 has CNPs; the rest tie and keep the document's order (by source).
+        assert_eq!(qps(&s), vec![0x10, 0x20, 0x30, 0x40]);
+        s.apply(Reverse);
+        assert_eq!(s.sort(), (SortKey::CnpRate, true));
+        assert_eq!(qps(&s), vec![0x20, 0x30, 0x40, 0x10]);
+        s.apply(SortBy(SortKey::Problems));
+        assert_eq!(qps(&s), vec![0x40, 0x30, 0x20, 0x10]);
+        s.apply(Reverse);
+        assert_eq!(qps(&s), vec![0x10, 0x20, 0x30, 0x40]);
+    }
+
+    #[test]
+    fn rates_come_before_totals() {
+        let mut doc = document();
+        // 0x40 has no problem in total but CE now; 0x10, the worst in total, is quiet now.
+        for f in &mut doc.flows {
+            f.rates = rates(0.0, 0.0, 1e9);
+        }
+        let d = doc.flows.iter_mut().find(|f| f.dest_qp == 0x40).unwrap();
+        d.rates = rates(0.01, 0.0, 2e9);
+        let mut s = state_with(doc);
+        assert_eq!(qps(&s), vec![0x40, 0x10, 0x20, 0x30]);
+        s.apply(SortBy(SortKey::Bitrate));
+        assert_eq!(qps(&s)[0], 0x40);
+        s.apply(SortBy(SortKey::CeRatio));
+        assert_eq!(qps(&s), vec![0x40, 0x20, 0x10, 0x30]);
+    }
+
+    #[test]
+    fn scrolling_stays_within_the_rows() {
+        let mut doc = document();
+        for i in 0..20 {
+            doc.flows.push(flow("198.18.1.1", 0x100 + i));
+        }
+        let mut s = state_with(doc);
+        s.set_page(10);
+        s.apply(Up);
+        assert_eq!(s.scroll(), 0);
+        s.apply(Down);
+        assert_eq!(s.scroll(), 1);
+        s.apply(PageDown);
+        assert_eq!(s.scroll(), 11);
+        s.apply(PageDown);
+        assert_eq!(s.scroll(), 14, "24 rows, 10 shown");
+        s.apply(PageUp);
+        assert_eq!(s.scroll(), 4);
+        s.apply(Last);
+        assert_eq!(s.scroll(), 14);
+        s.apply(First);
+        assert_eq!(s.scroll(), 0);
+        s.apply(Last);
+        // Fewer flows in the next answer: the view stays on a full page.
+        s.update(answered(document()));
+        assert_eq!(s.scroll(), 0);
+        // A new sort starts at the top.
+        s.set_page(2);
+        s.apply(Last);
+        assert_eq!(s.scroll(), 2);
+        s.apply(SortBy(SortKey::CeRatio));
+        assert_eq!(s.scroll(), 0);
+    }
+
+    #[test]
+    fn a_failed_round_keeps_the_last_answer() {
+        let mut s = state_with(document());
+        s.update(Snapshot {
+            at: SystemTime::now(),
+            flows: Err("Connection refused (os error 111)".into()),
+            findings: Err("Connection refused (os error 111)".into()),
+        });
+        assert_eq!(s.row_count(), 4);
+        assert_eq!(
+            s.audit,
+            Some(Ok(AuditCounts {
+                errors: 2,
+                warnings: 1,
+                infos: 1
+            }))
+        );
+        assert!(s.error.is_some());
+        s.update(answered(Document::default()));
+        assert_eq!(s.row_count(), 0);
+        assert!(s.error.is_none());
+    }
+}
