@@ -1,4 +1,4 @@
-//! `roce-agent`: see `roce-agent --help` and `agent/src/cli.rs`.
+//! `roce-agent`: see `roce-agent --help` and `agent/src/cli/mod.rs`.
 
 use std::process::ExitCode;
 
@@ -8,7 +8,6 @@ use roce_agent::cli::{self, Cli};
 fn main() -> ExitCode {
     // Usage errors exit 2 here (clap); --help and --version exit 0.
     let args = Cli::parse();
-    cli::init_tracing();
     match cli::execute(args) {
         Ok(()) => ExitCode::SUCCESS,
         // `check` found errors: its table said so; exit 1 without a second message.
@@ -19,7 +18,7 @@ fn main() -> ExitCode {
             ExitCode::from(cli::EXIT_RUNTIME)
         }
         Err(e) => {
-            eprintln!("roce-agent: error: {}", cli::error_text(&e));
+            cli::report(&e);
             ExitCode::from(cli::exit_code(&e))
         }
     }

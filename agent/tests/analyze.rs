@@ -3,7 +3,8 @@
 //! exact expected tables, tshark's decode of the same files as an independent oracle,
 //! the kernel engine (XDP through BPF_PROG_TEST_RUN) against the reference engine
 //! (byte-identical JSON), ICRC checks (and scapy's ICRC when scapy is installed),
-//! truncated and non-Ethernet files.
+//! truncated files and link types not read, Linux cooked captures (tcpdump -i any),
+//! standard input, the exit status by finding level (`--fail-on`) and `--pretty`.
 //!
 //! Tests that need BPF (the kernel engine) or tshark say so on stderr and skip that
 //! part when it is not available.
@@ -503,13 +504,18 @@ fn malformed() -> Frames {
     f
 }
 
+/// `analyze PATH --json --pretty --engine ENGINE --fail-on never`: the document and
+/// its text (indented, so that a difference between two texts shows by line).
 fn analyze_json(path: &Path, engine: &str) -> (Value, String) {
     let out = agent(&[
         "analyze",
         path.to_str().expect("utf-8 path"),
         "--json",
+        "--pretty",
         "--engine",
         engine,
+        "--fail-on",
+        "never",
     ]);
     assert!(
         out.status.success(),
@@ -592,8 +598,11 @@ fn have_tshark() -> bool {
 
 /// tshark's decode of a capture, aggregated with the flow key and counting
 /// rules: RoCE by UDP destination port 4791 only (`-d udp.port==4791,infiniband`
-/// also decodes source port 4791, which the aggregation ignores).
-fn tshark_flows(path: &Path) -> BTreeMap<String, Vec<i64>> {
+/// also decodes source port 4791, which the aggregation ignores). `cooked_extra`:
+/// the bytes a Linux cooked header holds beyond a 14-byte Ethernet header (2 for
+/// LINUX_SLL, 6 for LINUX_SLL2), taken off tshark's `frame.len` of a cooked frame
+/// (analyze counts a cooked frame from the Ethernet header that replaces it).
+fn tshark_flows(path: &Path, cooked_extra: i64) -> BTreeMap<String, Vec<i64>> {
     let fields = [
         "frame.protocols",
         "frame.len",
@@ -696,6 +705,9 @@ fn tshark_flows(path: &Path) -> BTreeMap<String, Vec<i64>> {
             .first()
             .and_then(|v| v.parse::<i64>().ok())
             .unwrap_or(0);
+        if protos.starts_with("sll:") {
+            e[1] -= cooked_extra;
+        }
         let ecn_index = |c: i64| -> usize {
             // not_ect, ect1, ect0, ce in the document's order.
             match c {
@@ -734,11 +746,17 @@ fn parse_num(v: &str) -> Option<i64> {
 
 /// Asserts that analyze's flows equal tshark's decode, field by field.
 fn assert_agrees_with_tshark(path: &Path, doc: &Value) {
+    assert_agrees_with_tshark_cooked(path, doc, 0)
+}
+
+/// [`assert_agrees_with_tshark`] for a capture with Linux cooked frames, whose
+/// header is `cooked_extra` bytes longer than an Ethernet header.
+fn assert_agrees_with_tshark_cooked(path: &Path, doc: &Value, cooked_extra: i64) {
     let ours: BTreeMap<String, Vec<i64>> = flows_by_id(doc)
         .into_iter()
         .map(|(k, f)| (k.replace("\"", ""), counts(&f)))
         .collect();
-    let theirs = tshark_flows(path);
+    let theirs = tshark_flows(path, cooked_extra);
     assert_eq!(
         ours.keys().collect::<Vec<_>>(),
         theirs.keys().collect::<Vec<_>>(),
@@ -991,19 +1009,21 @@ impl Frames {
     }
 }
 
-/// `roce-agent analyze tests/captures/NAME --json --engine ENGINE`, run from the
-/// workspace root as the issue writes it: the JSON text.
+/// `roce-agent analyze tests/captures/NAME --json --pretty --engine ENGINE --fail-on
+/// never`, run from the workspace root as the issue writes it: the JSON text (the
+/// expected files are indented, to be read and diffed).
 fn analyze_committed(name: &str, engine: &str) -> String {
     let rel = format!("{CAPTURES}/{name}");
     let out = Command::new(BIN)
-        .args(["analyze", &rel, "--json", "--engine", engine])
+        .args(["analyze", &rel, "--json", "--pretty", "--engine", engine])
+        .args(["--fail-on", "never"])
         .current_dir(workspace_root())
         .env_remove("RUST_LOG")
         .output()
         .expect("run roce-agent");
     assert!(
         out.status.success(),
-        "roce-agent analyze {rel} --json --engine {engine}: {}",
+        "roce-agent analyze {rel} --json --pretty --engine {engine}: {}",
         text(&out.stderr)
     );
     text(&out.stdout)
@@ -1384,14 +1404,21 @@ fn default_engine_is_the_reference_and_kernel_stays_available() {
     let s = Scratch::new();
     let p = s.path("scenario.pcap");
     scenario().write_pcap(&p);
-    let out = agent(&["analyze", p.to_str().unwrap()]);
+    let out = agent(&["analyze", p.to_str().unwrap(), "--fail-on", "never"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let first = text(&out.stdout).lines().next().unwrap_or("").to_string();
     assert!(first.ends_with("engine reference"), "{first}");
     if !kernel_engine() {
         return;
     }
-    let out = agent(&["analyze", p.to_str().unwrap(), "--engine", "kernel"]);
+    let out = agent(&[
+        "analyze",
+        p.to_str().unwrap(),
+        "--engine",
+        "kernel",
+        "--fail-on",
+        "never",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let first = text(&out.stdout).lines().next().unwrap_or("").to_string();
     assert!(first.ends_with("engine kernel"), "{first}");
@@ -1615,8 +1642,11 @@ fn human_output_is_a_table_sorted_by_ce_ratio_with_findings() {
     let s = Scratch::new();
     let p = s.path("scenario.pcap");
     scenario().write_pcap(&p);
+    // The scenario holds a PSN gap (an error): exit 1, the findings in the output
+    // and no second message.
     let out = agent(&["analyze", p.to_str().unwrap(), "--engine", "reference"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "");
     let t = text(&out.stdout);
     let lines: Vec<&str> = t.lines().collect();
     assert!(lines[0].contains("57 frames (pcap, "), "{t}");
@@ -1762,11 +1792,11 @@ fn truncated_file_reports_the_frame_and_still_prints_the_flows() {
 }
 
 #[test]
-fn non_ethernet_and_non_capture_files_are_refused_clearly() {
+fn unsupported_link_types_and_non_capture_files_are_refused_clearly() {
     let s = Scratch::new();
-    let p = s.path("sll.pcap");
+    let p = s.path("radiotap.pcap");
     let header = PcapHeader {
-        datalink: DataLink::LINUX_SLL,
+        datalink: DataLink::IEEE802_11_RADIOTAP,
         ..Default::default()
     };
     let mut w = PcapWriter::with_header(fs::File::create(&p).unwrap(), header).unwrap();
@@ -1777,10 +1807,31 @@ fn non_ethernet_and_non_capture_files_are_refused_clearly() {
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(
-        err.contains("link type LINUX_SLL (113) is not Ethernet"),
+        err.contains(
+            "link type 127 (IEEE802_11_RADIOTAP) is not supported: roce-agent reads \
+             Ethernet (1) and Linux cooked captures (113, 276)"
+        ),
+        "{err}"
+    );
+    assert!(
+        !err.contains("truncated") && !err.contains("incomplete"),
         "{err}"
     );
     assert!(out.stdout.is_empty());
+    // A number pcap-file has no name for.
+    let p = s.path("odd.pcap");
+    let header = PcapHeader {
+        datalink: DataLink::from(4242),
+        ..Default::default()
+    };
+    drop(PcapWriter::with_header(fs::File::create(&p).unwrap(), header).unwrap());
+    let out = agent(&["analyze", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("link type 4242 is not supported"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let junk = s.path("junk.pcap");
     fs::write(&junk, b"this is not a capture file at all").unwrap();
@@ -1823,6 +1874,8 @@ fn a_kernel_flow_table_too_small_for_the_capture_is_a_finding() {
         "1",
         "--config",
         cfg.to_str().unwrap(),
+        "--fail-on",
+        "never",
     ];
     let out = agent(&args);
     assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
@@ -1860,6 +1913,8 @@ fn config_and_policy_flags_apply() {
             "--json",
             "--engine",
             "reference",
+            "--fail-on",
+            "never",
         ];
         args.extend_from_slice(extra);
         let out = agent(&args);
@@ -2011,5 +2066,808 @@ fn write_large_capture() {
         };
         w.write_packet(&PcapPacket::new(Frames::ts(i), frame.len() as u32, &frame))
             .expect("write");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Linux cooked captures (tcpdump -i any), link types not read, standard input,
+// --fail-on and --pretty (issue 34)
+
+/// The two Linux cooked link types.
+#[derive(Clone, Copy, Debug)]
+enum Cooked {
+    /// LINUX_SLL (113): a 16-byte header, 2 bytes more than Ethernet's.
+    Sll,
+    /// LINUX_SLL2 (276): a 20-byte header, 6 bytes more.
+    Sll2,
+}
+
+impl Cooked {
+    fn datalink(self) -> DataLink {
+        match self {
+            Cooked::Sll => DataLink::LINUX_SLL,
+            Cooked::Sll2 => DataLink::LINUX_SLL2,
+        }
+    }
+    /// Header bytes beyond a 14-byte Ethernet header.
+    fn extra(self) -> i64 {
+        match self {
+            Cooked::Sll => 2,
+            Cooked::Sll2 => 6,
+        }
+    }
+    /// An Ethernet frame as `tcpdump -i any` writes an incoming packet: the
+    /// Ethernet header replaced by the cooked header (packet type 0 = to us, ARPHRD 1
+    /// = Ethernet, the source MAC as address, the EtherType as protocol), the VLAN
+    /// tags left in front of the network layer as libpcap puts them back (LINUX_SLL).
+    fn cook(self, eth: &[u8]) -> Vec<u8> {
+        let (src, proto, rest) = (&eth[6..12], &eth[12..14], &eth[14..]);
+        let mut addr = [0u8; 8];
+        addr[..6].copy_from_slice(src);
+        let mut out = Vec::with_capacity(eth.len() + 6);
+        match self {
+            Cooked::Sll => {
+                out.extend_from_slice(&[0, 0, 0, 1, 0, 6]);
+                out.extend_from_slice(&addr);
+                out.extend_from_slice(proto);
+            }
+            Cooked::Sll2 => {
+                out.extend_from_slice(proto);
+                out.extend_from_slice(&[0, 0]);
+                out.extend_from_slice(&7u32.to_be_bytes());
+                out.extend_from_slice(&[0, 1, 0, 6]);
+                out.extend_from_slice(&addr);
+            }
+        }
+        out.extend_from_slice(rest);
+        out
+    }
+}
+
+impl Frames {
+    /// Writes the frames as a pcap of link type `link` (they must be of that type).
+    fn write_pcap_link(&self, path: &Path, link: DataLink) {
+        let header = PcapHeader {
+            ts_resolution: TsResolution::NanoSecond,
+            snaplen: 65535,
+            datalink: link,
+            ..Default::default()
+        };
+        let file = fs::File::create(path).expect("create pcap");
+        let mut w = PcapWriter::with_header(file, header).expect("pcap header");
+        for (i, f) in self.0.iter().enumerate() {
+            w.write_packet(&PcapPacket::new(Self::ts(i), f.len() as u32, f))
+                .expect("write packet");
+        }
+    }
+
+    fn cooked(&self, c: Cooked) -> Frames {
+        Frames(self.0.iter().map(|f| c.cook(f)).collect())
+    }
+}
+
+/// A pcapng file of several interfaces: `links[i]` is interface i's link type, and
+/// each frame names its interface.
+fn write_pcapng_interfaces(path: &Path, links: &[DataLink], frames: &[(u32, Vec<u8>)]) {
+    let file = fs::File::create(path).expect("create pcapng");
+    let mut w = PcapNgWriter::new(file).expect("pcapng header");
+    for l in links {
+        // Nanosecond timestamps (if_tsresol 9), as pcap-file writes them.
+        let mut idb = InterfaceDescriptionBlock::new(*l, 65535);
+        idb.options.push(
+            pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption::IfTsResol(
+                9,
+            ),
+        );
+        w.write_pcapng_block(idb).expect("idb");
+    }
+    for (i, (iface, f)) in frames.iter().enumerate() {
+        let epb = EnhancedPacketBlock {
+            interface_id: *iface,
+            timestamp: Frames::ts(i),
+            original_len: f.len() as u32,
+            data: std::borrow::Cow::Borrowed(f),
+            options: vec![],
+        };
+        w.write_pcapng_block(epb).expect("epb");
+    }
+}
+
+/// The scenario and the malformed frames that hold an Ethernet header.
+fn ethernet_frames() -> Frames {
+    let mut f = scenario();
+    f.0.extend(malformed().0.into_iter().filter(|f| f.len() >= 14));
+    f
+}
+
+/// A flow without its timestamps (a capture of the same frames at another time).
+fn timeless(doc: &Value) -> BTreeMap<String, Value> {
+    flows_by_id(doc)
+        .into_iter()
+        .map(|(k, mut f)| {
+            if let Some(o) = f.as_object_mut() {
+                o.remove("first_seen_ns");
+                o.remove("last_seen_ns");
+            }
+            (k, f)
+        })
+        .collect()
+}
+
+fn check_names(doc: &Value) -> Vec<String> {
+    doc["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter_map(|f| f["check"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The same frames written as Ethernet, LINUX_SLL and LINUX_SLL2 (pcap and pcapng)
+/// give the same flows, counters and findings: bytes are counted from the Ethernet
+/// header that replaces the cooked one. tshark decodes each cooked file to the
+/// same flows (its frame lengths less the cooked header's extra bytes).
+#[test]
+fn cooked_captures_give_the_table_of_the_ethernet_capture_of_the_same_frames() {
+    let s = Scratch::new();
+    let frames = ethernet_frames();
+    let eth = s.path("eth.pcap");
+    frames.write_pcap(&eth);
+    let (want, _) = analyze_json(&eth, "reference");
+    assert!(flows_by_id(&want).len() > 10);
+    let mut engines = vec!["reference"];
+    if kernel_engine() {
+        engines.push("kernel");
+    }
+    for c in [Cooked::Sll, Cooked::Sll2] {
+        let cooked = frames.cooked(c);
+        let p = s.path(&format!("{c:?}.pcap"));
+        cooked.write_pcap_link(&p, c.datalink());
+        let ng = s.path(&format!("{c:?}.pcapng"));
+        let tagged: Vec<(u32, Vec<u8>)> = cooked.0.iter().map(|f| (0, f.clone())).collect();
+        write_pcapng_interfaces(&ng, &[c.datalink()], &tagged);
+        for file in [&p, &ng] {
+            for engine in &engines {
+                let (got, _) = analyze_json(file, engine);
+                assert_eq!(
+                    got["flows"],
+                    want["flows"],
+                    "{c:?} {engine} {}",
+                    file.display()
+                );
+                assert_eq!(got["counters"], want["counters"], "{c:?} {engine}");
+                assert_eq!(got["findings"], want["findings"], "{c:?} {engine}");
+                assert_eq!(got["capture"]["frames"], want["capture"]["frames"]);
+                assert_eq!(
+                    got["capture"]["icrc_checked"],
+                    want["capture"]["icrc_checked"]
+                );
+                assert_eq!(got["capture"]["complete"], true);
+            }
+            if have_tshark() {
+                let (got, _) = analyze_json(file, "reference");
+                assert_agrees_with_tshark_cooked(file, &got, c.extra());
+            }
+        }
+    }
+}
+
+/// A cooked frame shorter than its header, or than its header and an Ethernet-sized
+/// rest, counts as `truncated_eth` like a runt Ethernet frame, and a netlink frame
+/// (ARPHRD_NETLINK: the protocol field is a netlink family) is not IP.
+#[test]
+fn short_and_netlink_cooked_frames_are_no_flow() {
+    let s = Scratch::new();
+    let good = roce_frame(
+        &Eth::default(),
+        &plain(TOS_DATA),
+        0xC000,
+        &RoceMsg::send_only(0x10, 1, 16),
+    );
+    let mut netlink = Cooked::Sll.cook(&good);
+    netlink[2..4].copy_from_slice(&824u16.to_be_bytes());
+    // The protocol 0x0800 stays, but the netlink payload is what follows.
+    let frames = Frames(vec![
+        Cooked::Sll.cook(&good),
+        Cooked::Sll.cook(&good)[..10].to_vec(),
+        netlink,
+    ]);
+    let p = s.path("short.pcap");
+    frames.write_pcap_link(&p, DataLink::LINUX_SLL);
+    let (doc, _) = analyze_json(&p, "reference");
+    assert_eq!(flows_by_id(&doc).len(), 1, "{doc}");
+    assert_eq!(doc["counters"]["roce"], 1);
+    assert_eq!(doc["counters"]["parse_errors"]["truncated_eth"], 1, "{doc}");
+    assert_eq!(doc["counters"]["non_ip"], 1, "{doc}");
+    if kernel_engine() {
+        let (k, _) = analyze_json(&p, "kernel");
+        assert_eq!(k["counters"], doc["counters"]);
+        assert_eq!(k["flows"], doc["flows"]);
+    }
+}
+
+/// The tcpdump captures in tests/captures (`tcpdump -i any -y LINUX_SLL|LINUX_SLL2`
+/// of the Ethernet captures replayed over a veth): the Ethernet capture's table
+/// where the packets are the same. A single 802.1Q tag is kept by LINUX_SLL and
+/// dropped by LINUX_SLL2 (4 bytes less a packet); of a double-tagged frame the
+/// capture keeps a broken inner tag (libpcap on veth), so neither tshark nor analyze
+/// finds RoCE in it: the flow is not there.
+#[test]
+fn tcpdump_any_captures_give_the_table_of_the_ethernet_capture() {
+    let dir = workspace_root().join(CAPTURES);
+    for name in ["opcodes", "ipv6_vxlan", "jumbo", "vlan_psn"] {
+        let (eth, _) = analyze_json(&dir.join(format!("{name}.pcap")), "reference");
+        let want = timeless(&eth);
+        for c in [Cooked::Sll, Cooked::Sll2] {
+            let file = dir.join(format!("{name}_{}.pcap", format!("{c:?}").to_lowercase()));
+            let (doc, _) = analyze_json(&file, "reference");
+            assert_eq!(doc["capture"]["complete"], true);
+            assert_eq!(
+                doc["capture"]["frames"],
+                eth["capture"]["frames"],
+                "{}",
+                file.display()
+            );
+            let got = timeless(&doc);
+            if name != "vlan_psn" {
+                assert_eq!(got, want, "{}", file.display());
+                assert_eq!(doc["counters"], eth["counters"], "{}", file.display());
+                continue;
+            }
+            // vlan_psn: the 802.1Q flow (PSN wrap), and the double-tagged one lost.
+            let id = "198.18.0.1>198.18.0.2 vni null ->- qp 768";
+            assert_eq!(
+                got.keys().collect::<Vec<_>>(),
+                vec![id],
+                "{}",
+                file.display()
+            );
+            let (w, g) = (&want[id], &got[id]);
+            let tag = match c {
+                Cooked::Sll => 0,
+                Cooked::Sll2 => 4,
+            };
+            assert_eq!(g["packets"], w["packets"]);
+            assert_eq!(
+                g["bytes"].as_i64().unwrap(),
+                w["bytes"].as_i64().unwrap() - tag * w["packets"].as_i64().unwrap(),
+                "{}",
+                file.display()
+            );
+            assert_eq!(g["psn_gaps"], 0);
+            assert_eq!(g["ecn"], w["ecn"]);
+        }
+    }
+}
+
+/// Every cooked capture in tests/captures against tshark's decode of it.
+#[test]
+fn tcpdump_any_captures_agree_with_tshark() {
+    if !have_tshark() {
+        return;
+    }
+    let dir = workspace_root().join(CAPTURES);
+    for name in ["opcodes", "ipv6_vxlan", "jumbo", "vlan_psn"] {
+        for c in [Cooked::Sll, Cooked::Sll2] {
+            let file = dir.join(format!("{name}_{}.pcap", format!("{c:?}").to_lowercase()));
+            let (doc, _) = analyze_json(&file, "reference");
+            assert_agrees_with_tshark_cooked(&file, &doc, c.extra());
+        }
+    }
+    // dumpcap on the veth (Ethernet) and on `any` (LINUX_SLL) at once: every packet twice.
+    let file = dir.join("ipv6_vxlan_eth_and_sll.pcapng");
+    let (doc, _) = analyze_json(&file, "reference");
+    assert_agrees_with_tshark_cooked(&file, &doc, Cooked::Sll.extra());
+}
+
+/// A pcapng file with an Ethernet and a LINUX_SLL interface (dumpcap -i rb -i any):
+/// each interface's link type applies to its frames, so every packet counts twice.
+#[test]
+fn pcapng_interfaces_each_have_their_link_type() {
+    let dir = workspace_root().join(CAPTURES);
+    let (eth, _) = analyze_json(&dir.join("ipv6_vxlan.pcap"), "reference");
+    let (both, _) = analyze_json(&dir.join("ipv6_vxlan_eth_and_sll.pcapng"), "reference");
+    assert_eq!(both["capture"]["frames"], 24);
+    assert_eq!(both["capture"]["complete"], true);
+    let (want, got) = (timeless(&eth), timeless(&both));
+    assert_eq!(
+        want.keys().collect::<Vec<_>>(),
+        got.keys().collect::<Vec<_>>()
+    );
+    for (id, w) in &want {
+        for k in ["packets", "bytes", "cnps"] {
+            assert_eq!(
+                got[id][k].as_u64(),
+                w[k].as_u64().map(|n| 2 * n),
+                "{id} {k}"
+            );
+        }
+    }
+}
+
+/// Frames of a pcapng interface whose link type is not read are skipped and named
+/// in a finding (a warning beside frames that were read, an error when nothing
+/// was): never `capture_incomplete`, never "copy the file again".
+#[test]
+fn unsupported_pcapng_interfaces_are_a_finding_not_an_incomplete_capture() {
+    // mergecap of ipv6_vxlan_sll2.pcap and vlan_psn.pcap relabelled as radiotap.
+    let dir = workspace_root().join(CAPTURES);
+    let mixed = dir.join("ipv6_vxlan_sll2_and_radiotap.pcapng");
+    let (sll2, _) = analyze_json(&dir.join("ipv6_vxlan_sll2.pcap"), "reference");
+    let (doc, _) = analyze_json(&mixed, "reference");
+    assert_eq!(doc["capture"]["frames"], 23);
+    assert_eq!(doc["capture"]["complete"], true);
+    assert_eq!(doc["capture"]["error"], Value::Null);
+    assert_eq!(timeless(&doc), timeless(&sll2));
+    assert_eq!(doc["counters"], sll2["counters"]);
+    let checks = check_names(&doc);
+    assert!(
+        !checks.contains(&"capture_incomplete".to_string()),
+        "{checks:?}"
+    );
+    let f = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "link_type_unsupported")
+        .cloned()
+        .expect("a link_type_unsupported finding");
+    assert_eq!(f["severity"], "warning");
+    assert_eq!(
+        f["found"],
+        "11 of 23 frames were not analyzed, their link type is not supported: \
+         interface 1, link type 127 (IEEE802_11_RADIOTAP): 11 frames"
+    );
+    assert_eq!(
+        f["expected"],
+        "frames of a link type roce-agent reads: Ethernet (1) and Linux cooked captures (113, 276)"
+    );
+    // A warning: exit 0 by default, 1 with --fail-on warning.
+    let m = mixed.to_str().unwrap();
+    assert_eq!(agent(&["analyze", m]).status.code(), Some(0));
+    let out = agent(&["analyze", m, "--fail-on", "warning"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr), "");
+    assert!(text(&out.stdout).contains("WARN  link_type_unsupported: 11 of 23 frames"));
+    if kernel_engine() {
+        let (k, _) = analyze_json(&mixed, "kernel");
+        assert_eq!(k, doc);
+    }
+
+    // Nothing readable: an error, exit 1, no second message.
+    let s = Scratch::new();
+    let p = s.path("radiotap.pcapng");
+    let frames: Vec<(u32, Vec<u8>)> = vlan_psn().0.into_iter().map(|f| (0, f)).collect();
+    write_pcapng_interfaces(&p, &[DataLink::IEEE802_11_RADIOTAP], &frames);
+    let out = agent(&["analyze", p.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr), "");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["capture"]["complete"], true);
+    assert_eq!(doc["findings"][0]["check"], "link_type_unsupported");
+    assert_eq!(doc["findings"][0]["severity"], "error");
+    assert_eq!(check_names(&doc), vec!["link_type_unsupported"]);
+
+    // Skipped frames keep their numbers: a truncated block after them is named by
+    // its number in the file (as tshark numbers it).
+    let p = s.path("skipped_then_cut.pcapng");
+    let mut frames: Vec<(u32, Vec<u8>)> = vlan_psn().0.into_iter().map(|f| (0, f)).collect();
+    frames.extend(opcodes().0.into_iter().take(5).map(|f| (1, f)));
+    write_pcapng_interfaces(
+        &p,
+        &[DataLink::IEEE802_11_RADIOTAP, DataLink::ETHERNET],
+        &frames,
+    );
+    let bytes = fs::read(&p).unwrap();
+    fs::write(&p, &bytes[..bytes.len() - 10]).unwrap();
+    let out = agent(&["analyze", p.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(": frame 16: the capture is truncated or corrupt"),
+        "{}",
+        text(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["capture"]["frames"], 15);
+}
+
+/// `roce-agent analyze ARGS` with `stdin` as standard input.
+fn agent_stdin(args: &[&str], stdin: std::process::Stdio) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(stdin)
+        .output()
+        .expect("run roce-agent")
+}
+
+/// `roce-agent ARGS` with `bytes` written into a pipe on its standard input.
+fn agent_piped(args: &[&str], bytes: Vec<u8>) -> Output {
+    use std::io::Write as _;
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run roce-agent");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || {
+        // The agent may stop reading early (an error): a broken pipe is its answer.
+        let _ = stdin.write_all(&bytes);
+    });
+    let out = child.wait_with_output().expect("wait for roce-agent");
+    writer.join().expect("writer thread");
+    out
+}
+
+/// `analyze -` reads standard input, a pipe or a file, pcap or pcapng, Ethernet or
+/// cooked, with either engine (the kernel engine reads a pipe from a copy in the
+/// temporary directory): the report of the file, `capture.file` "-".
+#[test]
+fn standard_input_is_read_as_a_stream() {
+    let s = Scratch::new();
+    let files = {
+        let (a, b, c) = (s.path("s.pcap"), s.path("s.pcapng"), s.path("s_sll2.pcap"));
+        scenario().write_pcap(&a);
+        scenario().write_pcapng(&b);
+        scenario()
+            .cooked(Cooked::Sll2)
+            .write_pcap_link(&c, DataLink::LINUX_SLL2);
+        [a, b, c]
+    };
+    let mut engines = vec!["reference"];
+    if kernel_engine() {
+        engines.push("kernel");
+    }
+    for f in &files {
+        let (mut want, _) = analyze_json(f, "reference");
+        want["capture"]["file"] = Value::from("-");
+        for engine in &engines {
+            let args = [
+                "analyze",
+                "-",
+                "--json",
+                "--engine",
+                *engine,
+                "--fail-on",
+                "never",
+            ];
+            let out = agent_piped(&args, fs::read(f).unwrap());
+            assert!(
+                out.status.success(),
+                "{} {engine}: {}",
+                f.display(),
+                text(&out.stderr)
+            );
+            let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(got, want, "{} piped, {engine}", f.display());
+            let out = agent_stdin(&args, fs::File::open(f).unwrap().into());
+            assert!(
+                out.status.success(),
+                "{} {engine}: {}",
+                f.display(),
+                text(&out.stderr)
+            );
+            let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(got, want, "{} redirected, {engine}", f.display());
+        }
+    }
+    // A truncated capture on standard input: named so, its frame, exit 1.
+    let bytes = fs::read(&files[0]).unwrap();
+    let out = agent_piped(
+        &["analyze", "-", "--json", "--fail-on", "never"],
+        bytes[..bytes.len() - 20].to_vec(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("standard input: frame 57: the capture is truncated"),
+        "{}",
+        text(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["capture"]["frames"], 56);
+    // Nothing on standard input.
+    let out = agent_piped(&["analyze", "-"], Vec::new());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("standard input: not a pcap or pcapng file"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// `roce-agent analyze ARG --json --fail-on never --engine ENGINE`, with `pipe`
+/// copied into its standard input when given: the document and the peak RSS in MB.
+// The child is reaped by wait4 (for its rusage), which clippy cannot see.
+#[allow(clippy::zombie_processes)]
+fn analyze_measured(arg: &str, engine: &str, pipe: Option<&Path>) -> (Value, usize) {
+    let mut child = Command::new(BIN)
+        .args([
+            "analyze",
+            arg,
+            "--json",
+            "--fail-on",
+            "never",
+            "--engine",
+            engine,
+        ])
+        .env_remove("RUST_LOG")
+        .stdin(if pipe.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("run roce-agent");
+    let writer = pipe.map(|p| {
+        let mut from = fs::File::open(p).expect("open the capture");
+        let mut to = child.stdin.take().expect("stdin");
+        std::thread::spawn(move || std::io::copy(&mut from, &mut to))
+    });
+    let mut stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut v).map(|_| v)
+    });
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with valid pointers to status and rusage.
+    let rc = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
+    assert_eq!(rc, child.id() as libc::pid_t);
+    if let Some(w) = writer {
+        w.join().unwrap().expect("write the capture");
+    }
+    let out = reader.join().unwrap().expect("read the report");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
+    let doc = serde_json::from_slice(&out).expect("analyze --json prints JSON");
+    (doc, ru.ru_maxrss as usize / 1024)
+}
+
+/// A capture piped into `analyze -` is read as it comes: the agent's peak memory is
+/// that of the same analysis of the file (within a few MB), far below the capture's
+/// size (the kernel engine's copy of a pipe goes to a file, not to memory).
+#[test]
+fn a_large_capture_on_a_pipe_is_not_held_in_memory() {
+    use std::io::Write as _;
+    // 36,000 jumbo frames (about 100 MB): a nanosecond pcap, written here.
+    let s = Scratch::new();
+    let path = s.path("large.pcap");
+    let mut w = std::io::BufWriter::new(fs::File::create(&path).expect("create"));
+    for word in [0xA1B2_3C4Du32, 0x0004_0002, 0, 0, 65535, 1] {
+        w.write_all(&word.to_le_bytes()).unwrap();
+    }
+    let rounds = 12_000;
+    let jumbo = jumbo();
+    for round in 0..rounds {
+        for (i, f) in jumbo.0.iter().enumerate() {
+            let ts = Frames::ts(round * 3 + i);
+            let len = f.len() as u32;
+            for word in [ts.as_secs() as u32, ts.subsec_nanos(), len, len] {
+                w.write_all(&word.to_le_bytes()).unwrap();
+            }
+            w.write_all(f).unwrap();
+        }
+    }
+    drop(w);
+    let size = (fs::metadata(&path).unwrap().len() >> 20) as usize;
+    let mut engines = vec!["reference"];
+    if kernel_engine() {
+        engines.push("kernel");
+    }
+    for engine in engines {
+        let (file_doc, file_mb) = analyze_measured(path.to_str().unwrap(), engine, None);
+        let (doc, piped_mb) = analyze_measured("-", engine, Some(&path));
+        eprintln!(
+            "{engine}: {size} MB capture, peak RSS {file_mb} MB from the file, \
+             {piped_mb} MB from a pipe"
+        );
+        assert_eq!(doc["capture"]["frames"], 3 * rounds as u64);
+        assert_eq!(doc["flows"], file_doc["flows"]);
+        assert!(
+            piped_mb <= file_mb + 8 && piped_mb * 2 < size,
+            "{engine}: peak RSS {piped_mb} MB for a {size} MB capture on a pipe \
+             ({file_mb} MB from the file)"
+        );
+    }
+}
+
+/// `--fail-on error|warning|never`: exit 1 when a finding is at that level or
+/// above (default error), no second message; the output is printed either way.
+#[test]
+fn fail_on_sets_the_exit_status_by_finding_level() {
+    let s = Scratch::new();
+    let run = |p: &Path, extra: &[&str]| -> (Option<i32>, String, String) {
+        let mut args = vec!["analyze", p.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = agent(&args);
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    // Errors (a PSN gap, a bad ICRC, ...).
+    let errors = s.path("scenario.pcap");
+    scenario().write_pcap(&errors);
+    // Only a warning: RoCE on the lossless DSCP 26 but Not-ECT.
+    let warning = s.path("not_ect.pcap");
+    let mut f = Frames::default();
+    for psn in 1..=3 {
+        f.push(roce_frame(
+            &Eth::default(),
+            &plain(104),
+            0xC000,
+            &RoceMsg::send_only(0x10, psn, 64),
+        ));
+    }
+    f.write_pcap(&warning);
+    // Only an info: CE marks on ECT traffic.
+    let info = s.path("ce.pcap");
+    let mut f = Frames::default();
+    for psn in 1..=3 {
+        let tos = if psn == 2 { TOS_CE } else { TOS_DATA };
+        f.push(roce_frame(
+            &Eth::default(),
+            &plain(tos),
+            0xC000,
+            &RoceMsg::send_only(0x10, psn, 64),
+        ));
+    }
+    f.write_pcap(&info);
+
+    let (code, out, err) = run(&errors, &[]);
+    assert_eq!(code, Some(1));
+    assert_eq!(err, "", "a failing finding gets no second message");
+    assert!(out.contains("ERROR psn_gaps"), "{out}");
+    let (code, out, err) = run(&errors, &["--json"]);
+    assert_eq!((code, err.as_str()), (Some(1), ""));
+    let doc: Value = serde_json::from_str(&out).expect("the JSON is printed");
+    assert!(check_names(&doc).contains(&"psn_gaps".to_string()));
+    assert_eq!(run(&errors, &["--fail-on", "error"]).0, Some(1));
+    assert_eq!(run(&errors, &["--fail-on", "warning"]).0, Some(1));
+    assert_eq!(run(&errors, &["--fail-on", "never"]).0, Some(0));
+
+    let (code, out, _) = run(&warning, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("WARN  roce_not_ect"), "{out}");
+    assert!(!out.contains("ERROR"), "{out}");
+    assert_eq!(run(&warning, &["--fail-on", "warning"]).0, Some(1));
+    assert_eq!(run(&warning, &["--fail-on", "never"]).0, Some(0));
+
+    let (code, out, _) = run(&info, &["--fail-on", "warning"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("INFO  ce_marked"), "{out}");
+
+    // A truncated capture exits 1 whatever --fail-on says, with its message.
+    let bytes = fs::read(&info).unwrap();
+    let cut = s.path("cut.pcap");
+    fs::write(&cut, &bytes[..bytes.len() - 5]).unwrap();
+    let (code, _, err) = run(&cut, &["--fail-on", "never"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("truncated or corrupt"), "{err}");
+
+    // Not a level: a usage error.
+    assert_eq!(run(&info, &["--fail-on", "info"]).0, Some(2));
+}
+
+/// `--json` prints one line; `--pretty` indents the same document; `--pretty`
+/// alone is a usage error.
+#[test]
+fn json_is_compact_unless_pretty() {
+    let s = Scratch::new();
+    let p = s.path("scenario.pcap");
+    scenario().write_pcap(&p);
+    let path = p.to_str().unwrap();
+    let compact = agent(&["analyze", path, "--json", "--fail-on", "never"]);
+    assert!(compact.status.success(), "{}", text(&compact.stderr));
+    let c = text(&compact.stdout);
+    assert_eq!(c.lines().count(), 1, "{c}");
+    assert!(c.ends_with("}\n") && c.starts_with("{\"capture\":{"), "{c}");
+    let pretty = agent(&["analyze", path, "--json", "--pretty", "--fail-on", "never"]);
+    assert!(pretty.status.success(), "{}", text(&pretty.stderr));
+    let pt = text(&pretty.stdout);
+    assert!(
+        pt.lines().count() > 100 && pt.starts_with("{\n  \"capture\": {"),
+        "{pt}"
+    );
+    let (cv, pv): (Value, Value) = (
+        serde_json::from_str(&c).unwrap(),
+        serde_json::from_str(&pt).unwrap(),
+    );
+    assert_eq!(cv, pv);
+    let alone = agent(&["analyze", path, "--pretty"]);
+    assert_eq!(alone.status.code(), Some(2), "{}", text(&alone.stderr));
+}
+
+/// Real tools end to end (root, tcpdump, tcpreplay): the Ethernet captures replayed
+/// over a veth and captured on the other side with `tcpdump -i any` in both cooked
+/// link types read as the Ethernet captures (as the committed `*_sll*.pcap` were made).
+#[test]
+fn tcpdump_any_of_a_replay_reads_as_the_ethernet_capture() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("tcpdump test skipped: needs root (namespaces)");
+        return;
+    }
+    for tool in ["tcpdump", "tcpreplay", "timeout"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            eprintln!("tcpdump test skipped: {tool} is not installed");
+            return;
+        }
+    }
+    use roce_testkit::netns::{unique_name, Netns};
+    let (base, _) = unique_name("roce-sll-");
+    let a = Netns::create_without_ipv6(format!("{base}a")).expect("netns a");
+    let b = Netns::create_without_ipv6(format!("{base}b")).expect("netns b");
+    a.ip_ok(&[
+        "link",
+        "add",
+        "ra",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "rb",
+        "netns",
+        b.name(),
+    ]);
+    a.ip_ok(&["link", "set", "ra", "mtu", "9000", "up"]);
+    b.ip_ok(&["link", "set", "rb", "mtu", "9000", "up"]);
+    let s = Scratch::new();
+    let dir = workspace_root().join(CAPTURES);
+    for name in ["opcodes", "ipv6_vxlan", "jumbo"] {
+        let src = dir.join(format!("{name}.pcap"));
+        let (eth, _) = analyze_json(&src, "reference");
+        let n = eth["capture"]["frames"].as_u64().unwrap().to_string();
+        for (dlt, c) in [("LINUX_SLL", Cooked::Sll), ("LINUX_SLL2", Cooked::Sll2)] {
+            let out = s.path(&format!("{name}.{dlt}.pcap"));
+            let o = out.to_str().unwrap();
+            use std::io::BufRead as _;
+            let mut tcpdump = b
+                .cmd(
+                    "timeout",
+                    &[
+                        "20", "tcpdump", "-i", "any", "-y", dlt, "-s", "0", "-c", &n, "-w", o,
+                    ],
+                )
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("start tcpdump");
+            // tcpdump says "listening on any" once it captures.
+            let mut err = std::io::BufReader::new(tcpdump.stderr.take().expect("stderr"));
+            let mut said = String::new();
+            while !said.contains("listening on") {
+                let mut line = String::new();
+                if err.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                said.push_str(&line);
+            }
+            assert!(said.contains("listening on any"), "tcpdump: {said}");
+            let sent = a
+                .exec("tcpreplay", &["-q", "-i", "ra", src.to_str().unwrap()])
+                .expect("tcpreplay");
+            assert!(sent.status.success(), "tcpreplay: {}", text(&sent.stderr));
+            // tcpdump exits after n packets (timeout kills it after 20 s).
+            let _ = std::io::Read::read_to_string(&mut err, &mut said);
+            let st = tcpdump.wait().expect("wait for tcpdump");
+            assert!(st.success(), "{name} {dlt}: tcpdump ({st}): {said}");
+            let (doc, _) = analyze_json(&out, "reference");
+            assert_eq!(doc["capture"]["frames"].as_u64().unwrap().to_string(), n);
+            assert_eq!(timeless(&doc), timeless(&eth), "{name} {dlt}");
+            assert_eq!(doc["counters"], eth["counters"], "{name} {dlt}");
+            if have_tshark() {
+                assert_agrees_with_tshark_cooked(&out, &doc, c.extra());
+            }
+        }
     }
 }

@@ -487,3 +487,30 @@ fn a_missing_knob_is_not_created() {
     }
     assert!(!tree.file(NP3).exists());
 }
+
+#[test]
+fn the_dry_run_commands_are_the_findings_fixes_and_write_nothing() {
+    let root = fixture("mlx5-bad");
+    let commands: Vec<String> = plan_fix(&root, &eth1(), &Policy::default())
+        .into_iter()
+        .map(|w| w.expect("planned").command())
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            "echo 1 > /sys/class/net/eth1/ecn/roce_np/enable/3",
+            "echo 48 > /sys/class/net/eth1/ecn/roce_np/cnp_dscp",
+            "mkdir -p /sys/kernel/config/rdma_cm/mlx5_0 && echo 106 > /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos",
+        ]
+    );
+    let fixes: Vec<String> = audit(&root, &eth1(), &Policy::default())
+        .into_iter()
+        .filter(|f| f.severity == Severity::Error)
+        .map(|f| f.fix)
+        .collect();
+    for c in &commands {
+        assert!(fixes.contains(c), "{c} not in {fixes:?}");
+    }
+    // Planning read the tree and wrote nothing.
+    assert!(!root.join("kernel/config/rdma_cm/mlx5_0").exists());
+}

@@ -134,15 +134,15 @@ fn default_required_mtu_carries_a_4096_roce_path_mtu() {
 }
 
 #[test]
-fn without_iface_every_up_interface_but_loopback_is_audited() {
+fn the_interfaces_named_are_audited_and_no_other() {
     require_root!();
     let ns = new_ns();
     veth(&ns, "9000");
-    // A pair left down: not audited.
+    // A pair not named: not audited (without --iface, see check_fix.rs).
     ns.ip_ok(&[
         "link", "add", "down0", "type", "veth", "peer", "name", "down1",
     ]);
-    let (f, code) = findings_in(&ns, &["--mtu", "9000"]);
+    let (f, code) = findings_in(&ns, &["--iface", "va", "--iface", "vb", "--mtu", "9000"]);
     assert_eq!(code, 0, "{f:?}");
     let mut names: Vec<&str> = f
         .iter()

@@ -340,7 +340,7 @@ fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
 }
 
 #[test]
-fn missing_interface_exits_1_and_attaches_nothing() {
+fn missing_interface_exits_2_and_attaches_nothing() {
     require_root!();
     let ns = new_ns();
     let out = ns
@@ -358,7 +358,7 @@ fn missing_interface_exits_1_and_attaches_nothing() {
         )
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(err.contains("no such interface: roce-missing0"), "{err}");
     assert!(

@@ -1,6 +1,7 @@
 //! `GET /metrics` as Prometheus reads it: `promtool check metrics` finds nothing in the
 //! exposition of a realistic document (both directions, VXLAN, IPv6, event counters,
-//! findings, the RNIC counters of a fixture tree); the fleet alert rules pass
+//! findings, the RNIC counters of a fixture tree) nor in a whole scrape (with the
+//! `process_*` families of the process that makes it); the fleet alert rules pass
 //! `promtool check rules` and their unit tests; ethtool statistics are read through
 //! the real ioctl on a veth; and a real agent in a namespace serves exact values
 //! after RoCE packets cross it.
@@ -98,6 +99,17 @@ fn sample(text: &str, series: &str) -> Option<String> {
             .strip_prefix(' ')
             .map(str::to_string)
     })
+}
+
+/// The value of label `name` in the sample line `line`.
+fn label(line: &str, name: &str) -> String {
+    let at = line
+        .find(&format!("{{{name}=\""))
+        .or_else(|| line.find(&format!(",{name}=\"")))
+        .unwrap_or_else(|| panic!("no label {name} in {line}"))
+        + name.len()
+        + 3;
+    line[at..].split('"').next().expect("a value").to_string()
 }
 
 fn ecn(not_ect: u64, ect0: u64, ce: u64) -> Ecn {
@@ -349,7 +361,7 @@ fn exposition_of_a_realistic_document_is_promtool_clean() {
         "0.0025"
     );
     assert_eq!(
-        v(r#"roce_check_findings{check="audit",interface="",severity="warning"}"#),
+        v(r#"roce_check_findings{check="audit",ifname="",severity="warning"}"#),
         "1"
     );
     // The two tunnelled flows that share outer addresses, VNI and QP stay two series.
@@ -358,6 +370,112 @@ fn exposition_of_a_realistic_document_is_promtool_clean() {
         .filter(|l| l.starts_with("roce_top_flow_problems_total{") && l.contains(r#"vni="5001""#))
         .count();
     assert_eq!(shared, 2, "{text}");
+    // Findings by ifname, like every other family; no placeholder interface anywhere.
+    assert_eq!(
+        v(r#"roce_check_findings{check="ecn_np",ifname="eth1",severity="error"}"#),
+        "1"
+    );
+    let findings_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("roce_check_findings{"))
+        .collect();
+    assert_eq!(findings_lines.len(), 4, "{text}");
+    for line in &findings_lines {
+        assert!(
+            line.contains(",ifname=\"") && !line.contains("interface="),
+            "{line}"
+        );
+    }
+    assert!(!text.contains(r#"ifname="all""#), "{text}");
+    assert_eq!(v(r#"roce_frames_total{class="roce"}"#), "300");
+    assert_eq!(
+        v(r#"roce_qos_packets_total{action="audit_roce_would_rewrite"}"#),
+        "12"
+    );
+    // Every top flow names its QP in decimal and, beside it, in hex.
+    let top_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("roce_top_flow_"))
+        .collect();
+    assert!(!top_lines.is_empty());
+    for line in &top_lines {
+        let qp: u32 = label(line, "dest_qp").parse().expect("a decimal QP");
+        assert_eq!(label(line, "dest_qp_hex"), format!("{qp:#x}"), "{line}");
+    }
+    assert_eq!(
+        v(
+            r#"roce_top_flow_cnp_packets_total{ifname="eth1",direction="ingress",src="198.18.0.2",dst="198.18.0.1",vni="",inner_src="",inner_dst="",dest_qp="4660",dest_qp_hex="0x1234"}"#
+        ),
+        "15"
+    );
+
+    if !have_promtool() {
+        return;
+    }
+    let (ok, said) = promtool_check_metrics(&text);
+    assert!(
+        ok && said.trim().is_empty(),
+        "promtool check metrics:\n{said}\n---\n{text}"
+    );
+}
+
+/// An exporter of a realistic host: the RNIC counters of a fixture tree, no PFC.
+fn exporter(tree: &str) -> metrics::Exporter {
+    metrics::Exporter {
+        host: std::sync::RwLock::new(HostSources {
+            sysfs_root: fixture(tree),
+            interfaces: Vec::new(),
+        }),
+        top_flows: 10,
+        reloads: Default::default(),
+        events_ring: None,
+    }
+}
+
+#[test]
+fn a_whole_scrape_with_the_process_families_is_promtool_clean() {
+    let doc = roce_agent::telemetry::live::LiveDocument::from(realistic_document());
+    let text = exporter("mlx5-bad")
+        .render(&doc, &realistic_findings())
+        .expect("render");
+    let v =
+        |series: &str| sample(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+    let number = |series: &str| -> f64 { v(series).parse().expect("a number") };
+    for (family, kind) in [
+        ("process_cpu_seconds_total", "counter"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_virtual_memory_bytes", "gauge"),
+        ("process_start_time_seconds", "gauge"),
+        ("process_open_fds", "gauge"),
+        ("process_max_fds", "gauge"),
+        ("roce_agent_config_reloads_total", "counter"),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} {kind}\n")),
+            "no {family} {kind} in\n{text}"
+        );
+    }
+    // This test's process: it has memory, and it started within the hour.
+    assert!(number("process_resident_memory_bytes") > 0.0);
+    assert!(number("process_virtual_memory_bytes") >= number("process_resident_memory_bytes"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let start = number("process_start_time_seconds");
+    assert!(
+        start <= now + 1.0 && start > now - 3600.0,
+        "{start} vs {now}"
+    );
+    assert!(number("process_open_fds") >= 3.0);
+    assert!(number("process_max_fds") >= number("process_open_fds"));
+    assert!(number("process_cpu_seconds_total") >= 0.0);
+    // Each family once: the process families are not written twice.
+    assert_eq!(
+        text.matches("# TYPE process_open_fds ").count(),
+        1,
+        "{text}"
+    );
 
     if !have_promtool() {
         return;
@@ -730,10 +848,10 @@ fn a_running_agent_serves_exact_metrics_that_promtool_accepts() {
         "6"
     );
     assert_eq!(v(r#"roce_flows{ifname="va"}"#), "2");
-    assert_eq!(v(r#"roce_frames_total{ifname="all",class="roce"}"#), "9");
+    assert_eq!(v(r#"roce_frames_total{class="roce"}"#), "9");
     assert_eq!(v(&series("roce_psn_gaps_total")), "0");
     // QP 0x77 has 3 CE + 1 CNP = 4 problems; QP 0x1234 none, so it is nobody's top flow.
-    let top = r#"{ifname="va",direction="ingress",src="198.18.0.2",dst="198.18.0.1",vni="",inner_src="",inner_dst="",dest_qp="119"}"#;
+    let top = r#"{ifname="va",direction="ingress",src="198.18.0.2",dst="198.18.0.1",vni="",inner_src="",inner_dst="",dest_qp="119",dest_qp_hex="0x77"}"#;
     assert_eq!(v(&format!("roce_top_flow_problems_total{top}")), "4");
     assert_eq!(v(&format!("roce_top_flow_ce_packets_total{top}")), "3");
     assert_eq!(
@@ -747,7 +865,7 @@ fn a_running_agent_serves_exact_metrics_that_promtool_accepts() {
         "18234"
     );
     assert_eq!(
-        v(r#"roce_check_findings{check="dcb_unsupported",interface="va",severity="info"}"#),
+        v(r#"roce_check_findings{check="dcb_unsupported",ifname="va",severity="info"}"#),
         "1"
     );
     let build = format!(
@@ -755,6 +873,23 @@ fn a_running_agent_serves_exact_metrics_that_promtool_accepts() {
         env!("CARGO_PKG_VERSION")
     );
     assert!(text.contains(&build), "{text}");
+    assert!(!text.contains(r#"ifname="all""#), "{text}");
+    // The agent's own process: resident, started within the hour.
+    assert!(
+        v("process_resident_memory_bytes")
+            .parse::<f64>()
+            .expect("a number")
+            > 0.0
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let start: f64 = v("process_start_time_seconds").parse().expect("a number");
+    assert!(
+        start <= now + 1.0 && start > now - 3600.0,
+        "{start} vs {now}"
+    );
 
     if have_promtool() {
         let (ok, said) = promtool_check_metrics(&text);

@@ -103,6 +103,11 @@ impl Tmux {
         self.ok(&["send-keys", "-t", "top", "Enter"]);
     }
 
+    /// Types `text` into the pane, character by character, without Enter.
+    fn type_text(&self, text: &str) {
+        self.ok(&["send-keys", "-t", "top", "-l", text]);
+    }
+
     /// Presses keys by tmux's names (`c`, `q`, `C-c`, `Escape`).
     fn press(&self, key: &str) {
         self.ok(&["send-keys", "-t", "top", key]);
@@ -365,6 +370,88 @@ fn top_shows_flows_worst_first_sorts_on_keys_and_restores_the_terminal() {
     assert!(!qps_on(&screen).iter().any(|q| q == "0x10"), "{screen}");
     tmux.type_line("echo raw=$(stty -a | grep -c -- -icanon)");
     tmux.wait_for("the terminal to be in cooked mode", |s| s.contains("raw=0"));
+}
+
+/// The footer's line: the last line of the screen that is not blank.
+fn footer(screen: &str) -> &str {
+    screen
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+}
+
+#[test]
+fn top_filters_flows_on_slash_keeps_the_filter_on_enter_and_clears_it_on_escape() {
+    require_tmux!();
+    // The agent's document as an older agent wrote it (no `dest_qp_hex`): top reads it.
+    let agent = FakeAgent::serve(free_port(), document(), findings());
+    let tmux = Tmux::start(200, 30);
+    tmux.wait_for("the shell prompt", |s| s.contains('$'));
+    tmux.type_line(&format!(
+        "{BIN} top --api {} --interval 0.2; echo top-exit=$?",
+        agent.addr
+    ));
+    let screen = tmux.wait_for("the flows", |s| qps_on(s).len() == 4);
+    assert!(footer(&screen).contains("/ filter"), "{screen}");
+
+    // `/` opens the prompt; what is typed filters the rows at once.
+    tmux.press("/");
+    tmux.wait_for("the filter prompt", |s| {
+        footer(s).starts_with("filter:") && footer(s).contains("Enter keep  Esc clear")
+    });
+    tmux.type_text("198.18.0.4");
+    let screen = tmux.wait_for("the filtered rows", |s| qps_on(s) == ["0x30"]);
+    let lines: Vec<&str> = screen.lines().collect();
+    assert_eq!(
+        lines[1].trim_end(),
+        "frames: roce 3100, roce_in_vxlan 0, parse errors 7; 1 of 4 flows match filter \"198.18.0.4\"",
+        "{screen}"
+    );
+    assert!(
+        footer(&screen).starts_with("filter: 198.18.0.4"),
+        "{screen}"
+    );
+
+    // Enter keeps it: the keys are commands again (`c` sorts, it is not typed).
+    tmux.press("Enter");
+    tmux.wait_for("the keys back", |s| footer(s).contains("/ filter"));
+    tmux.press("c");
+    let screen = tmux.wait_for("the CE-ratio order, still filtered", |s| {
+        footer(s).contains("sort: CE ratio▼")
+    });
+    assert_eq!(qps_on(&screen), ["0x30"], "{screen}");
+    assert!(
+        footer(&screen).contains("filter \"198.18.0.4\"  sort: CE ratio▼  flows 1-1 of 1"),
+        "{screen}"
+    );
+
+    // In the prompt, `q` is text, not quit; a filter that matches nothing says so.
+    tmux.press("/");
+    tmux.wait_for("the prompt with the filter in force", |s| {
+        footer(s).starts_with("filter: 198.18.0.4")
+    });
+    tmux.type_text("q");
+    let screen = tmux.wait_for("no row left", |s| s.contains("no flow matches the filter"));
+    assert!(exit_status(&screen).is_none(), "{screen}");
+    assert!(
+        screen.contains("0 of 4 flows match filter \"198.18.0.4q\""),
+        "{screen}"
+    );
+
+    // Esc clears the filter: every flow is back, in the CE-ratio order.
+    tmux.press("Escape");
+    let screen = tmux.wait_for("every flow again", |s| {
+        qps_on(s) == ["0x20", "0x10", "0x30", "0x40"]
+    });
+    let lines: Vec<&str> = screen.lines().collect();
+    assert!(lines[1].trim_end().ends_with("; flows 4"), "{screen}");
+    assert!(footer(&screen).contains("/ filter"), "{screen}");
+
+    tmux.press("q");
+    let screen = tmux.wait_for("top to exit", |s| exit_status(s).is_some());
+    assert_eq!(exit_status(&screen).as_deref(), Some("0"), "{screen}");
+    assert_eq!(tmux.format("#{alternate_on}"), "0", "{screen}");
 }
 
 #[test]

@@ -1,8 +1,20 @@
-//! Reading pcap and pcapng captures in large reads (never loaded whole): the frames
-//! are handed out in [`Batch`]es, borrowed from the bytes read, never copied one by one.
+//! Reading pcap and pcapng captures in large reads (never loaded whole, never sought
+//! in, so a pipe works as well as a file): the frames are handed out in [`Batch`]es,
+//! borrowed from the bytes read, never copied one by one.
+//!
+//! Link types: Ethernet (1), and the Linux cooked captures of `tcpdump -i any`,
+//! LINUX_SLL (113) and LINUX_SLL2 (276). The classifier walks from an Ethernet header,
+//! so a cooked header is rewritten in place into a 14-byte Ethernet header (zero MAC
+//! addresses, the cooked header's protocol as EtherType) in front of the same network
+//! layer: a cooked frame's length is then what an Ethernet capture of the same packet
+//! would hold (network layer + 14 bytes, + 4 for each VLAN tag the capture kept), and
+//! the flows' `bytes` count it so. A pcapng interface of another link type is not
+//! read: its frames are counted in [`CaptureReader::unsupported`] and skipped (they
+//! keep their numbers, so the frames after them are numbered as tshark numbers them).
 
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::AsFd as _;
 use std::path::{Path, PathBuf};
 
 use pcap_file::pcap::PcapParser;
@@ -28,9 +40,11 @@ pub struct Frame<'a> {
     pub number: u64,
     /// Capture timestamp, ns since the epoch.
     pub ts_ns: u64,
-    /// The captured bytes, from the Ethernet header on.
+    /// The captured bytes, from the Ethernet header on (a cooked capture's header
+    /// rewritten into an Ethernet header).
     pub data: &'a [u8],
-    /// The frame's length on the wire (at least `data.len()`).
+    /// The frame's length on the wire (at least `data.len()`; for a cooked capture,
+    /// counted from the Ethernet header that replaces the cooked one).
     pub wire_len: u64,
 }
 
@@ -80,6 +94,9 @@ pub struct Batch {
     frames: Vec<FrameAt>,
     /// The number of the first frame.
     first: u64,
+    /// Frames skipped (a link type not read) before the frame at an index: (index,
+    /// frames skipped in this batch before it), ascending; empty almost always.
+    skips: Vec<(u32, u64)>,
 }
 
 impl Default for Batch {
@@ -90,6 +107,7 @@ impl Default for Batch {
             filled: 0,
             frames: Vec::new(),
             first: 1,
+            skips: Vec::new(),
         }
     }
 }
@@ -136,12 +154,30 @@ impl Batch {
         self.frames[i].hash
     }
 
+    /// Records that a frame was skipped before the next frame of the batch.
+    fn skip(&mut self) {
+        let next = self.frames.len() as u32;
+        match self.skips.last_mut() {
+            Some((at, n)) if *at == next => *n += 1,
+            last => {
+                let before = last.map_or(0, |s| s.1);
+                self.skips.push((next, before + 1));
+            }
+        }
+    }
+
     /// The `i`-th frame (`i < len()`).
     pub fn frame(&self, i: usize) -> Frame<'_> {
         let at = self.frames[i];
         let start = at.start as usize;
+        let skipped = if self.skips.is_empty() {
+            0
+        } else {
+            let k = self.skips.partition_point(|s| s.0 as usize <= i);
+            k.checked_sub(1).map_or(0, |k| self.skips[k].1)
+        };
         Frame {
-            number: self.first + i as u64,
+            number: self.first + i as u64 + skipped,
             ts_ns: at.ts_ns,
             data: &self.buf[start..start + at.len as usize],
             wire_len: at.wire_len as u64,
@@ -149,9 +185,90 @@ impl Batch {
     }
 }
 
+/// A link type that analyze reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    Ethernet,
+    /// LINUX_SLL (113): packet type u16, ARPHRD u16, address length u16, address
+    /// (8 bytes), protocol u16.
+    Sll,
+    /// LINUX_SLL2 (276): protocol u16, reserved u16, interface index u32, ARPHRD u16,
+    /// packet type u8, address length u8, address (8 bytes).
+    Sll2,
+}
+
+/// The link types read, for messages.
+pub const LINK_TYPES_READ: &str = "Ethernet (1) and Linux cooked captures (113, 276)";
+
+const ETH_HLEN: usize = 14;
+/// ARPHRD_NETLINK: the cooked header's protocol is a netlink family, not an EtherType.
+const ARPHRD_NETLINK: u16 = 824;
+
+impl Link {
+    fn of(l: DataLink) -> Option<Link> {
+        match l {
+            DataLink::ETHERNET => Some(Link::Ethernet),
+            DataLink::LINUX_SLL => Some(Link::Sll),
+            DataLink::LINUX_SLL2 => Some(Link::Sll2),
+            _ => None,
+        }
+    }
+
+    /// Makes the record at `buf[start..start + len]`, `orig` bytes long on the wire,
+    /// an Ethernet frame: a cooked header is rewritten in place into an Ethernet
+    /// header (zero addresses, its protocol as EtherType) that ends where it ended.
+    /// Returns the frame's start, captured length and wire length. A record shorter
+    /// than its cooked header becomes an empty frame (`truncated_eth`).
+    fn to_ethernet(
+        self,
+        buf: &mut [u8],
+        start: usize,
+        len: usize,
+        orig: u32,
+    ) -> (usize, usize, u32) {
+        let (hlen, proto_at, arphrd_at) = match self {
+            Link::Ethernet => return (start, len, orig.max(len as u32)),
+            Link::Sll => (16, 14, 2),
+            Link::Sll2 => (20, 0, 8),
+        };
+        if len < hlen {
+            return (start, 0, 0);
+        }
+        let rec = &mut buf[start..start + hlen];
+        let arphrd = u16::from_be_bytes([rec[arphrd_at], rec[arphrd_at + 1]]);
+        let proto = if arphrd == ARPHRD_NETLINK {
+            [0, 0]
+        } else {
+            [rec[proto_at], rec[proto_at + 1]]
+        };
+        let eth = &mut rec[hlen - ETH_HLEN..];
+        eth[..12].fill(0);
+        eth[12..].copy_from_slice(&proto);
+        let len = len - hlen + ETH_HLEN;
+        let wire = (orig.saturating_sub(hlen as u32) + ETH_HLEN as u32).max(len as u32);
+        (start + hlen - ETH_HLEN, len, wire)
+    }
+}
+
+/// Frames of a pcapng interface whose link type analyze does not read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsupportedLink {
+    /// The interface's number in the file (0-based, as tshark's `frame.interface_id`).
+    pub interface: u32,
+    /// The link type's number and name, e.g. "127 (IEEE802_11_RADIOTAP)".
+    pub linktype: String,
+    pub frames: u64,
+}
+
 enum Kind {
-    Pcap { nanos: bool, big_endian: bool },
-    PcapNg { parser: Box<PcapNgParser> },
+    Pcap {
+        nanos: bool,
+        big_endian: bool,
+        link: Link,
+    },
+    PcapNg {
+        parser: Box<PcapNgParser>,
+    },
 }
 
 /// Why parsing a batch stopped.
@@ -164,10 +281,14 @@ enum Stop {
     Bad(AnalyzeError),
 }
 
-/// Reads the frames of a pcap or pcapng file.
+/// The name of standard input in messages.
+pub const STDIN_NAME: &str = "standard input";
+
+/// Reads the frames of a pcap or pcapng file or stream.
 pub struct CaptureReader {
+    /// The file's path, or [`STDIN_NAME`]: for messages.
     path: PathBuf,
-    file: File,
+    input: Box<dyn Read + Send>,
     kind: Kind,
     format: Format,
     /// Bytes of a record that the last read cut off, for the next batch.
@@ -183,10 +304,16 @@ pub struct CaptureReader {
     /// For [`CaptureReader::next_frame`]: the batch being handed out and the next index.
     current: Batch,
     next: usize,
+    /// Frames skipped, by pcapng interface.
+    unsupported: Vec<UnsupportedLink>,
 }
 
-fn linktype_name(l: DataLink) -> String {
-    format!("{l:?} ({})", u32::from(l))
+/// "127 (IEEE802_11_RADIOTAP)", or "1234" for a number pcap-file does not name.
+pub fn linktype_name(l: DataLink) -> String {
+    match l {
+        DataLink::Unknown(n) => n.to_string(),
+        l => format!("{} ({l:?})", u32::from(l)),
+    }
 }
 
 /// Units per second of a pcapng `if_tsresol` value.
@@ -232,13 +359,36 @@ fn block_len(b: &[u8], section: Endianness) -> Option<usize> {
 }
 
 impl CaptureReader {
-    /// Opens a capture and reads its file header. Refuses anything but Ethernet.
+    /// Opens a capture file and reads its file header.
     pub fn open(path: &Path) -> Result<CaptureReader, AnalyzeError> {
-        let mut file = File::open(path).map_err(|source| AnalyzeError::Open {
+        let file = File::open(path).map_err(|source| AnalyzeError::Open {
             path: path.to_path_buf(),
             source,
         })?;
         let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        CaptureReader::from_reader(path, Box::new(file), size)
+    }
+
+    /// Reads a capture from standard input (a pipe or a file), as it comes.
+    pub fn stdin() -> Result<CaptureReader, AnalyzeError> {
+        let file = stdin_file()?;
+        // Of a file: what is left of it, for the progress bar.
+        let size = match (file.metadata(), io::Seek::stream_position(&mut &file)) {
+            (Ok(m), Ok(at)) if m.is_file() => m.len().saturating_sub(at),
+            _ => 0,
+        };
+        CaptureReader::from_reader(Path::new(STDIN_NAME), Box::new(file), size)
+    }
+
+    /// Reads a capture from `input`, which holds `size` bytes (0: unknown), named
+    /// `name` in messages. Reads its file header; refuses a pcap file of a link type
+    /// it does not read.
+    pub fn from_reader(
+        name: &Path,
+        mut input: Box<dyn Read + Send>,
+        size: u64,
+    ) -> Result<CaptureReader, AnalyzeError> {
+        let path = name;
         let not_capture = |detail: String| AnalyzeError::NotACapture {
             path: path.to_path_buf(),
             detail,
@@ -248,7 +398,7 @@ impl CaptureReader {
         let mut head = vec![0u8; READ_BYTES];
         let mut n = 0;
         while n < head.len() {
-            match file.read(&mut head[n..]) {
+            match input.read(&mut head[n..]) {
                 Ok(0) => break,
                 Ok(k) => n += k,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -286,16 +436,17 @@ impl CaptureReader {
                 e => not_capture(e.to_string()),
             })?;
             let h = parser.header();
-            if h.datalink != DataLink::ETHERNET {
+            let Some(link) = Link::of(h.datalink) else {
                 return Err(AnalyzeError::LinkType {
                     path: path.to_path_buf(),
                     linktype: linktype_name(h.datalink),
                 });
-            }
+            };
             (
                 Kind::Pcap {
                     nanos: h.ts_resolution == TsResolution::NanoSecond,
                     big_endian: h.endianness == Endianness::Big,
+                    link,
                 },
                 Format::Pcap,
                 n - rest.len(),
@@ -304,7 +455,7 @@ impl CaptureReader {
         head.drain(..used);
         Ok(CaptureReader {
             path: path.to_path_buf(),
-            file,
+            input,
             kind,
             format,
             carry: head,
@@ -316,14 +467,21 @@ impl CaptureReader {
             size,
             current: Batch::default(),
             next: 0,
+            unsupported: Vec::new(),
         })
+    }
+
+    /// The frames skipped so far because their pcapng interface's link type is not
+    /// one analyze reads, by interface.
+    pub fn unsupported(&self) -> &[UnsupportedLink] {
+        &self.unsupported
     }
 
     pub fn format(&self) -> Format {
         self.format
     }
 
-    /// File bytes read so far and the file's size.
+    /// File bytes read so far and the file's size (0 when unknown: a pipe).
     pub fn position(&self) -> (u64, u64) {
         (self.read, self.size)
     }
@@ -363,6 +521,7 @@ impl CaptureReader {
     /// before it are counted first.
     pub fn fill(&mut self, b: &mut Batch) -> Result<bool, AnalyzeError> {
         b.frames.clear();
+        b.skips.clear();
         b.first = self.frames + 1;
         if let Some(e) = self.pending.take() {
             return Err(e);
@@ -379,7 +538,7 @@ impl CaptureReader {
         let mut pos = 0;
         loop {
             while b.filled < b.buf.len() && !self.eof {
-                match self.file.read(&mut b.buf[b.filled..]) {
+                match self.input.read(&mut b.buf[b.filled..]) {
                     Ok(0) => self.eof = true,
                     Ok(n) => {
                         b.filled += n;
@@ -446,8 +605,12 @@ impl CaptureReader {
     /// Parses whole records of `b` from `pos` on into its frame list.
     fn parse(&mut self, b: &mut Batch, pos: &mut usize) -> Stop {
         match &self.kind {
-            Kind::Pcap { nanos, big_endian } => {
-                let (nanos, big) = (*nanos, *big_endian);
+            Kind::Pcap {
+                nanos,
+                big_endian,
+                link,
+            } => {
+                let (nanos, big, link) = (*nanos, *big_endian, *link);
                 loop {
                     if self.frames >= self.limit {
                         return Stop::Limit;
@@ -470,10 +633,12 @@ impl CaptureReader {
                     let (sec, frac) = (u32_at(rest, 0, big) as u64, u32_at(rest, 4, big) as u64);
                     let frac = if nanos { frac } else { frac * 1000 };
                     let orig = u32_at(rest, 12, big);
+                    let (start, len, wire_len) =
+                        link.to_ethernet(&mut b.buf, *pos + 16, incl, orig);
                     b.frames.push(FrameAt {
-                        start: (*pos + 16) as u32,
-                        len: incl as u32,
-                        wire_len: orig.max(incl as u32),
+                        start: start as u32,
+                        len: len as u32,
+                        wire_len,
                         owner: 0,
                         icrc: ICRC_LATER,
                         ts_ns: sec * 1_000_000_000 + frac,
@@ -493,6 +658,7 @@ impl CaptureReader {
             path,
             frames,
             limit,
+            unsupported,
             ..
         } = self
         else {
@@ -547,12 +713,20 @@ impl CaptureReader {
                     "packet of interface {iface}, which the file never described"
                 ));
             };
-            if idb.linktype != DataLink::ETHERNET {
-                return Stop::Bad(AnalyzeError::LinkType {
-                    path: path.clone(),
-                    linktype: linktype_name(idb.linktype),
-                });
-            }
+            let Some(link) = Link::of(idb.linktype) else {
+                match unsupported.iter_mut().find(|u| u.interface == iface) {
+                    Some(u) => u.frames += 1,
+                    None => unsupported.push(UnsupportedLink {
+                        interface: iface,
+                        linktype: linktype_name(idb.linktype),
+                        frames: 1,
+                    }),
+                }
+                b.skip();
+                *frames += 1;
+                *pos += len;
+                continue;
+            };
             let units = idb
                 .options
                 .iter()
@@ -566,10 +740,11 @@ impl CaptureReader {
             } else {
                 ((raw_ts as u128 * 1_000_000_000) / units.max(1) as u128) as u64
             };
+            let (start, data_len, wire_len) = link.to_ethernet(&mut b.buf, start, data_len, orig);
             b.frames.push(FrameAt {
                 start: start as u32,
                 len: data_len as u32,
-                wire_len: orig.max(data_len as u32),
+                wire_len,
                 owner: 0,
                 icrc: ICRC_LATER,
                 ts_ns: ts,
@@ -578,5 +753,163 @@ impl CaptureReader {
             *frames += 1;
             *pos += len;
         }
+    }
+}
+
+/// Standard input as a file of its own (a duplicate of descriptor 0).
+pub fn stdin_file() -> Result<File, AnalyzeError> {
+    io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(File::from)
+        .map_err(|source| AnalyzeError::Open {
+            path: PathBuf::from(STDIN_NAME),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
+    use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
+    use pcap_file::pcapng::PcapNgWriter;
+
+    /// An IPv4 frame's network layer (only its first bytes matter here).
+    const L3: [u8; 4] = [0x45, 0x00, 0x00, 0x14];
+
+    #[test]
+    fn sll_header_becomes_an_ethernet_header_in_place() {
+        // packet type 0, ARPHRD 1, address length 6, address, protocol 0x8100 (a tag).
+        let mut rec = vec![0, 0, 0, 1, 0, 6, 2, 0, 0, 0, 0, 1, 0, 0, 0x81, 0x00];
+        rec.extend_from_slice(&[0x00, 0x64, 0x08, 0x00]);
+        rec.extend_from_slice(&L3);
+        let len = rec.len();
+        let mut buf = vec![0xEE; 3];
+        buf.extend_from_slice(&rec);
+        let (start, n, wire) = Link::Sll.to_ethernet(&mut buf, 3, len, len as u32 + 100);
+        assert_eq!((start, n, wire), (5, len - 2, len as u32 - 2 + 100));
+        let mut want = vec![0u8; 12];
+        want.extend_from_slice(&[0x81, 0x00, 0x00, 0x64, 0x08, 0x00]);
+        want.extend_from_slice(&L3);
+        assert_eq!(&buf[start..start + n], &want[..]);
+        assert_eq!(&buf[..3], &[0xEE; 3], "bytes before the record untouched");
+    }
+
+    #[test]
+    fn sll2_header_becomes_an_ethernet_header_in_place() {
+        // protocol 0x86DD, reserved, ifindex 7, ARPHRD 1, type 4, addr len 6, addr.
+        let mut rec = vec![
+            0x86, 0xDD, 0, 0, 0, 0, 0, 7, 0, 1, 4, 6, 2, 0, 0, 0, 0, 1, 0, 0,
+        ];
+        rec.extend_from_slice(&L3);
+        let len = rec.len();
+        let (start, n, wire) = Link::Sll2.to_ethernet(&mut rec, 0, len, len as u32);
+        assert_eq!((start, n, wire), (6, len - 6, len as u32 - 6));
+        let mut want = vec![0u8; 12];
+        want.extend_from_slice(&[0x86, 0xDD]);
+        want.extend_from_slice(&L3);
+        assert_eq!(&rec[start..start + n], &want[..]);
+    }
+
+    #[test]
+    fn short_and_netlink_cooked_records() {
+        let mut short = vec![0u8; 15];
+        assert_eq!(Link::Sll.to_ethernet(&mut short, 0, 15, 15).1, 0);
+        let mut short2 = vec![0u8; 19];
+        assert_eq!(Link::Sll2.to_ethernet(&mut short2, 0, 19, 19).1, 0);
+        // ARPHRD_NETLINK, protocol 0x0800 by coincidence: EtherType 0 (not IP).
+        let mut nl = vec![0, 4, 0x03, 0x38, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00];
+        nl.extend_from_slice(&L3);
+        let len = nl.len();
+        let (start, _, _) = Link::Sll.to_ethernet(&mut nl, 0, len, len as u32);
+        assert_eq!(&nl[start + 12..start + 14], &[0, 0]);
+        // Ethernet is left alone.
+        let mut eth = vec![1u8; 20];
+        assert_eq!(Link::Ethernet.to_ethernet(&mut eth, 0, 20, 10), (0, 20, 20));
+        assert_eq!(eth, vec![1u8; 20]);
+    }
+
+    #[test]
+    fn linktype_names() {
+        assert_eq!(
+            linktype_name(DataLink::IEEE802_11_RADIOTAP),
+            "127 (IEEE802_11_RADIOTAP)"
+        );
+        assert_eq!(linktype_name(DataLink::from(4242)), "4242");
+    }
+
+    /// A pcapng stream (no file) with an Ethernet, a radiotap and a LINUX_SLL2
+    /// interface: the radiotap frames are skipped and counted, the others numbered
+    /// as tshark numbers them, the cooked ones with an Ethernet header.
+    #[test]
+    fn pcapng_stream_skips_unsupported_interfaces_and_keeps_frame_numbers() -> Result<(), String> {
+        let mut bytes = Vec::new();
+        {
+            let mut w = PcapNgWriter::new(&mut bytes).map_err(|e| e.to_string())?;
+            for l in [
+                DataLink::ETHERNET,
+                DataLink::IEEE802_11_RADIOTAP,
+                DataLink::LINUX_SLL2,
+            ] {
+                w.write_pcapng_block(InterfaceDescriptionBlock::new(l, 65535))
+                    .map_err(|e| e.to_string())?;
+            }
+            // Frames 1-6: eth, radio, radio, sll2, radio, eth; then 40,000 radio and
+            // an eth frame (many batches of skipped frames before it).
+            let mut ifaces = vec![0u32, 1, 1, 2, 1, 0];
+            ifaces.extend(std::iter::repeat_n(1, 40_000));
+            ifaces.push(0);
+            for (i, iface) in ifaces.iter().enumerate() {
+                let data = match iface {
+                    2 => {
+                        let mut d = vec![0x08, 0x00, 0, 0, 0, 0, 0, 7, 0, 1, 0, 6];
+                        d.extend_from_slice(&[0; 8]);
+                        d.extend_from_slice(&L3);
+                        d
+                    }
+                    _ => {
+                        let mut d = vec![i as u8; 12];
+                        d.extend_from_slice(&[0x08, 0x00]);
+                        d.extend_from_slice(&L3);
+                        d
+                    }
+                };
+                let epb = EnhancedPacketBlock {
+                    interface_id: *iface,
+                    timestamp: std::time::Duration::from_micros(i as u64),
+                    original_len: data.len() as u32,
+                    data: std::borrow::Cow::Owned(data),
+                    options: vec![],
+                };
+                w.write_pcapng_block(epb).map_err(|e| e.to_string())?;
+            }
+        }
+        let input = Box::new(io::Cursor::new(bytes));
+        let mut r =
+            CaptureReader::from_reader(Path::new("stream"), input, 0).map_err(|e| e.to_string())?;
+        let mut seen = Vec::new();
+        while let Some(f) = r.next_frame().map_err(|e| e.to_string())? {
+            seen.push((f.number, f.data.len(), f.data[..12].iter().all(|b| *b == 0)));
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (1, 18, true),
+                (4, 18, true),
+                (6, 18, false),
+                (40_007, 18, false)
+            ]
+        );
+        assert_eq!(r.frames(), 40_007);
+        assert_eq!(
+            r.unsupported(),
+            &[UnsupportedLink {
+                interface: 1,
+                linktype: "127 (IEEE802_11_RADIOTAP)".to_string(),
+                frames: 40_003,
+            }]
+        );
+        Ok(())
     }
 }

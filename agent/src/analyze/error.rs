@@ -13,11 +13,21 @@ pub enum AnalyzeError {
     #[error("{}: not a pcap or pcapng file ({detail})", path.display())]
     NotACapture { path: PathBuf, detail: String },
     #[error(
-        "{}: link type {linktype} is not Ethernet: analyze reads Ethernet captures \
-         (capture on the interface itself, e.g. `tcpdump -i eth1 -w FILE`, not `-i any`)",
-        path.display()
+        "{}: link type {linktype} is not supported: roce-agent reads {} \
+         (capture on the interface, `tcpdump -i eth1 -w FILE`, or on all of them, `tcpdump -i any -w FILE`)",
+        path.display(), super::capture::LINK_TYPES_READ
     )]
-    LinkType { path: PathBuf, linktype: String },
+    LinkType {
+        path: PathBuf,
+        /// Number and name, e.g. "127 (IEEE802_11_RADIOTAP)".
+        linktype: String,
+    },
+    #[error(
+        "standard input: cannot keep a copy in {} for the kernel engine, which reads the \
+         capture twice (use --engine reference, which reads it once, or pass a file): {source}",
+        dir.display()
+    )]
+    Spool { dir: PathBuf, source: io::Error },
     #[error("{}: frame {frame}: the capture is truncated or corrupt: {detail}", path.display())]
     Corrupt {
         path: PathBuf,

@@ -56,6 +56,22 @@ fn examples<'a>(
     s.join("; ")
 }
 
+/// What to do about other traffic on a lossless DSCP: remark it to the policy's
+/// `remark_dscp`, unless that DSCP is itself lossless (`--lossless-dscp 0` with the
+/// default remark DSCP 0), where remarking would only move it within the class.
+fn remark_advice(policy: &Policy) -> String {
+    let to = policy.qos.remark_dscp;
+    if policy.is_lossless(to) {
+        format!(
+            "fix the application that sets that DSCP; remarking cannot help while the remark DSCP {to} is itself lossless: set `remark_dscp` in [qos] to a DSCP outside the lossless set"
+        )
+    } else {
+        format!(
+            "remark other traffic to DSCP {to} on egress (`roce-agent run --mode enforce`), or fix the application that sets that DSCP"
+        )
+    }
+}
+
 /// Every finding, most severe first (stable order within a severity).
 pub fn findings(
     flows: &[AnalyzedFlow],
@@ -238,7 +254,7 @@ pub fn findings(
                 top.join("; ")
             ),
             "only RoCE in the lossless class (other traffic there can trigger PFC pauses that stall RoCE)".into(),
-            "remark other traffic to DSCP 0 on egress (`roce-agent run --mode enforce`), or fix the application that sets that DSCP",
+            &remark_advice(policy),
         ));
     }
 
@@ -308,6 +324,43 @@ pub fn findings(
         ));
     }
 
+    // Frames of pcapng interfaces whose link type is not read: not in the counts.
+    if !tally.unsupported.is_empty() {
+        let skipped: u64 = tally.unsupported.iter().map(|u| u.frames).sum();
+        let ifaces: Vec<String> = tally
+            .unsupported
+            .iter()
+            .map(|u| {
+                format!(
+                    "interface {}, link type {}: {} frames",
+                    u.interface, u.linktype, u.frames
+                )
+            })
+            .collect();
+        // Nothing read at all is an error; frames of another interface beside the
+        // Ethernet or cooked ones, a warning.
+        let severity = if skipped >= capture.frames {
+            Severity::Error
+        } else {
+            Severity::Warning
+        };
+        out.push(finding(
+            "link_type_unsupported",
+            severity,
+            0,
+            format!(
+                "{skipped} of {} frames were not analyzed, their link type is not supported: {}",
+                capture.frames,
+                ifaces.join("; ")
+            ),
+            format!(
+                "frames of a link type roce-agent reads: {}",
+                super::capture::LINK_TYPES_READ
+            ),
+            "capture on the Ethernet interfaces that carry RoCE (`tcpdump -i eth1 -w FILE`) or on all of them (`tcpdump -i any -w FILE`, a Linux cooked capture)",
+        ));
+    }
+
     if !capture.complete {
         out.push(finding(
             "capture_incomplete",
@@ -330,5 +383,28 @@ fn proto_name(p: u8) -> String {
         17 => "UDP".into(),
         58 => "ICMPv6".into(),
         p => format!("IP proto {p}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remark_advice_names_the_remark_dscp_and_never_a_lossless_one() {
+        let mut policy = Policy::default();
+        assert!(remark_advice(&policy).starts_with("remark other traffic to DSCP 0 "));
+        policy.qos.remark_dscp = 10;
+        assert!(remark_advice(&policy).starts_with("remark other traffic to DSCP 10 "));
+        // `--lossless-dscp 0` with the default remark DSCP: remarking to 0 would keep
+        // the traffic in the lossless class.
+        policy.qos.remark_dscp = 0;
+        policy.set_lossless(&[0]);
+        let advice = remark_advice(&policy);
+        assert!(
+            !advice.contains("remark other traffic to DSCP 0"),
+            "{advice}"
+        );
+        assert!(advice.contains("remark_dscp"), "{advice}");
     }
 }

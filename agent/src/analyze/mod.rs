@@ -17,6 +17,11 @@
 //! This module joins them: [`analyze`] streams the capture through the workers, merges
 //! what they counted and builds the report. Both engines, and any number of workers,
 //! print byte-identical JSON for the same capture.
+//!
+//! The capture is a file or standard input ([`Input`]), read as a stream either way.
+//! The kernel engine reads it twice: standard input, unless it is a regular file
+//! (`< FILE`, read twice from where it stood), is first copied to an unlinked file in
+//! the temporary directory (`$TMPDIR`, else /tmp), never held in memory.
 
 pub mod capture;
 pub mod engine;
@@ -27,13 +32,14 @@ pub mod tally;
 pub mod workers;
 
 use std::collections::HashMap;
-use std::io;
-use std::path::Path;
+use std::fs::File;
+use std::io::{self, Seek as _, SeekFrom};
+use std::path::{Path, PathBuf};
 
 use roce_common::names::program::XDP_CLASSIFY;
 use roce_common::policy::Policy;
 
-pub use capture::{Batch, CaptureReader, Format, Frame};
+pub use capture::{Batch, CaptureReader, Format, Frame, UnsupportedLink};
 pub use engine::{Counted, Engine, KernelWorker, Shard, Split, Work, Worker, MIN_TEST_RUN_LEN};
 pub use error::AnalyzeError;
 pub use report::{render, AnalyzedFlow, CaptureInfo, FlowIdent, Report};
@@ -73,15 +79,131 @@ pub struct Analysis {
     pub engine: Engine,
 }
 
+/// Where a capture comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    File(PathBuf),
+    /// Standard input (`-` on the command line).
+    Stdin,
+}
+
+impl Input {
+    /// `-` is standard input, anything else a file.
+    pub fn from_arg(arg: &Path) -> Input {
+        if arg == Path::new("-") {
+            Input::Stdin
+        } else {
+            Input::File(arg.to_path_buf())
+        }
+    }
+
+    /// The name the report gives it (`capture.file`): the path as given, `-` for
+    /// standard input.
+    pub fn name(&self) -> String {
+        match self {
+            Input::File(p) => p.display().to_string(),
+            Input::Stdin => "-".to_string(),
+        }
+    }
+}
+
+/// An input opened so that it can be read more than once (the kernel engine's two
+/// passes), or once.
+enum Source<'a> {
+    File(&'a Path),
+    Stdin,
+    /// A file holding standard input (standard input itself when it is a regular
+    /// file), read from the offset.
+    Seekable(File, u64),
+}
+
+impl Source<'_> {
+    /// `again`: the engine reads the capture twice.
+    fn new(input: &Input, again: bool) -> Result<Source<'_>, AnalyzeError> {
+        Ok(match input {
+            Input::File(p) => Source::File(p),
+            Input::Stdin if !again => Source::Stdin,
+            Input::Stdin => {
+                let mut stdin = capture::stdin_file()?;
+                let dir = std::env::temp_dir();
+                let spool_err = |source| AnalyzeError::Spool {
+                    dir: dir.clone(),
+                    source,
+                };
+                let regular = stdin.metadata().map(|m| m.is_file()).unwrap_or(false);
+                match regular.then(|| stdin.stream_position()) {
+                    Some(Ok(at)) => Source::Seekable(stdin, at),
+                    _ => {
+                        let spool = spool_file(&dir).map_err(spool_err)?;
+                        let mut to = &spool;
+                        io::copy(&mut stdin, &mut to).map_err(spool_err)?;
+                        Source::Seekable(spool, 0)
+                    }
+                }
+            }
+        })
+    }
+
+    fn open(&self) -> Result<CaptureReader, AnalyzeError> {
+        match self {
+            Source::File(p) => CaptureReader::open(p),
+            Source::Stdin => CaptureReader::stdin(),
+            Source::Seekable(f, at) => {
+                let name = Path::new(capture::STDIN_NAME);
+                let open_err = |source| AnalyzeError::Open {
+                    path: name.to_path_buf(),
+                    source,
+                };
+                // The passes follow each other: the clone's shared offset is free.
+                let mut f = f.try_clone().map_err(open_err)?;
+                f.seek(SeekFrom::Start(*at)).map_err(open_err)?;
+                let size = f.metadata().map_or(0, |m| m.len().saturating_sub(*at));
+                CaptureReader::from_reader(name, Box::new(f), size)
+            }
+        }
+    }
+}
+
+/// A new file in `dir`, readable by this user only and unlinked at once (it lives
+/// while it is open).
+fn spool_file(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut n = 0u32;
+    loop {
+        let path = dir.join(format!("roce-agent-stdin-{}-{n}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(f) => {
+                std::fs::remove_file(&path)?;
+                return Ok(f);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Analyzes a capture file: [`analyze_input`] of [`Input::File`].
+pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeError> {
+    analyze_input(&Input::File(path.to_path_buf()), opts)
+}
+
 /// Analyzes a capture. Errors before the first frame (cannot open, not a capture,
-/// wrong link type, kernel engine unavailable) are returned as `Err`; errors while
-/// reading come back in [`Analysis::error`] with the report so far.
+/// a link type not read, kernel engine unavailable) are returned as `Err`; errors
+/// while reading come back in [`Analysis::error`] with the report so far.
 ///
 /// The kernel engine reads the capture twice: a reference pass for the tally while
 /// its program loads (the verifier takes 0.1-0.2 s over `xdp_classify`), then every
 /// frame through the program, up to where the first pass stopped.
-pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeError> {
-    let reader = CaptureReader::open(path)?;
+pub fn analyze_input(input: &Input, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeError> {
+    let engine = opts.engine.unwrap_or(Engine::Reference);
+    let source = Source::new(input, engine == Engine::Kernel)?;
+    let reader = source.open()?;
     let engine = opts.engine.unwrap_or(Engine::Reference);
     let cpus = engine::allowed_cpus();
     let cfg = opts.load.config;
@@ -118,7 +240,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeEr
             // use (65,536 by default, about 30 ms).
             let flows = run.workers.iter().map(|w| w.shard.flows.len()).sum();
             loaded.free_first_slots(flows)?;
-            let mut again = CaptureReader::open(path)?;
+            let mut again = source.open()?;
             again.limit_frames(run.read.frames);
             // One worker per CPU, pinned: the test runs are the cost.
             let n = opts.workers.unwrap_or(cpus.len()).clamp(1, WORKERS_LIMIT);
@@ -144,6 +266,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeEr
     let mut tally = Tally {
         first_ns: run.read.first_ns,
         last_ns: run.read.last_ns,
+        unsupported: run.read.unsupported,
         ..Tally::default()
     };
     let mut talkers = Vec::with_capacity(run.workers.len());
@@ -157,7 +280,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<Analysis, AnalyzeEr
     }
     tally.non_roce_lossless = Talkers::merge(talkers);
     let capture = CaptureInfo {
-        file: path.display().to_string(),
+        file: input.name(),
         format: run.read.format,
         frames: run.read.frames,
         first_ns: tally.first_ns,

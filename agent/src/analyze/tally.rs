@@ -18,7 +18,7 @@ use roce_common::parsed::{Outcome, Parsed};
 use roce_common::policy::Policy;
 use roce_common::wire::{ECN_NOT_ECT, UDP_HLEN};
 
-use super::capture::Frame;
+use super::capture::{Frame, UnsupportedLink};
 use crate::doc::key_addr;
 
 /// Per-flow observations that the engines do not keep.
@@ -65,6 +65,8 @@ pub struct Tally {
     pub icrc_checked: u64,
     pub first_ns: Option<u64>,
     pub last_ns: Option<u64>,
+    /// Frames not read: pcapng interfaces of a link type analyze does not read.
+    pub unsupported: Vec<UnsupportedLink>,
 }
 
 /// The ICRC verdict of one RoCE frame: `Some(true)` valid, `Some(false)` bad,

@@ -7,7 +7,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread;
 
-use super::capture::{Batch, CaptureReader, Format};
+use super::capture::{Batch, CaptureReader, Format, UnsupportedLink};
 use super::engine::{pin_to_cpu, Split, Work};
 use super::AnalyzeError;
 
@@ -21,6 +21,8 @@ pub struct ReadEnd {
     pub format: Format,
     pub first_ns: Option<u64>,
     pub last_ns: Option<u64>,
+    /// Frames skipped: pcapng interfaces of a link type not read.
+    pub unsupported: Vec<UnsupportedLink>,
     /// Why reading stopped early.
     pub error: Option<AnalyzeError>,
 }
@@ -96,6 +98,7 @@ fn read_all(
         format: reader.format(),
         first_ns,
         last_ns,
+        unsupported: reader.unsupported().to_vec(),
         error,
     }
 }
@@ -133,6 +136,7 @@ pub fn run<W: Work>(
             format,
             first_ns: None,
             last_ns: None,
+            unsupported: Vec::new(),
             error: Some(AnalyzeError::Worker),
         });
         Run {

@@ -1,8 +1,10 @@
 //! The client of the agent's HTTP API: `roce-agent flows`, `events` and `top` read a
 //! running agent with it.
 //!
-//! HTTP/1.1 over [`ureq`]. Addresses are `HOST:PORT` (`127.0.0.1:9473`, `[::1]:9473`)
-//! or `http://HOST:PORT`; https:// needs TLS, which is not built in yet. No proxy from
+//! HTTP/1.1 over [`ureq`]. Addresses are `HOST:PORT` (`127.0.0.1:9473`, `[::1]:9473`),
+//! `http://HOST:PORT`, or `:PORT` for the agent on this host (`127.0.0.1:PORT`; an
+//! agent listening on `:PORT` answers there too); https:// needs TLS, which is not
+//! built in yet. [`parse_address`] checks them, also as the clients' `--api` parser. No proxy from
 //! the environment, no redirects: the answer of the agent at that address, or an error.
 
 use std::io::{BufRead, BufReader, Read};
@@ -13,7 +15,11 @@ use crate::doc::event::{Event, EventKind};
 /// Why a request to a running agent failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("{addr} is not a HOST:PORT address: {error}")]
+    /// The address is not one (a usage error: see [`parse_address`]).
+    #[error("{addr} is not an agent address: {message}")]
+    Address { addr: String, message: String },
+    /// A well-formed address whose host name has no address.
+    #[error("cannot resolve {addr}: {error}")]
     Resolve { addr: String, error: std::io::Error },
     #[error("no roce-agent answers at {addr} ({error}); is `roce-agent run` running, listening there (--listen, default 127.0.0.1:9473)?")]
     Connect { addr: String, error: std::io::Error },
@@ -108,20 +114,28 @@ fn request(
     })
 }
 
-/// The URL of `path` at `addr` (`HOST:PORT` or `http://HOST:PORT`).
+/// The URL of `path` at `addr` (see [`parse_address`]).
 fn url(addr: &str, path: &str) -> Result<String, ClientError> {
-    let resolve = |message: &str| ClientError::Resolve {
+    let authority = parse_address(addr).map_err(|message| ClientError::Address {
         addr: addr.to_string(),
-        error: std::io::Error::new(std::io::ErrorKind::InvalidInput, message),
-    };
+        message,
+    })?;
+    Ok(format!("http://{authority}{path}"))
+}
+
+/// An agent's address as the clients take it (`--api`): `HOST:PORT`, `[IPV6]:PORT`,
+/// `http://HOST:PORT`, or `:PORT`, the agent on this host. Returns it as `HOST:PORT`
+/// (`:PORT` as `127.0.0.1:PORT`), or why it is not an address. Only the form is
+/// checked: a name that does not resolve is [`ClientError::Resolve`] when it is used.
+pub fn parse_address(addr: &str) -> Result<String, String> {
     let scheme = |s: &str| {
         addr.get(..s.len())
             .is_some_and(|head| head.eq_ignore_ascii_case(s))
     };
     if scheme("https://") {
-        return Err(resolve(
-            "https:// needs TLS support, which this roce-agent does not have yet",
-        ));
+        return Err(
+            "https:// needs TLS support, which this roce-agent does not have yet".to_string(),
+        );
     }
     let authority = if scheme("http://") {
         addr.get("http://".len()..).unwrap_or_default()
@@ -129,6 +143,11 @@ fn url(addr: &str, path: &str) -> Result<String, ClientError> {
         addr
     };
     let authority = authority.strip_suffix('/').unwrap_or(authority);
+    if let Some(port) = authority.strip_prefix(':') {
+        if port.parse::<u16>().is_ok() {
+            return Ok(format!("127.0.0.1:{port}"));
+        }
+    }
     let well_formed = authority.rsplit_once(':').is_some_and(|(host, port)| {
         !host.is_empty()
             && port.parse::<u16>().is_ok()
@@ -137,18 +156,20 @@ fn url(addr: &str, path: &str) -> Result<String, ClientError> {
             && (!host.contains(':') || (host.starts_with('[') && host.ends_with(']')))
     });
     if !well_formed {
-        return Err(resolve(
-            "expected HOST:PORT, e.g. 127.0.0.1:9473 or [::1]:9473",
+        return Err(format!(
+            "{addr:?} is not HOST:PORT (e.g. 127.0.0.1:9473, [::1]:9473, or :9473 for the agent on this host)"
         ));
     }
-    Ok(format!("http://{authority}{path}"))
+    Ok(authority.to_string())
 }
 
 /// Checks that the host of `addr` (well-formed, see [`url`]) has an address: a failed
 /// name lookup is [`ClientError::Resolve`], which ureq's error does not tell apart.
 fn resolves(addr: &str) -> Result<(), ClientError> {
-    let authority = addr.rsplit_once("//").map_or(addr, |(_, a)| a);
-    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    let Ok(authority) = parse_address(addr) else {
+        return Ok(());
+    };
+    let authority = authority.as_str();
     let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.parse::<std::net::IpAddr>().is_ok() {
@@ -191,13 +212,10 @@ fn error(addr: &str, e: ureq::Error) -> ClientError {
             addr,
             error: IoError::new(ErrorKind::NotFound, "no such host"),
         },
-        ureq::Error::BadUri(detail) => ClientError::Resolve {
+        ureq::Error::BadUri(message) => ClientError::Address { addr, message },
+        ureq::Error::Http(e) => ClientError::Address {
             addr,
-            error: IoError::new(ErrorKind::InvalidInput, detail),
-        },
-        ureq::Error::Http(e) => ClientError::Resolve {
-            addr,
-            error: IoError::new(ErrorKind::InvalidInput, e.to_string()),
+            message: e.to_string(),
         },
         ureq::Error::BodyExceedsLimit(limit) => ClientError::Malformed {
             addr,
@@ -472,21 +490,31 @@ mod tests {
             "http://[::1]:9473/flows"
         );
         assert_eq!(url("HTTP://host:1/", "/e").unwrap(), "http://host:1/e");
+        // `:PORT` is the agent on this host.
+        assert_eq!(
+            url(":9473", "/flows").unwrap(),
+            "http://127.0.0.1:9473/flows"
+        );
+        assert_eq!(parse_address("http://:1").as_deref(), Ok("127.0.0.1:1"));
         for bad in [
             "localhost",
+            "9473",
             "::1",
             "host:port",
-            ":9473",
+            ":port",
+            ":70000",
             "host:1/x",
             "user@host:1",
         ] {
             let e = url(bad, "/flows").unwrap_err();
-            assert!(matches!(e, ClientError::Resolve { .. }), "{bad}: {e}");
+            assert!(matches!(e, ClientError::Address { .. }), "{bad}: {e}");
+            assert!(parse_address(bad).is_err(), "{bad}");
         }
+        // Well-formed, but no such host: not a usage error, a failed lookup.
         let e = get_body("nosuchhost.invalid:9473", "/flows", T).unwrap_err();
         assert!(matches!(e, ClientError::Resolve { .. }), "{e}");
         let e = get_body("https://127.0.0.1:9473", "/flows", T).unwrap_err();
-        assert!(matches!(e, ClientError::Resolve { .. }), "{e}");
+        assert!(matches!(e, ClientError::Address { .. }), "{e}");
         assert!(e.to_string().contains("https:// needs TLS support"), "{e}");
     }
 

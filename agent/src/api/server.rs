@@ -1,11 +1,13 @@
-//! The agent's HTTP API (`GET /flows`: the flow document ([`LiveDocument`]) as JSON; `GET /findings`:
+//! The agent's HTTP API (`GET /`: a landing page that links the others, with the
+//! version; `GET /flows`: the flow document ([`LiveDocument`]) as JSON; `GET /findings`:
 //! the last host audit as `check --json` prints it; `GET /metrics`: the Prometheus text
-//! exposition of both, see [`metrics_router`]; `GET /events`: sampled events as JSON lines).
+//! exposition of both, gzip-compressed when the scraper asks, see [`metrics_router`];
+//! `GET /events`: sampled events as JSON lines).
 
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -39,9 +41,11 @@ struct Sources {
     events: EventSender,
 }
 
-/// The API's routes: `GET /flows`, `GET /findings`, `GET /events`.
+/// The API's routes: `GET /` (the landing page), `GET /flows`, `GET /findings`,
+/// `GET /events`.
 pub fn router(flows: Latest, findings: LatestFindings, events: EventSender) -> Router {
     Router::new()
+        .route("/", get(serve_landing_page))
         .route("/flows", get(serve_flows))
         .route("/findings", get(serve_findings))
         .route("/events", get(serve_events))
@@ -50,6 +54,36 @@ pub fn router(flows: Latest, findings: LatestFindings, events: EventSender) -> R
             findings,
             events,
         })
+}
+
+/// `GET /`: what a person who points a browser at the agent sees, as exporters do
+/// (node_exporter's landing page): the agent's name and version, and a link to each
+/// endpoint.
+const LANDING_PAGE: &str = concat!(
+    "<!DOCTYPE html>\n",
+    "<html lang=\"en\">\n",
+    "<head><meta charset=\"utf-8\"><title>roce-agent</title></head>\n",
+    "<body>\n",
+    "<h1>roce-agent</h1>\n",
+    "<p>eBPF RoCEv2 host agent, version ",
+    env!("CARGO_PKG_VERSION"),
+    "</p>\n",
+    "<ul>\n",
+    "<li><a href=\"/metrics\">/metrics</a>: Prometheus metrics (text format 0.0.4)</li>\n",
+    "<li><a href=\"/flows\">/flows</a>: the flow table (JSON)</li>\n",
+    "<li><a href=\"/findings\">/findings</a>: the findings of the last host audit (JSON)</li>\n",
+    "<li><a href=\"/events\">/events</a>: sampled events as they happen (JSON lines, streamed)</li>\n",
+    "</ul>\n",
+    "</body>\n",
+    "</html>\n",
+);
+
+async fn serve_landing_page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        LANDING_PAGE,
+    )
+        .into_response()
 }
 
 /// JSON lines, one per event published from now on (`?kind=ce,cnp` filters).
@@ -160,20 +194,52 @@ pub fn metrics_router(
         })
 }
 
-async fn serve_metrics(State(s): State<MetricsSources>) -> Response {
+/// The exposition; gzip-compressed (`Content-Encoding: gzip`) when the request's
+/// `Accept-Encoding` accepts gzip, as Prometheus's scrapes do, else as it is. Either
+/// answer says `Vary: Accept-Encoding`.
+async fn serve_metrics(State(s): State<MetricsSources>, headers: HeaderMap) -> Response {
     let doc = s.flows.borrow().clone();
     let findings = s.findings.borrow().clone();
-    // sysfs, ioctls, netlink and a pass over every flow: not on an async worker.
-    let made = tokio::task::spawn_blocking(move || s.exporter.render(&doc, &findings.findings));
+    let compress = accepts_gzip(&headers);
+    // sysfs, ioctls, netlink, a pass over every flow and the compression: not on an
+    // async worker.
+    let made = tokio::task::spawn_blocking(move || {
+        let text = s.exporter.render(&doc, &findings.findings)?;
+        let body = if compress {
+            gzip(text.as_bytes())
+                .map_err(
+                    |e| tracing::warn!(error = %e, "compressing /metrics failed; sent as it is"),
+                )
+                .ok()
+        } else {
+            None
+        };
+        Ok::<_, crate::telemetry::metrics::MetricsError>(match body {
+            Some(gzipped) => (gzipped, true),
+            None => (text.into_bytes(), false),
+        })
+    });
     match made.await {
-        Ok(Ok(body)) => (
-            [(
-                header::CONTENT_TYPE,
-                crate::telemetry::metrics::CONTENT_TYPE,
-            )],
-            body,
-        )
-            .into_response(),
+        Ok(Ok((body, gzipped))) => {
+            let mut response = (
+                [
+                    (
+                        header::CONTENT_TYPE,
+                        crate::telemetry::metrics::CONTENT_TYPE,
+                    ),
+                    (header::VARY, "Accept-Encoding"),
+                ],
+                body,
+            )
+                .into_response();
+            if gzipped {
+                response.headers_mut().insert(
+                    header::CONTENT_ENCODING,
+                    header::HeaderValue::from_static("gzip"),
+                );
+            }
+            response
+        }
         Ok(Err(e)) => {
             tracing::error!(error = %e, "making /metrics failed");
             (StatusCode::INTERNAL_SERVER_ERROR, "metrics failed\n").into_response()
@@ -183,6 +249,45 @@ async fn serve_metrics(State(s): State<MetricsSources>) -> Response {
             (StatusCode::INTERNAL_SERVER_ERROR, "metrics failed\n").into_response()
         }
     }
+}
+
+/// Whether `Accept-Encoding` accepts gzip (RFC 9110 12.5.3): `gzip` (or `x-gzip`)
+/// with a q-value above 0, or else `*` with one. No header, or `gzip;q=0`: no.
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    let mut gzip = None;
+    let mut any = None;
+    let items = headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','));
+    for item in items {
+        let mut parts = item.split(';');
+        let coding = parts.next().unwrap_or_default().trim();
+        let q = parts
+            .filter_map(|p| p.trim().split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .map_or(Some(1.0), |(_, v)| v.trim().parse::<f32>().ok());
+        // An unreadable q-value accepts nothing.
+        let accepted = q.is_some_and(|q| q > 0.0);
+        if coding.eq_ignore_ascii_case("gzip") || coding.eq_ignore_ascii_case("x-gzip") {
+            gzip = Some(gzip.unwrap_or(false) || accepted);
+        } else if coding == "*" {
+            any = Some(any.unwrap_or(false) || accepted);
+        }
+    }
+    gzip.or(any).unwrap_or(false)
+}
+
+/// `body` as a gzip member (RFC 1952), at flate2's default level.
+fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 4),
+        flate2::Compression::default(),
+    );
+    encoder.write_all(body)?;
+    encoder.finish()
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Response {
@@ -363,7 +468,7 @@ mod tests {
             "{head}"
         );
         assert!(
-            body.contains("roce_frames_total{ifname=\"all\",class=\"roce\"} 42\n"),
+            body.contains("roce_frames_total{class=\"roce\"} 42\n"),
             "{body}"
         );
         assert!(body.contains(
@@ -377,6 +482,247 @@ mod tests {
                 .unwrap()
                 .unwrap();
         assert!(serde_json::from_slice::<Document>(&flows).is_ok());
+        server.abort();
+    }
+
+    /// The API with `/metrics`, serving a document with one counter set, the RNIC
+    /// counters of a fixture tree; its address and its task.
+    async fn serve_everything() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        let mut doc = Document::default();
+        doc.counters.roce = 42;
+        let (tx, rx) = watch::channel(Arc::new(LiveDocument::from(doc)));
+        let findings = Findings {
+            findings: vec![crate::audit::finding(
+                "mtu",
+                Some("eth1"),
+                crate::doc::finding::Severity::Error,
+                "MTU 1500",
+                "MTU >= 9000",
+                "ip link set dev eth1 mtu 9000",
+            )],
+        };
+        let (ftx, frx) = watch::channel(Arc::new(findings));
+        let exporter = Arc::new(crate::telemetry::metrics::Exporter {
+            host: std::sync::RwLock::new(crate::telemetry::metrics::HostSources {
+                sysfs_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../tests/fixtures/sysfs/mlx5-good"),
+                interfaces: Vec::new(),
+            }),
+            top_flows: 10,
+            reloads: Default::default(),
+            events_ring: None,
+        });
+        let routes = router(rx.clone(), frx.clone(), None).merge(metrics_router(rx, frx, exporter));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            // The senders live as long as the server.
+            let _keep = (tx, ftx);
+            axum::serve(listener, routes).await.unwrap();
+        });
+        (addr, server)
+    }
+
+    /// An HTTP/1.0 GET of `path` with `headers` (lines without CRLF): the head, in
+    /// lower case, and the body's bytes.
+    async fn get_raw(
+        addr: std::net::SocketAddr,
+        path: &str,
+        headers: &[&str],
+    ) -> (String, Vec<u8>) {
+        let mut request = format!("GET {path} HTTP/1.0\r\nHost: x\r\n");
+        for h in headers {
+            request.push_str(h);
+            request.push_str("\r\n");
+        }
+        request.push_str("\r\n");
+        tokio::task::spawn_blocking(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(request.as_bytes()).unwrap();
+            let mut raw = Vec::new();
+            s.read_to_end(&mut raw).unwrap();
+            let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+            let head = String::from_utf8(raw[..end].to_vec()).unwrap();
+            (head.to_ascii_lowercase(), raw[end + 4..].to_vec())
+        })
+        .await
+        .unwrap()
+    }
+
+    /// The exposition without the lines of the `process_*` families, whose values
+    /// change from one scrape to the next.
+    fn without_process_families(text: &str) -> String {
+        text.lines()
+            .filter(|l| {
+                let name = l
+                    .strip_prefix("# HELP ")
+                    .or_else(|| l.strip_prefix("# TYPE "))
+                    .unwrap_or(l);
+                !name.starts_with("process_")
+            })
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn metrics_are_gzipped_when_asked_and_decode_to_the_identity_body() {
+        let (addr, server) = serve_everything().await;
+        let (head, identity) = get_raw(addr, "/metrics", &[]).await;
+        assert!(head.starts_with("http/1.0 200"), "{head}");
+        assert!(head.contains("\r\nvary: accept-encoding"), "{head}");
+        assert!(!head.contains("content-encoding"), "{head}");
+        let identity = String::from_utf8(identity).unwrap();
+        assert!(identity.contains("roce_frames_total{class=\"roce\"} 42\n"));
+
+        let (head, gzipped) = get_raw(addr, "/metrics", &["Accept-Encoding: gzip"]).await;
+        assert!(head.starts_with("http/1.0 200"), "{head}");
+        assert!(head.contains("\r\ncontent-encoding: gzip"), "{head}");
+        assert!(head.contains("\r\nvary: accept-encoding"), "{head}");
+        assert!(
+            head.contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+            "{head}"
+        );
+        assert_eq!(gzipped[..2], [0x1f_u8, 0x8b], "a gzip member");
+        let mut decoded = String::new();
+        flate2::read::GzDecoder::new(&gzipped[..])
+            .read_to_string(&mut decoded)
+            .unwrap();
+        assert!(gzipped.len() < decoded.len() / 2, "{} bytes", gzipped.len());
+        assert_eq!(
+            without_process_families(&decoded),
+            without_process_families(&identity)
+        );
+        // The same families, the process_* ones among them, either way.
+        let families = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter_map(|l| l.strip_prefix("# TYPE "))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(families(&decoded), families(&identity));
+        assert!(decoded.contains("# TYPE process_resident_memory_bytes gauge\n"));
+
+        // Prometheus's own header, and ones that refuse gzip.
+        let (head, _) = get_raw(
+            addr,
+            "/metrics",
+            &["Accept-Encoding: gzip, deflate, br, zstd"],
+        )
+        .await;
+        assert!(head.contains("content-encoding: gzip"), "{head}");
+        for refusal in [
+            "Accept-Encoding: gzip;q=0",
+            "Accept-Encoding: identity",
+            "Accept-Encoding: br",
+        ] {
+            let (head, body) = get_raw(addr, "/metrics", &[refusal]).await;
+            assert!(!head.contains("content-encoding"), "{refusal}: {head}");
+            assert!(head.contains("vary: accept-encoding"), "{refusal}: {head}");
+            assert!(String::from_utf8(body)
+                .unwrap()
+                .contains("# TYPE roce_frames_total counter\n"));
+        }
+        server.abort();
+    }
+
+    #[test]
+    fn accept_encoding_is_read_with_its_q_values() {
+        let accepts = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for v in values {
+                headers.append(header::ACCEPT_ENCODING, v.parse().unwrap());
+            }
+            accepts_gzip(&headers)
+        };
+        assert!(!accepts(&[]));
+        assert!(accepts(&["gzip"]));
+        assert!(accepts(&["GZIP"]));
+        assert!(accepts(&["x-gzip"]));
+        assert!(accepts(&["gzip, deflate, br, zstd"]));
+        assert!(accepts(&["deflate", "gzip;q=0.5"]));
+        assert!(accepts(&["br;q=1.0, gzip; q=0.8, *;q=0.1"]));
+        assert!(accepts(&["*"]));
+        assert!(!accepts(&["gzip;q=0"]));
+        assert!(!accepts(&["gzip;q=0.000"]));
+        assert!(
+            !accepts(&["*, gzip;q=0"]),
+            "an explicit refusal wins over *"
+        );
+        assert!(!accepts(&["*;q=0"]));
+        assert!(!accepts(&["identity"]));
+        assert!(!accepts(&["deflate, br"]));
+        assert!(!accepts(&["gzip;q=nonsense"]));
+        assert!(!accepts(&["gzipped"]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_landing_page_links_every_endpoint_and_names_the_version() {
+        let (addr, server) = serve_everything().await;
+        let (head, body) = get_raw(addr, "/", &[]).await;
+        assert!(head.starts_with("http/1.0 200"), "{head}");
+        assert!(
+            head.contains("content-type: text/html; charset=utf-8"),
+            "{head}"
+        );
+        let page = String::from_utf8(body).unwrap();
+        for endpoint in ["/metrics", "/flows", "/findings", "/events"] {
+            assert!(
+                page.contains(&format!("<a href=\"{endpoint}\">")),
+                "no link to {endpoint}:\n{page}"
+            );
+        }
+        assert!(
+            page.contains(&format!("version {}", crate::telemetry::metrics::VERSION)),
+            "{page}"
+        );
+        // The links lead somewhere.
+        for endpoint in ["/metrics", "/flows", "/findings"] {
+            let (head, _) = get_raw(addr, endpoint, &[]).await;
+            assert!(head.starts_with("http/1.0 200"), "{endpoint}: {head}");
+        }
+        server.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn metrics_carry_plausible_process_families() {
+        let (addr, server) = serve_everything().await;
+        let (_, body) = get_raw(addr, "/metrics", &[]).await;
+        let text = String::from_utf8(body).unwrap();
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+                .parse()
+                .unwrap()
+        };
+        for (family, kind) in [
+            ("process_cpu_seconds_total", "counter"),
+            ("process_resident_memory_bytes", "gauge"),
+            ("process_virtual_memory_bytes", "gauge"),
+            ("process_start_time_seconds", "gauge"),
+            ("process_open_fds", "gauge"),
+            ("process_max_fds", "gauge"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {family} {kind}\n")),
+                "{family}:\n{text}"
+            );
+        }
+        assert!(value("process_resident_memory_bytes") > 0.0);
+        assert!(value("process_virtual_memory_bytes") >= value("process_resident_memory_bytes"));
+        assert!(value("process_cpu_seconds_total") >= 0.0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let start = value("process_start_time_seconds");
+        assert!(
+            start <= now + 1.0 && start > now - 3600.0,
+            "{start} vs {now}"
+        );
+        assert!(value("process_open_fds") >= 3.0);
+        assert!(value("process_max_fds") >= value("process_open_fds"));
         server.abort();
     }
 }

@@ -9,6 +9,11 @@
 //!
 //! Reading is separate from judging: each module has a reader (netlink, sockets, files)
 //! and pure functions from what was read and the policy to findings, tested on their own.
+//!
+//! What is audited: the interfaces asked for (`--iface`, the config's `interfaces` and
+//! `vteps`), else those that carry RoCE ([`Why`]): the netdevs of RDMA devices, VXLAN
+//! devices and their underlays. [`fix`] changes only interfaces asked for by name;
+//! [`plan`] says what it would run, changing nothing (`check --dry-run`).
 
 pub mod dcb;
 pub mod link;
@@ -73,8 +78,11 @@ pub fn finding(
 /// What to audit and against what.
 #[derive(Clone, Debug)]
 pub struct AuditOptions {
-    /// The interfaces asked about; empty: every interface that is up, loopback excepted.
+    /// The interfaces asked about; empty: those that carry RoCE (see [`Why`]).
     pub interfaces: Vec<String>,
+    /// Those of `interfaces` named on the command line (`--iface`); the others came
+    /// from the config. Only says why each is audited.
+    pub named: Vec<String>,
     /// The netdev MTU the RoCE interfaces need.
     pub required_mtu: u32,
     /// Hosts whose path must carry `required_mtu` (DF probes).
@@ -88,7 +96,7 @@ pub struct AuditOptions {
 
 impl AuditOptions {
     /// What the audit of a running agent or of `check` looks at, from resolved
-    /// settings: the interfaces and VTEPs (none: every interface that is up).
+    /// settings: the interfaces and VTEPs (none: those that carry RoCE).
     pub fn for_settings(
         settings: &crate::config::Settings,
         sysfs_root: &std::path::Path,
@@ -102,6 +110,7 @@ impl AuditOptions {
         }
         AuditOptions {
             interfaces,
+            named: Vec::new(),
             required_mtu: settings.required_mtu(),
             peers: settings.peers.clone(),
             sysfs_root: sysfs_root.to_path_buf(),
@@ -116,8 +125,23 @@ impl AuditOptions {
 pub enum AuditError {
     #[error("no such interface: {}", .0.join(", "))]
     NoInterface(Vec<String>),
-    #[error("no interface to audit: none is up (loopback excepted); name one with --iface")]
-    NothingToAudit,
+    #[error(
+        "no interface to audit: none carries RoCE (no netdev of an RDMA device in {}, no \
+         VXLAN device); name the interfaces to audit with --iface IF (or `interfaces` in --config)",
+        .sysfs_root.join("class/infiniband").display()
+    )]
+    NothingToAudit { sysfs_root: PathBuf },
+    /// The RDMA devices could not be read, so the interfaces that carry RoCE are unknown.
+    #[error(
+        "finding the interfaces that carry RoCE: {0}; name the interfaces to audit with --iface IF"
+    )]
+    RdmaDevices(#[from] rnic::RnicError),
+    /// `fix` without interfaces named: it would change interfaces nobody asked about.
+    #[error(
+        "check --fix changes only interfaces you name: add --iface IF (or `interfaces` in \
+         --config); check --dry-run prints what it would change"
+    )]
+    FixNeedsNamedInterfaces,
     #[error(transparent)]
     Netlink(#[from] LinkError),
     #[error("--sysfs-root {}: not a directory", .0.display())]
@@ -132,11 +156,50 @@ pub struct VxlanPath {
     pub source: UnderlaySource,
 }
 
+/// Why an interface is audited (`check --json`: `"why"`, with `rdma_device` or
+/// `underlay_of` where they apply).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "why", rename_all = "snake_case")]
+pub enum Why {
+    /// Named on the command line (`--iface`).
+    Named,
+    /// In the config's `interfaces` or `vteps`.
+    Config,
+    /// None asked for: a netdev in this RDMA device's GID table.
+    RdmaDevice { rdma_device: String },
+    /// None asked for: a VXLAN device.
+    Vxlan,
+    /// None asked for: the underlay of this VXLAN device.
+    Underlay { underlay_of: String },
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::Named => f.write_str("--iface"),
+            Why::Config => f.write_str("config"),
+            Why::RdmaDevice { rdma_device } => write!(f, "RDMA device {rdma_device}"),
+            Why::Vxlan => f.write_str("VXLAN"),
+            Why::Underlay { underlay_of } => write!(f, "underlay of {underlay_of}"),
+        }
+    }
+}
+
+/// One audited interface and why (`check --json`: `"interfaces"`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuditedInterface {
+    pub ifname: String,
+    #[serde(flatten)]
+    pub why: Why,
+}
+
 /// What the audit read and what it found.
 #[derive(Clone, Debug, Default)]
 pub struct Audit {
-    /// The interfaces audited, in the order asked.
+    /// The interfaces audited, in the order asked (or found).
     pub audited: Vec<Link>,
+    /// Why each of `audited` is, in the same order.
+    pub why: Vec<AuditedInterface>,
     /// The VXLAN devices that are audited or run over an audited underlay.
     pub vxlans: Vec<VxlanPath>,
     pub findings: Vec<Finding>,
@@ -157,7 +220,8 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
     }
     let mut rtnl = Rtnl::open()?;
     let links = rtnl.links()?;
-    let audited = select(&links, &opts.interfaces)?;
+    let chosen = choose(&mut rtnl, &links, opts)?;
+    let audited: Vec<Link> = chosen.iter().map(|(l, _)| l.clone()).collect();
     let names: BTreeSet<&str> = audited.iter().map(|l| l.name.as_str()).collect();
 
     let mut out = Audit::default();
@@ -201,17 +265,76 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
         out.findings
             .extend(dcb::audit(&l.name, &dcb::query(&l.name), &opts.policy));
     }
-    // The path beyond this host: DF probes of the required size.
-    for &peer in &opts.peers {
-        out.findings
-            .extend(probe_peer(&mut rtnl, &links, peer, opts));
-    }
     let audited_names: Vec<String> = audited.iter().map(|l| l.name.clone()).collect();
+    // The path beyond this host: DF probes of the required size, through audited
+    // interfaces only.
+    for &peer in &opts.peers {
+        out.findings.extend(probe_audited_peer(
+            &mut rtnl,
+            &links,
+            peer,
+            opts,
+            &audited_names,
+        ));
+    }
     out.findings
         .extend(rnic::audit(&opts.sysfs_root, &audited_names, &opts.policy));
+    out.why = chosen
+        .into_iter()
+        .map(|(l, why)| AuditedInterface {
+            ifname: l.name,
+            why,
+        })
+        .collect();
     out.audited = audited;
     sort(&mut out.findings);
     Ok(out)
+}
+
+/// The `mtu_path` finding for `peer` when the route towards it leaves through one of
+/// `audited`; when it leaves through another interface, an info saying so and no
+/// probe (a finding is only ever about an audited interface).
+fn probe_audited_peer(
+    rtnl: &mut Rtnl,
+    links: &[Link],
+    peer: IpAddr,
+    opts: &AuditOptions,
+    audited: &[String],
+) -> Option<Finding> {
+    let via = route_interface(rtnl, links, peer);
+    match via {
+        Some(via) if !audited.contains(&via) => Some(not_audited_path(peer, &via, audited)),
+        _ => {
+            let result = path::probe(peer, opts.required_mtu, opts.probe_timeout);
+            path::audit(peer, opts.required_mtu, via.as_deref(), &result)
+        }
+    }
+}
+
+/// The info for a peer whose route leaves through `via`, which is not audited.
+fn not_audited_path(peer: IpAddr, via: &str, audited: &[String]) -> Finding {
+    finding(
+        "mtu_path",
+        None,
+        Severity::Info,
+        format!(
+            "{peer} not probed: the route towards it leaves through {via}, which is not audited"
+        ),
+        format!(
+            "a peer reached through an audited interface ({})",
+            audited.join(", ")
+        ),
+        format!("add --iface {via} to probe the path through it"),
+    )
+}
+
+/// The name of the interface the route towards `peer` leaves through, when known.
+fn route_interface(rtnl: &mut Rtnl, links: &[Link], peer: IpAddr) -> Option<String> {
+    rtnl.route_interface(peer)
+        .ok()
+        .flatten()
+        .and_then(|i| links.iter().find(|l| l.index == i))
+        .map(|l| l.name.clone())
 }
 
 /// The `mtu_path` finding for `peer` (None: the path carries the required MTU). Blocks
@@ -222,30 +345,80 @@ pub fn probe_peer(
     peer: IpAddr,
     opts: &AuditOptions,
 ) -> Option<Finding> {
-    let via = rtnl
-        .route_interface(peer)
-        .ok()
-        .flatten()
-        .and_then(|i| links.iter().find(|l| l.index == i))
-        .map(|l| l.name.clone());
+    let via = route_interface(rtnl, links, peer);
     let result = path::probe(peer, opts.required_mtu, opts.probe_timeout);
     path::audit(peer, opts.required_mtu, via.as_deref(), &result)
 }
 
-/// The links asked for (all must exist), or every up non-loopback link.
-fn select(links: &[Link], asked: &[String]) -> Result<Vec<Link>, AuditError> {
-    if asked.is_empty() {
-        let up: Vec<Link> = links
-            .iter()
-            .filter(|l| l.up && !l.loopback)
-            .cloned()
-            .collect();
-        return if up.is_empty() {
-            Err(AuditError::NothingToAudit)
-        } else {
-            Ok(up)
-        };
+/// The interfaces to audit and why: those asked for, else those that carry RoCE.
+fn choose(
+    rtnl: &mut Rtnl,
+    links: &[Link],
+    opts: &AuditOptions,
+) -> Result<Vec<(Link, Why)>, AuditError> {
+    if opts.interfaces.is_empty() {
+        return carrying_roce(rtnl, links, &opts.sysfs_root);
     }
+    Ok(select(links, &opts.interfaces)?
+        .into_iter()
+        .map(|l| {
+            let why = if opts.named.contains(&l.name) {
+                Why::Named
+            } else {
+                Why::Config
+            };
+            (l, why)
+        })
+        .collect())
+}
+
+/// The interfaces that carry RoCE, none being named: the netdevs of the RDMA devices'
+/// GID tables (under `sysfs_root`), then the VXLAN devices, then their underlays; each
+/// once, with the first reason found. Loopback never.
+fn carrying_roce(
+    rtnl: &mut Rtnl,
+    links: &[Link],
+    sysfs_root: &std::path::Path,
+) -> Result<Vec<(Link, Why)>, AuditError> {
+    fn add(chosen: &mut Vec<(Link, Why)>, l: &Link, why: Why) {
+        if !l.loopback && !chosen.iter().any(|(c, _)| c.index == l.index) {
+            chosen.push((l.clone(), why));
+        }
+    }
+    let mut chosen: Vec<(Link, Why)> = Vec::new();
+    for port in rnic::read_rnic_ports(sysfs_root)? {
+        for netdev in &port.netdevs {
+            // A netdev of another network namespace is not this audit's.
+            if let Some(l) = links.iter().find(|l| &l.name == netdev) {
+                let why = Why::RdmaDevice {
+                    rdma_device: port.device.clone(),
+                };
+                add(&mut chosen, l, why);
+            }
+        }
+    }
+    let vxlans: Vec<&Link> = links.iter().filter(|l| l.vxlan.is_some()).collect();
+    for v in &vxlans {
+        add(&mut chosen, v, Why::Vxlan);
+    }
+    for v in &vxlans {
+        if let Some((underlay, _)) = underlay_of(rtnl, links, v)? {
+            let why = Why::Underlay {
+                underlay_of: v.name.clone(),
+            };
+            add(&mut chosen, &underlay, why);
+        }
+    }
+    if chosen.is_empty() {
+        return Err(AuditError::NothingToAudit {
+            sysfs_root: sysfs_root.to_path_buf(),
+        });
+    }
+    Ok(chosen)
+}
+
+/// The links asked for (all must exist), each once, in the order asked.
+fn select(links: &[Link], asked: &[String]) -> Result<Vec<Link>, AuditError> {
     let missing: Vec<String> = asked
         .iter()
         .filter(|a| !links.iter().any(|l| &l.name == *a))
@@ -382,9 +555,53 @@ pub fn mtu_plan(audit: &Audit, required: u32) -> (Vec<MtuChange>, Vec<FixFailure
     (target, failures)
 }
 
+/// What `fix` would do, as commands an operator could type, and what it could not do.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// In the order `fix` makes the changes: `ip link set dev IF mtu N`, `dcb app ...`,
+    /// `dcb pfc ...`, `echo V > /sys/...`.
+    pub commands: Vec<String>,
+    pub not_planned: Vec<FixFailure>,
+}
+
+/// What [`fix`] would change on the audited interfaces, changing nothing (`check
+/// --dry-run`). `fix` itself works over netlink and sysfs; the commands do the same.
+pub fn plan(opts: &AuditOptions, audit: &Audit) -> Plan {
+    let mut out = Plan::default();
+    let (mtus, failures) = mtu_plan(audit, opts.required_mtu);
+    out.not_planned.extend(failures);
+    out.commands.extend(
+        mtus.iter()
+            .map(|c| format!("ip link set dev {} mtu {}", c.link.name, c.mtu)),
+    );
+    for l in &audit.audited {
+        if let Ok(state) = dcb::query(&l.name) {
+            out.commands
+                .extend(dcb::fix_commands(&l.name, &state, &opts.policy));
+        }
+    }
+    let names: Vec<String> = audit.audited.iter().map(|l| l.name.clone()).collect();
+    for w in rnic::plan_fix(&opts.sysfs_root, &names, &opts.policy) {
+        match w {
+            Ok(w) => out.commands.push(w.command()),
+            Err(e) => out.not_planned.push(FixFailure {
+                check: "rnic".into(),
+                interface: String::new(),
+                what: "sysfs knob".into(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    out
+}
+
 /// Makes the changes the audit calls for on the audited interfaces: MTUs, DCB app
-/// entries and PFC (devices with DCB), RNIC knobs.
+/// entries and PFC (devices with DCB), RNIC knobs. Refused when no interface was asked
+/// for by name (`opts.interfaces` empty): it would change interfaces nobody named.
 pub fn fix(opts: &AuditOptions, audit: &Audit) -> Result<Fixed, AuditError> {
+    if opts.interfaces.is_empty() {
+        return Err(AuditError::FixNeedsNamedInterfaces);
+    }
     let mut fixed = Fixed::default();
     fix_mtu(audit, opts.required_mtu, &mut fixed)?;
     // DCB only where the device has it (a GET that answers).
@@ -462,4 +679,105 @@ fn fix_mtu(audit: &Audit, required: u32, fixed: &mut Fixed) -> Result<(), AuditE
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn audited(ifname: &str, why: Why) -> String {
+        serde_json::to_string(&AuditedInterface {
+            ifname: ifname.to_string(),
+            why,
+        })
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn each_audited_interface_says_why_in_json_and_in_the_table() {
+        assert_eq!(
+            audited(
+                "eth1",
+                Why::RdmaDevice {
+                    rdma_device: "mlx5_0".into()
+                }
+            ),
+            r#"{"ifname":"eth1","why":"rdma_device","rdma_device":"mlx5_0"}"#
+        );
+        assert_eq!(
+            audited(
+                "eth0",
+                Why::Underlay {
+                    underlay_of: "vxlan0".into()
+                }
+            ),
+            r#"{"ifname":"eth0","why":"underlay","underlay_of":"vxlan0"}"#
+        );
+        assert_eq!(
+            audited("vxlan0", Why::Vxlan),
+            r#"{"ifname":"vxlan0","why":"vxlan"}"#
+        );
+        assert_eq!(
+            audited("va", Why::Named),
+            r#"{"ifname":"va","why":"named"}"#
+        );
+        assert_eq!(
+            audited("va", Why::Config),
+            r#"{"ifname":"va","why":"config"}"#
+        );
+        assert_eq!(
+            Why::RdmaDevice {
+                rdma_device: "mlx5_0".into()
+            }
+            .to_string(),
+            "RDMA device mlx5_0"
+        );
+        assert_eq!(
+            Why::Underlay {
+                underlay_of: "vxlan0".into()
+            }
+            .to_string(),
+            "underlay of vxlan0"
+        );
+    }
+
+    #[test]
+    fn a_peer_beyond_an_interface_not_audited_is_an_info_on_no_interface() {
+        let f = not_audited_path(
+            IpAddr::from([198, 18, 0, 9]),
+            "eth0",
+            &["eth1".to_string(), "vx0".to_string()],
+        );
+        assert_eq!(
+            (f.check.as_str(), f.interface, f.severity),
+            ("mtu_path", None, Severity::Info)
+        );
+        assert_eq!(
+            f.found,
+            "198.18.0.9 not probed: the route towards it leaves through eth0, which is not audited"
+        );
+        assert_eq!(
+            f.expected,
+            "a peer reached through an audited interface (eth1, vx0)"
+        );
+        assert_eq!(f.fix, "add --iface eth0 to probe the path through it");
+    }
+
+    #[test]
+    fn fix_refuses_interfaces_nobody_named() {
+        let opts = AuditOptions::for_settings(
+            &crate::config::Settings::default(),
+            std::path::Path::new("/sys"),
+            Duration::from_secs(1),
+        );
+        assert!(opts.interfaces.is_empty());
+        let err = fix(&opts, &Audit::default()).err().map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some(
+                "check --fix changes only interfaces you name: add --iface IF (or `interfaces` \
+                 in --config); check --dry-run prints what it would change"
+            )
+        );
+    }
 }

@@ -641,6 +641,18 @@ pub struct KnobWrite {
 }
 
 impl KnobWrite {
+    /// The shell command that makes this write on the host, as the finding's fix says
+    /// it: `echo 1 > /sys/class/net/eth1/ecn/roce_np/enable/3`, after `mkdir -p` of
+    /// rdma_cm's group of the device when the write makes it (`check --dry-run`).
+    pub fn command(&self) -> String {
+        let echo = format!("echo {} > {}", self.value, self.host_path.display());
+        // host_path: /sys/kernel/config/rdma_cm/DEV/ports/N/default_roce_tos.
+        match (&self.make_dir, self.host_path.ancestors().nth(3)) {
+            (Some(_), Some(group)) => format!("mkdir -p {} && {echo}", group.display()),
+            _ => echo,
+        }
+    }
+
     /// Writes the value as `echo` does and reads it back.
     pub fn apply(&self) -> Result<Change, RnicError> {
         let not_written = |path: &Path, e: io::Error| RnicError::NotWritten {

@@ -8,14 +8,45 @@ use clap::Args;
 use crate::config::{ConfigFile, Overrides, Settings};
 use crate::datapath::loader;
 
+use super::check::FindingsAtErrorLevel;
+use crate::doc::finding::Severity;
+
+/// The finding level at which `analyze` exits 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailOn {
+    /// A finding at error level
+    Error,
+    /// A finding at warning or error level
+    Warning,
+    /// Never (a truncated or corrupt capture still exits 1)
+    Never,
+}
+
+impl FailOn {
+    /// Whether a finding of `severity` fails the run.
+    pub fn fails(self, severity: Severity) -> bool {
+        match self {
+            FailOn::Error => severity >= Severity::Error,
+            FailOn::Warning => severity >= Severity::Warning,
+            FailOn::Never => false,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {
-    /// The capture file (pcap or pcapng, Ethernet link type)
+    /// The capture (pcap or pcapng; Ethernet or Linux cooked, `tcpdump -i any`), `-` for standard input
     #[arg(value_name = "CAPTURE")]
     pub capture: PathBuf,
-    /// Print the JSON document (the flow document plus `capture`, `icrc_errors` and `findings`)
+    /// Print the JSON document (the flow document plus `capture`, `icrc_errors` and `findings`), on one line
     #[arg(long)]
     pub json: bool,
+    /// Indent the JSON document (with --json)
+    #[arg(long, requires = "json")]
+    pub pretty: bool,
+    /// Exit 1 when a finding is at this level or above
+    #[arg(long, value_enum, value_name = "LEVEL", default_value_t = FailOn::Error)]
+    pub fail_on: FailOn,
     /// TOML configuration file: roce_port, vxlan_port, default_pmtu, flows_map_size apply
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -57,10 +88,16 @@ pub fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
         progress: true,
         workers: args.workers.map(usize::from),
     };
-    let analysis = analyze::analyze(&args.capture, &opts)?;
+    let input = analyze::Input::from_arg(&args.capture);
+    let analysis = analyze::analyze_input(&input, &opts)?;
     tracing::debug!(engine = %analysis.engine, frames = analysis.report.capture.frames, "analyzed");
     let text = if args.json {
-        let mut t = serde_json::to_string_pretty(&analysis.report).context("encoding JSON")?;
+        let mut t = if args.pretty {
+            serde_json::to_string_pretty(&analysis.report)
+        } else {
+            serde_json::to_string(&analysis.report)
+        }
+        .context("encoding JSON")?;
         t.push('\n');
         t
     } else {
@@ -72,8 +109,19 @@ pub fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
         Err(e) => return Err(e).context("writing to stdout"),
     }
-    match analysis.error {
-        Some(e) => Err(e.into()),
-        None => Ok(()),
+    // A capture that could not be read to its end fails whatever --fail-on says.
+    if let Some(e) = analysis.error {
+        return Err(e.into());
     }
+    // The output names the findings: exit 1 without a second message (main.rs).
+    let failing = analysis
+        .report
+        .findings
+        .iter()
+        .filter(|f| args.fail_on.fails(f.severity))
+        .count();
+    if failing > 0 {
+        return Err(FindingsAtErrorLevel { errors: failing }.into());
+    }
+    Ok(())
 }

@@ -1,5 +1,6 @@
-//! `roce-agent check`: the host audit from the command line, as a table or JSON, and
-//! `--fix`. The audit itself is `crate::audit`.
+//! `roce-agent check`: the host audit from the command line, as a table or JSON,
+//! `--fix` (only on interfaces named by `--iface` or the config) and `--dry-run` (the
+//! commands `--fix` would run). The audit itself is `crate::audit`.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -10,12 +11,15 @@ use anyhow::Context as _;
 use clap::Args;
 use serde::Serialize;
 
-use crate::audit::{self, Audit, AuditOptions, Change, Finding, FixFailure, Severity};
+use crate::audit::{
+    self, Audit, AuditError, AuditOptions, AuditedInterface, Change, Finding, FixFailure, Plan,
+    Severity, Why,
+};
 use crate::config::{ConfigFile, Overrides, Settings};
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Interface to audit; repeat for more [default: the config's interfaces and VTEPs, else every interface that is up]
+    /// Interface to audit; repeat for more [default: the config's interfaces and VTEPs, else those that carry RoCE: RDMA devices' netdevs, VXLAN devices and their underlays]
     #[arg(long = "iface", value_name = "IF")]
     pub iface: Vec<String>,
     /// The netdev MTU the RoCE interfaces need [default: the config's `mtu`, else the one carrying the RoCE path MTU (default_pmtu, 4096): 4192]
@@ -30,12 +34,18 @@ pub struct CheckArgs {
     /// The directory that stands for /sys (fixture trees)
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// Apply what can be applied (MTU via netlink, DCB entries, writable sysfs knobs) on the audited interfaces, print each change, then audit again
+    /// Apply what can be applied (MTU via netlink, DCB entries, writable sysfs knobs) on the interfaces named by --iface or the config, print each change, then audit again
     #[arg(long)]
     pub fix: bool,
-    /// Print {"findings": [...]} (and "changes" with --fix) as JSON
+    /// Print the commands --fix would run on the audited interfaces; change nothing
+    #[arg(long, conflicts_with = "fix")]
+    pub dry_run: bool,
+    /// Print {"findings": [...], "interfaces": [...], "summary": {...}} as JSON (and "changes" with --fix, "planned" with --dry-run)
     #[arg(long)]
     pub json: bool,
+    /// Indent the JSON (compact by default)
+    #[arg(long, requires = "json")]
+    pub pretty: bool,
     /// Seconds a path probe waits for an answer
     #[arg(long, value_name = "SECS", default_value_t = 2.0)]
     pub probe_timeout: f64,
@@ -52,11 +62,38 @@ pub struct FindingsAtErrorLevel {
 #[derive(Debug, Serialize)]
 pub struct CheckDocument<'a> {
     pub findings: &'a [Finding],
+    /// The interfaces audited and why.
+    pub interfaces: &'a [AuditedInterface],
+    pub summary: Summary,
     /// With --fix: the changes made (before/after) and those that could not be made.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<&'a [Change]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_changed: Option<Vec<String>>,
+    /// With --dry-run: the commands --fix would run, and what it could not do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_planned: Option<Vec<String>>,
+}
+
+/// How many findings at each severity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    pub error: usize,
+    pub warning: usize,
+    pub info: usize,
+}
+
+impl Summary {
+    pub fn of(findings: &[Finding]) -> Summary {
+        let count = |s| findings.iter().filter(|f| f.severity == s).count();
+        Summary {
+            error: count(Severity::Error),
+            warning: count(Severity::Warning),
+            info: count(Severity::Info),
+        }
+    }
 }
 
 /// The audit options from the config file and the flags.
@@ -69,11 +106,13 @@ pub fn options(args: &CheckArgs) -> anyhow::Result<AuditOptions> {
         ..Overrides::default()
     };
     let settings = Settings::resolve(file.as_ref(), &flags, false)?;
-    Ok(AuditOptions::for_settings(
+    let mut opts = AuditOptions::for_settings(
         &settings,
         &args.sysfs_root,
         probe_timeout(args.probe_timeout)?,
-    ))
+    );
+    opts.named = args.iface.clone();
+    Ok(opts)
 }
 
 fn probe_timeout(secs: f64) -> anyhow::Result<Duration> {
@@ -92,7 +131,12 @@ fn probe_timeout(secs: f64) -> anyhow::Result<Duration> {
 /// `roce-agent check`.
 pub fn check(args: CheckArgs) -> anyhow::Result<()> {
     let opts = options(&args)?;
+    // Before anything is read or changed: --fix never picks interfaces by itself.
+    if args.fix && opts.interfaces.is_empty() {
+        return Err(AuditError::FixNeedsNamedInterfaces.into());
+    }
     let first = audit::audit(&opts)?;
+    let planned = args.dry_run.then(|| audit::plan(&opts, &first));
     let (result, fixed) = if args.fix {
         let fixed = audit::fix(&opts, &first)?;
         (audit::audit(&opts)?, Some(fixed))
@@ -103,12 +147,23 @@ pub fn check(args: CheckArgs) -> anyhow::Result<()> {
     let text = if args.json {
         let doc = CheckDocument {
             findings: &result.findings,
+            interfaces: &result.why,
+            summary: Summary::of(&result.findings),
             changes: fixed.as_ref().map(|f| f.changes.as_slice()),
             not_changed: fixed
                 .as_ref()
                 .map(|f| f.failures.iter().map(ToString::to_string).collect()),
+            planned: planned.as_ref().map(|p| p.commands.as_slice()),
+            not_planned: planned
+                .as_ref()
+                .map(|p| p.not_planned.iter().map(ToString::to_string).collect()),
         };
-        let mut t = serde_json::to_string_pretty(&doc).context("encoding JSON")?;
+        let mut t = if args.pretty {
+            serde_json::to_string_pretty(&doc)
+        } else {
+            serde_json::to_string(&doc)
+        }
+        .context("encoding JSON")?;
         t.push('\n');
         t
     } else {
@@ -118,6 +173,21 @@ pub fn check(args: CheckArgs) -> anyhow::Result<()> {
             t.push_str("\naudit after the changes:\n");
         }
         t.push_str(&render(&opts, &result));
+        if let Some(p) = &planned {
+            t.push('\n');
+            // Interfaces found rather than named: --fix needs them named.
+            let fix = if opts.interfaces.is_empty() {
+                let named: Vec<String> = result
+                    .why
+                    .iter()
+                    .map(|a| format!("--iface {}", a.ifname))
+                    .collect();
+                format!("`--fix {}`", named.join(" "))
+            } else {
+                "--fix".to_string()
+            };
+            t.push_str(&render_plan(p, &fix));
+        }
         t
     };
     let mut out = std::io::stdout().lock();
@@ -152,6 +222,39 @@ pub fn render_changes(changes: &[Change], failures: &[FixFailure]) -> String {
     out
 }
 
+/// `--dry-run`: the commands `fix` (`--fix`, or the command line that names the
+/// interfaces found) would run, one a line, as they are typed.
+pub fn render_plan(plan: &Plan, fix: &str) -> String {
+    let mut out = String::new();
+    if plan.commands.is_empty() && plan.not_planned.is_empty() {
+        let _ = writeln!(out, "dry run: {fix} would change nothing");
+        return out;
+    }
+    if !plan.commands.is_empty() {
+        let _ = writeln!(out, "dry run: {fix} would run (nothing was changed):");
+    }
+    for c in &plan.commands {
+        let _ = writeln!(out, "{c}");
+    }
+    for f in &plan.not_planned {
+        let _ = writeln!(out, "would NOT change: {f}");
+    }
+    out
+}
+
+/// `eth1 (RDMA device mlx5_0)`; an interface named by --iface is just its name.
+fn audited_text(audit: &Audit) -> String {
+    audit
+        .why
+        .iter()
+        .map(|a| match &a.why {
+            Why::Named => a.ifname.clone(),
+            why => format!("{} ({why})", a.ifname),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn severity_text(s: Severity) -> &'static str {
     match s {
         Severity::Error => "error",
@@ -163,11 +266,10 @@ fn severity_text(s: Severity) -> &'static str {
 /// The human table: a header line, one row per finding (its fix below it), a summary.
 pub fn render(opts: &AuditOptions, audit: &Audit) -> String {
     let mut out = String::new();
-    let names: Vec<&str> = audit.audited.iter().map(|l| l.name.as_str()).collect();
     let _ = writeln!(
         out,
         "audited: {} | required MTU {} | peers: {}",
-        names.join(", "),
+        audited_text(audit),
         opts.required_mtu,
         if opts.peers.is_empty() {
             "none".to_string()
@@ -213,13 +315,11 @@ pub fn render(opts: &AuditOptions, audit: &Audit) -> String {
             }
         }
     }
-    let count = |s| audit.findings.iter().filter(|f| f.severity == s).count();
+    let n = Summary::of(&audit.findings);
     let _ = writeln!(
         out,
         "\n{} error(s), {} warning(s), {} info",
-        count(Severity::Error),
-        count(Severity::Warning),
-        count(Severity::Info)
+        n.error, n.warning, n.info
     );
     out
 }

@@ -10,9 +10,12 @@ pub struct DetachArgs {
     /// The pin directory of the datapath to remove (run --pin-dir)
     #[arg(long, value_name = "DIR", default_value = crate::datapath::pin::DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
-    /// Print what was removed as JSON
+    /// Print what was removed as JSON, on one line: {"links": [...], "programs": [...], "maps": [...]}
     #[arg(long)]
     pub json: bool,
+    /// With --json: indent the document (two spaces a level)
+    #[arg(long, requires = "json")]
+    pub pretty: bool,
 }
 
 /// `roce-agent detach`.
@@ -24,7 +27,12 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
         )
     })?;
     if args.json {
-        println!("{}", serde_json::to_string(&removed)?);
+        let json = if args.pretty {
+            serde_json::to_string_pretty(&removed)?
+        } else {
+            serde_json::to_string(&removed)?
+        };
+        println!("{json}");
         return Ok(());
     }
     if removed.links.is_empty() && removed.programs.is_empty() && removed.maps.is_empty() {

@@ -11,8 +11,8 @@ use crate::config::{ConfigError, DEFAULT_LISTEN};
 
 #[derive(Debug, Args)]
 pub struct EventsArgs {
-    /// Address of the running agent's API (its --listen)
-    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN)]
+    /// Address of the running agent's API (its --listen); :PORT is the agent on this host (127.0.0.1:PORT)
+    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN, value_parser = crate::api::client::parse_address)]
     pub api: String,
     /// Print each event as a JSON line, as GET /events serves it
     #[arg(long, conflicts_with = "pcapng")]

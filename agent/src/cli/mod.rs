@@ -3,8 +3,9 @@
 //! daemon itself is `crate::daemon`: `run.rs` only turns its flags into a
 //! [`crate::daemon::Launch`].
 //!
-//! Exit codes: 0 success, 1 runtime error (no such interface, no BPF permission, no
-//! agent answering, ...), 2 usage or configuration error.
+//! Exit codes: 0 success, 1 runtime error (no BPF permission, no agent answering at a
+//! well-formed address, an attach refused, ...), 2 usage or configuration error (a bad
+//! flag or file, an interface the host does not have, an address that is not one).
 //!
 //! May import every module of the crate; nothing imports it.
 
@@ -14,11 +15,14 @@ pub mod detach;
 pub mod events;
 pub mod flows;
 pub mod run;
+pub mod top;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::ConfigError;
+use crate::api::client::ClientError;
+use crate::config::{ConfigError, LogFormat};
 pub use crate::daemon::error_text;
+use crate::daemon::RunError;
 
 use analyze::AnalyzeArgs;
 use check::CheckArgs;
@@ -58,16 +62,27 @@ pub enum Command {
         roce-agent run --iface eth1 --iface eth2 --listen 127.0.0.1:9473\n  \
         roce-agent run --config /etc/roce-agent/host.toml\n  \
         roce-agent run --iface eth1 --mode enforce          # rewrite DSCPs, set skb->priority\n  \
-        roce-agent run --iface eth1 --vtep eth0             # VXLAN outer DSCP/ECN from the inner\n\n\
+        roce-agent run --iface eth1 --vtep eth0             # VXLAN outer DSCP/ECN from the inner\n  \
+        roce-agent run --iface eth1 --peer 198.18.0.2       # the path to it must carry the MTU\n  \
+        roce-agent run --iface eth1 --listen :9473 --log-format json   # every address; JSON logs\n\n\
         Flags override the config file; with no file, defaults apply. The datapath (maps, \
         programs, links) is pinned under --pin-dir: it goes on classifying and enforcing when \
         the agent exits or is killed, and a restarted agent adopts it with its counters \
         (`roce-agent detach` removes it; --no-pin detaches at exit instead). SIGHUP reads the \
         config file again: validated in full, then applied at once (the DSCP policy switches \
         atomically; interfaces added or removed are attached or detached); a bad file is \
-        refused with FILE:LINE:COLUMN and the configuration in force stays. SIGINT or SIGTERM \
-        end the agent (exit 0). Needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (root has \
-        them). RUST_LOG sets the log level (default info).")]
+        refused with FILE:LINE:COLUMN and the configuration in force stays (without --config \
+        there is nothing to reload, and the reload metrics stay as they are). SIGINT or \
+        SIGTERM end the agent (exit 0). Needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (root \
+        has them).\n\n\
+        Logs go to stderr: --log-format text (for people), json (an object a line: ts, level, \
+        target, msg, then the fields) or logfmt (the same keys as key=value, a value with a \
+        space, = or \" quoted). Every record is one line in json and logfmt (a refused \
+        file's caret block is its excerpt field); with stderr on the systemd journal \
+        (JOURNAL_STREAM), text and logfmt have no timestamp. RUST_LOG sets the level \
+        (default info).\n\n\
+        Exit status: 0 after SIGINT or SIGTERM, 1 runtime error, 2 usage or configuration \
+        error (a missing interface included).")]
     Run(RunArgs),
     /// Remove the pinned datapath: every program, link and pin that `run` left behind
     #[command(after_help = "Examples:\n  \
@@ -83,7 +98,13 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         roce-agent flows\n  \
         roce-agent flows --json | jq '.flows[] | select(.ecn.ce > 0)'\n  \
-        roce-agent flows --api 127.0.0.1:9473")]
+        roce-agent flows --json --pretty\n  \
+        roce-agent flows --api 127.0.0.1:9473\n  \
+        roce-agent flows --api :9474                        # the agent on this host, port 9474\n\n\
+        --json prints the document as the agent served it, on one line; --pretty indents it. \
+        --api takes HOST:PORT, [IPV6]:PORT, http://HOST:PORT, or :PORT for 127.0.0.1:PORT.\n\n\
+        Exit status: 0 success, 1 no agent answers (or its answer is not a flow table), \
+        2 usage error (an --api that is not an address).")]
     Flows(FlowsArgs),
     /// Analyze a pcap or pcapng capture: the flow table, ICRC checks and findings
     #[command(after_help = "Examples:\n  \
@@ -99,21 +120,26 @@ pub enum Command {
     Analyze(AnalyzeArgs),
     /// Audit this host for RoCE: MTU, VXLAN headroom, path MTU to peers, DCB app table and PFC, RNIC ECN knobs
     #[command(after_help = "Examples:\n  \
-        roce-agent check                              # every interface that is up\n  \
+        roce-agent check                              # the interfaces that carry RoCE\n  \
         roce-agent check --iface eth1 --mtu 9000\n  \
         roce-agent check --iface eth1 --peer 198.18.0.2 --peer 2001:db8::2\n  \
         roce-agent check --config /etc/roce-agent/host.toml --json | jq '.findings[]'\n  \
+        roce-agent check --iface eth1 --dry-run       # the commands --fix would run\n  \
         roce-agent check --iface eth1 --fix           # set what can be set, then audit again\n\n\
         Checks: mtu, vxlan_overhead (50 bytes over IPv4, 70 over IPv6), mtu_path (DF probes \
         to --peer; the path MTU learnt from ICMP), dcb_app and pfc (the NIC's DSCP -> priority \
         app table and PFC against the policy; dcb_unsupported on devices without DCB), ecn_np, \
         ecn_rp, cnp_dscp (RNIC ECN knobs in sysfs), roce_tos (rdma_cm default ToS).\n\n\
-        Without --iface it audits the config file's interfaces and VTEPs, else every interface \
-        that is up (loopback excepted). The policy (DSCPs, lossless set, DSCP -> priority) is \
-        the config's [qos] table or the defaults (RoCE 26, CNP 48, lossless {26}, priority = \
-        DSCP >> 3). Reading needs no privilege; --fix needs CAP_NET_ADMIN (MTU, DCB) and \
-        write access to sysfs, and changes only the interfaces audited.\n\n\
-        Exit status: 0 no finding at error level, 1 at least one, 2 the audit could not run.")]
+        Without --iface it audits the config file's interfaces and VTEPs, else the interfaces \
+        that carry RoCE: the netdevs of RDMA devices (/sys/class/infiniband), VXLAN devices \
+        and their underlays; the first line says which and why. The policy (DSCPs, lossless \
+        set, DSCP -> priority) is the config's [qos] table or the defaults (RoCE 26, CNP 48, \
+        lossless {26}, priority = DSCP >> 3). Reading needs no privilege. --fix changes only \
+        interfaces named by --iface or the config (without them it is refused, exit 2) and \
+        needs CAP_NET_ADMIN (MTU, DCB) and write access to sysfs; --dry-run prints the \
+        commands --fix would run and changes nothing. --json is compact; --pretty indents it.\n\n\
+        Exit status: 0 no finding at error level, 1 at least one, 2 the audit could not run \
+        or a usage error (--fix without named interfaces included).")]
     Check(CheckArgs),
     /// Follow a running agent's sampled events (CE, CNP, NAK, RNR NAK, PSN gap): lines, JSON lines or pcapng
     #[command(after_help = "Examples:\n  \
@@ -129,49 +155,67 @@ pub enum Command {
         and is told how many.")]
     Events(EventsArgs),
     /// Live view of a running agent's flows, worst first, refreshed every interval (like top)
-    #[command(after_help = crate::top::AFTER_HELP)]
-    Top(crate::top::TopArgs),
+    #[command(after_help = top::AFTER_HELP)]
+    Top(top::TopArgs),
 }
 
-/// The exit code for an error: 2 when it is a configuration error, 1 otherwise.
+/// The exit code for an error: 2 when it is a usage or configuration error (a bad
+/// file or flag, an interface the host does not have, an agent address that is not
+/// one), 1 otherwise.
 pub fn exit_code(e: &anyhow::Error) -> u8 {
-    if e.chain().any(|c| {
+    let usage = e.chain().any(|c| {
         c.downcast_ref::<ConfigError>().is_some()
             || c.downcast_ref::<crate::audit::AuditError>().is_some()
-    }) {
+            || matches!(c.downcast_ref(), Some(RunError::NoInterface(_)))
+            || matches!(c.downcast_ref(), Some(ClientError::Address { .. }))
+    });
+    if usage {
         EXIT_USAGE
     } else {
         EXIT_RUNTIME
     }
 }
 
-/// Logs to stderr; RUST_LOG filters (default `info`).
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A second initialisation (tests) is harmless: keep the first.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+/// Says why the command failed, on stderr: `roce-agent: error: ...`, or, while `run`
+/// logs as JSON or logfmt, one error record (`error`, `excerpt` for a refused file's
+/// caret block, `exit_code`).
+pub fn report(e: &anyhow::Error) {
+    let code = exit_code(e);
+    match crate::daemon::log::in_force() {
+        LogFormat::Text => eprintln!("roce-agent: error: {}", error_text(e)),
+        LogFormat::Json | LogFormat::Logfmt => {
+            let (error, excerpt) = crate::daemon::error_parts(e);
+            tracing::error!(
+                error = %error,
+                excerpt = excerpt.as_deref().map(tracing::field::display),
+                exit_code = code,
+                "roce-agent: error"
+            );
+        }
+    }
 }
 
 /// Runs one parsed command line.
 pub fn execute(cli: Cli) -> anyhow::Result<()> {
+    // `run` starts its log itself, once it knows the format its config file asks for.
+    if !matches!(cli.command, Command::Run(_)) {
+        crate::daemon::log::init(LogFormat::Text);
+    }
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Flows(args) => flows::flows(args),
         Command::Analyze(args) => analyze::analyze(args),
         Command::Check(args) => check::check(args),
         Command::Events(args) => events::events(args),
-        Command::Top(args) => crate::top::top(args),
+        Command::Top(args) => top::top(args),
         Command::Detach(args) => detach::detach(args),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     #[test]
     fn top_is_a_subcommand_with_the_documented_defaults() {
@@ -239,7 +283,59 @@ mod tests {
         }
         .into();
         assert_eq!(exit_code(&e.context("outer")), EXIT_USAGE);
-        let e: anyhow::Error = crate::daemon::RunError::NoInterface(vec!["x".into()]).into();
+        let e: anyhow::Error = RunError::NoInterface(vec!["x".into()]).into();
+        assert_eq!(exit_code(&e.context("starting")), EXIT_USAGE);
+        let e: anyhow::Error = crate::audit::AuditError::NoInterface(vec!["x".into()]).into();
+        assert_eq!(exit_code(&e), EXIT_USAGE);
+        let address = crate::api::client::get_body("9473", "/flows", Duration::from_secs(1));
+        let e: anyhow::Error = address.unwrap_err().into();
+        assert_eq!(exit_code(&e), EXIT_USAGE, "{e}");
+        let e: anyhow::Error = ClientError::Connect {
+            addr: "127.0.0.1:1".into(),
+            error: std::io::ErrorKind::ConnectionRefused.into(),
+        }
+        .into();
         assert_eq!(exit_code(&e), EXIT_RUNTIME);
+        assert_eq!(exit_code(&anyhow::anyhow!("attach refused")), EXIT_RUNTIME);
+    }
+
+    #[test]
+    fn client_addresses_are_checked_when_parsed_and_colon_port_is_this_host() {
+        let cli = Cli::try_parse_from(["roce-agent", "flows", "--api", ":9474"]).unwrap();
+        match cli.command {
+            Command::Flows(f) => assert_eq!(f.api, "127.0.0.1:9474"),
+            other => panic!("{other:?}"),
+        }
+        for sub in ["flows", "events", "top"] {
+            let e = Cli::try_parse_from(["roce-agent", sub, "--api", "9473"]).unwrap_err();
+            assert_eq!(e.exit_code(), i32::from(EXIT_USAGE), "{sub}: {e}");
+            assert!(e.to_string().contains("is not HOST:PORT"), "{sub}: {e}");
+        }
+    }
+
+    #[test]
+    fn run_takes_peers_and_a_log_format() {
+        let cli = Cli::try_parse_from([
+            "roce-agent",
+            "run",
+            "--iface",
+            "a",
+            "--peer",
+            "198.18.0.2",
+            "--peer",
+            "2001:db8::2",
+            "--log-format",
+            "logfmt",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Run(r) => {
+                assert_eq!(r.peer.len(), 2);
+                assert_eq!(r.log_format, Some(LogFormat::Logfmt));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["roce-agent", "run", "--peer", "host"]).is_err());
+        assert!(Cli::try_parse_from(["roce-agent", "run", "--log-format", "xml"]).is_err());
     }
 }

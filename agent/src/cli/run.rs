@@ -12,7 +12,7 @@ pub struct RunArgs {
     /// Interface to attach to (XDP ingress); repeat for more. Replaces `interfaces` of the config file
     #[arg(long = "iface", value_name = "IF")]
     pub iface: Vec<String>,
-    /// Address of the HTTP API (GET /flows, /findings, /metrics) [default: 127.0.0.1:9473, loopback only]
+    /// Address of the HTTP API (GET /flows, /findings, /metrics); :PORT is every address [default: 127.0.0.1:9473, loopback only]
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: Option<String>,
     /// TOML configuration file (see configs/*.toml); flags override it
@@ -36,7 +36,10 @@ pub struct RunArgs {
     /// The directory that stands for /sys in the host audit and the RNIC counters of GET /metrics (fixture trees)
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// Probe the path MTU (mtu_path) towards the remote end of every flow counted, each peer at most once a minute (the config's `peers` are always probed)
+    /// A host whose network path must carry the required MTU with DF set (mtu_path in GET /findings: probed at start, then once a minute; IPv4 or IPv6); repeat for more. Replaces `peers` of the config file
+    #[arg(long = "peer", value_name = "ADDR")]
+    pub peer: Vec<std::net::IpAddr>,
+    /// Probe the path MTU (mtu_path) towards the remote end of every flow counted, each peer at most once a minute (--peer and the config's `peers` are always probed)
     #[arg(long)]
     pub probe_flow_peers: bool,
     /// Sampled events (GET /events): keep 1 in N of each kind (CE, CNP, NAK, RNR NAK, PSN gap) per CPU, at most 100 per CPU per 100 ms; 0 emits none [default: the config's `events_sample`, else 1]
@@ -48,6 +51,9 @@ pub struct RunArgs {
     /// Pin nothing: the programs detach when the agent exits (trials, tests)
     #[arg(long, conflicts_with = "pin_dir")]
     pub no_pin: bool,
+    /// How the log on stderr is written: text (for people), json (a JSON object a line) or logfmt; without a timestamp in text and logfmt when stderr is the journal [default: the config's `log_format`, else text]
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<crate::config::LogFormat>,
     /// Start even when a configured interface does not exist yet, and attach to it when it appears (without it, a missing interface is an error)
     #[arg(long)]
     pub wait_for_interfaces: bool,
@@ -63,8 +69,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         vteps: args.vtep,
         ecn_propagation: args.ecn_propagation,
         mtu: args.mtu,
-        peers: Vec::new(),
+        peers: args.peer,
         events_sample: args.events_sample,
+        log_format: args.log_format,
     };
     let launch = Launch {
         config: args.config,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{EcnPropagation, HostMode};
+use super::{EcnPropagation, HostMode, LogFormat};
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +42,17 @@ pub enum ConfigError {
         field: &'static str,
         message: String,
     },
+}
+
+impl ConfigError {
+    /// The offending line with a caret under the column, when the refusal has one
+    /// (its text ends with it): log records carry it in a field of its own.
+    pub fn excerpt(&self) -> Option<&str> {
+        match self {
+            ConfigError::Parse { excerpt, .. } if !excerpt.is_empty() => Some(excerpt.as_str()),
+            _ => None,
+        }
+    }
 }
 
 fn invalid_text(origin: &Origin, field: &str, message: &str) -> String {
@@ -108,6 +119,8 @@ pub struct FileConfig {
     pub top_flows: Option<Spanned<u32>>,
     /// Sampled events: 1 in N of each kind (0: none).
     pub events_sample: Option<Spanned<u32>>,
+    /// How `run` writes its log.
+    pub log_format: Option<Spanned<LogFormat>>,
     pub qos: Option<QosFile>,
 }
 

@@ -6,7 +6,7 @@
 //! - `settings`: the defaults and limits, the flags ([`Overrides`]), and resolving
 //!   defaults, then the file, then the flags into checked [`Settings`].
 //!
-//! This file holds the two modes that the file and the flags both name.
+//! This file holds the modes that the file and the flags both name.
 //!
 //! Every key is optional; `roce-agent run --iface IF` needs no file at all. A file
 //! with an unknown key, a value of the wrong type or a value out of range is refused
@@ -14,7 +14,7 @@
 //!
 //! ```toml
 //! interfaces = ["eth1"]          # XDP attaches to each (flags: --iface, repeatable)
-//! listen = "127.0.0.1:9473"      # the JSON API (flag: --listen)
+//! listen = "127.0.0.1:9473"      # the JSON API; ":9473" is every address, port 9473 (flag: --listen)
 //! interval = 1                   # seconds between two polls of the kernel maps (flag: --interval)
 //! flows_map_size = 65536         # flows the kernel table holds (the agent evicts the least recently seen)
 //! roce_port = 4791               # UDP destination port of RoCEv2
@@ -27,6 +27,7 @@
 //! ecn_propagation = "kernel"     # outer ECN on VTEPs: "kernel" (tos inherit) | "rfc6040" (flag: --ecn-propagation)
 //! top_flows = 10                 # GET /metrics: the flows with the most problems get roce_top_flow_* series (0 to 1000)
 //! events_sample = 1              # sampled events: 1 in N of each kind per CPU, rate-limited; 0 emits none (flag: --events-sample)
+//! log_format = "text"            # the log on stderr: "text" | "json" (a JSON object a line) | "logfmt" (flag: --log-format)
 //!
 //! [qos]                          # the host DSCP policy (all keys optional)
 //! roce_dscp = 26                 # DSCP of RoCEv2 data
@@ -46,9 +47,9 @@ use serde::Deserialize;
 pub use file::{line_col, ConfigError, ConfigFile, FileConfig, Origin, QosFile};
 pub(crate) use settings::check_ifname;
 pub use settings::{
-    Overrides, Settings, DEFAULT_EVENTS_SAMPLE, DEFAULT_FLOWS_MAP_SIZE, DEFAULT_INTERVAL_SECS,
-    DEFAULT_LISTEN, DEFAULT_PMTU, DEFAULT_TOP_FLOWS, MAX_EVENTS_SAMPLE, MAX_FLOWS_MAP_SIZE,
-    MAX_INTERVAL_SECS, MAX_TOP_FLOWS, MIN_INTERVAL_SECS,
+    bind_addresses, Overrides, Settings, DEFAULT_EVENTS_SAMPLE, DEFAULT_FLOWS_MAP_SIZE,
+    DEFAULT_INTERVAL_SECS, DEFAULT_LISTEN, DEFAULT_PMTU, DEFAULT_TOP_FLOWS, MAX_EVENTS_SAMPLE,
+    MAX_FLOWS_MAP_SIZE, MAX_INTERVAL_SECS, MAX_TOP_FLOWS, MIN_INTERVAL_SECS,
 };
 
 /// What the host DSCP policy does on egress of the `--iface` interfaces.
@@ -89,6 +90,60 @@ impl EcnPropagation {
         match self {
             EcnPropagation::Kernel => ECN_KERNEL,
             EcnPropagation::Rfc6040 => ECN_RFC6040,
+        }
+    }
+}
+
+impl std::fmt::Display for HostMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HostMode::Audit => "audit",
+            HostMode::Enforce => "enforce",
+        })
+    }
+}
+
+impl std::fmt::Display for EcnPropagation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EcnPropagation::Kernel => "kernel",
+            EcnPropagation::Rfc6040 => "rfc6040",
+        })
+    }
+}
+
+/// How `run` writes its log records on stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// For people: a line a record, the fields as `key=value` after the message.
+    #[default]
+    Text,
+    /// A JSON object a line: `ts`, `level`, `target`, `msg`, then the fields.
+    Json,
+    /// A logfmt line a record: the keys of `json`, values with a space, `=` or `"`
+    /// quoted.
+    Logfmt,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_are_written_as_the_file_and_the_flags_name_them() {
+        use clap::ValueEnum as _;
+        for mode in HostMode::value_variants() {
+            let name = mode.to_string();
+            assert_eq!(HostMode::from_str(&name, false), Ok(*mode));
+            let parsed: HostMode = toml::Value::String(name).try_into().unwrap();
+            assert_eq!(parsed, *mode);
+        }
+        for ecn in EcnPropagation::value_variants() {
+            let name = ecn.to_string();
+            assert_eq!(EcnPropagation::from_str(&name, false), Ok(*ecn));
+            let parsed: EcnPropagation = toml::Value::String(name).try_into().unwrap();
+            assert_eq!(parsed, *ecn);
         }
     }
 }

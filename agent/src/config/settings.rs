@@ -11,7 +11,7 @@ use roce_common::policy::Policy;
 use toml::Spanned;
 
 use super::file::{ConfigError, ConfigFile, Origin};
-use super::{EcnPropagation, HostMode};
+use super::{EcnPropagation, HostMode, LogFormat};
 
 /// Where the JSON API listens when neither `--listen` nor `listen` says otherwise:
 /// loopback only, port 9473.
@@ -53,6 +53,8 @@ pub struct Overrides {
     pub peers: Vec<std::net::IpAddr>,
     /// `--events-sample`.
     pub events_sample: Option<u32>,
+    /// `--log-format`.
+    pub log_format: Option<LogFormat>,
 }
 
 /// The configuration the agent runs with: defaults, then the file, then the flags.
@@ -85,6 +87,8 @@ pub struct Settings {
     /// whose default (no events) is what a loader without a reader wants: `load_options`
     /// puts it in.
     pub events_sample: u32,
+    /// How `run` writes its log (read at start only).
+    pub log_format: LogFormat,
 }
 
 impl Default for Settings {
@@ -104,6 +108,7 @@ impl Default for Settings {
             policy: Policy::default(),
             top_flows: DEFAULT_TOP_FLOWS,
             events_sample: DEFAULT_EVENTS_SAMPLE,
+            log_format: LogFormat::default(),
         }
     }
 }
@@ -236,6 +241,11 @@ impl Settings {
         {
             s.events_sample = check_events_sample(*n.get_ref())
                 .map_err(|m| invalid(f.origin(n.span()), "events_sample", m))?;
+        }
+        if let Some(format) = flags.log_format {
+            s.log_format = format;
+        } else if let Some(format) = file.and_then(|f| f.values.log_format.as_ref()) {
+            s.log_format = *format.get_ref();
         }
         s.resolve_host(file, flags)?;
         s.resolve_qos(file, flags)?;
@@ -489,7 +499,7 @@ pub(crate) fn check_ifname(name: &str) -> Result<(), String> {
 }
 
 fn check_listen(addr: &str) -> Result<(), String> {
-    if addr.parse::<std::net::SocketAddr>().is_ok() {
+    if addr.parse::<std::net::SocketAddr>().is_ok() || all_addresses_port(addr).is_some() {
         return Ok(());
     }
     match addr.rsplit_once(':') {
@@ -499,8 +509,23 @@ fn check_listen(addr: &str) -> Result<(), String> {
             Ok(())
         }
         _ => Err(format!(
-            "{addr:?} is not HOST:PORT (e.g. 127.0.0.1:9473, [::1]:9473, localhost:9473)"
+            "{addr:?} is not HOST:PORT (e.g. 127.0.0.1:9473, [::1]:9473, localhost:9473, or :9473 for every address)"
         )),
+    }
+}
+
+/// The port of `:PORT`, the exporters' way of saying every address (IPv6 and IPv4).
+fn all_addresses_port(addr: &str) -> Option<u16> {
+    addr.strip_prefix(':')?.parse().ok()
+}
+
+/// What the API binds for a checked `listen` address, in the order to try: `:PORT` is
+/// `[::]:PORT` (IPv6 and, where the host maps them, IPv4), then `0.0.0.0:PORT` on a host
+/// without IPv6; any other address is itself.
+pub fn bind_addresses(listen: &str) -> Vec<String> {
+    match all_addresses_port(listen) {
+        Some(port) => vec![format!("[::]:{port}"), format!("0.0.0.0:{port}")],
+        None => vec![listen.to_string()],
     }
 }
 
@@ -728,6 +753,45 @@ mod tests {
         };
         let e = Settings::resolve(None, &flags, true).unwrap_err();
         assert_eq!(e.to_string(), "--iface: interface a is listed twice");
+    }
+
+    #[test]
+    fn colon_port_listens_on_every_address_from_the_file_and_the_flag() {
+        let s = resolve("listen = \":9473\"\n", &iface("e")).unwrap();
+        assert_eq!(s.listen, ":9473");
+        assert_eq!(bind_addresses(&s.listen), ["[::]:9473", "0.0.0.0:9473"]);
+        let flags = Overrides {
+            listen: Some(":1".into()),
+            ..iface("e")
+        };
+        assert_eq!(Settings::resolve(None, &flags, true).unwrap().listen, ":1");
+        assert_eq!(bind_addresses("127.0.0.1:9473"), ["127.0.0.1:9473"]);
+        for bad in [":", ":port", ":70000", "::9473"] {
+            let e = resolve(&format!("listen = {bad:?}\n"), &iface("e")).unwrap_err();
+            assert!(
+                e.to_string().contains(":9473 for every address"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn log_format_comes_from_the_file_and_the_flag_wins() {
+        let s = resolve("", &iface("e")).unwrap();
+        assert_eq!(s.log_format, LogFormat::Text);
+        let s = resolve("log_format = \"json\"\n", &iface("e")).unwrap();
+        assert_eq!(s.log_format, LogFormat::Json);
+        let flags = Overrides {
+            log_format: Some(LogFormat::Logfmt),
+            ..iface("e")
+        };
+        let s = resolve("log_format = \"json\"\n", &flags).unwrap();
+        assert_eq!(s.log_format, LogFormat::Logfmt);
+        let e = resolve("log_format = \"xml\"\n", &iface("e")).unwrap_err();
+        assert!(
+            e.to_string().starts_with("t.toml:1:14: log_format: "),
+            "{e}"
+        );
     }
 
     #[test]

@@ -187,13 +187,22 @@ impl Watcher {
         for f in findings.iter().filter(|f| f.severity != Severity::Info) {
             let key = (f.check.clone(), f.interface.clone(), f.found.clone());
             if !self.reported.contains(&key) {
-                tracing::warn!(check = %f.check, interface = f.interface.as_deref().unwrap_or("-"), severity = ?f.severity, found = %f.found, expected = %f.expected, fix = %f.fix, "audit finding");
+                tracing::warn!(check = %f.check, interface = f.interface.as_deref().unwrap_or("-"), severity = severity_name(f.severity), found = %f.found, expected = %f.expected, fix = %f.fix, "audit finding");
             }
         }
         for (check, interface, found) in self.reported.difference(&now) {
             tracing::info!(check = %check, interface = interface.as_deref().unwrap_or("-"), was = %found, "audit finding cleared");
         }
         self.reported = now;
+    }
+}
+
+/// A severity as `check --json` writes it.
+fn severity_name(s: Severity) -> &'static str {
+    match s {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+        Severity::Info => "info",
     }
 }
 

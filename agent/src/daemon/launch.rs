@@ -22,7 +22,12 @@ impl Launch {
     /// interface present (unless `--wait-for-interfaces`).
     pub(super) fn settings(&self) -> anyhow::Result<Settings> {
         let file = self.config.as_deref().map(ConfigFile::load).transpose()?;
-        let settings = Settings::resolve(file.as_ref(), &self.flags, true)?;
+        self.settings_of(file.as_ref())
+    }
+
+    /// [`Self::settings`] with the config file read already.
+    pub(super) fn settings_of(&self, file: Option<&ConfigFile>) -> anyhow::Result<Settings> {
+        let settings = Settings::resolve(file, &self.flags, true)?;
         let missing: Vec<String> = settings
             .interfaces
             .iter()
@@ -34,9 +39,8 @@ impl Launch {
             return Ok(settings);
         }
         // A name from the file is a configuration error: say where it is.
-        if let Some((origin, field)) = file
-            .as_ref()
-            .and_then(|f| missing.iter().find_map(|m| f.interface_origin(m)))
+        if let Some((origin, field)) =
+            file.and_then(|f| missing.iter().find_map(|m| f.interface_origin(m)))
         {
             return Err(ConfigError::Invalid {
                 origin,

@@ -7,27 +7,44 @@ use crate::config::Settings;
 use crate::datapath::attach::Attachments;
 use crate::datapath::loader;
 
-use super::{error_text, Launch};
+use super::{error_parts, error_text, Launch};
+
+/// What a SIGHUP did.
+pub(super) enum Reload {
+    /// The file was read and applied: the settings now in force.
+    Applied(Box<Settings>),
+    /// The file was refused, or failed to apply and was rolled back: the settings in
+    /// force stay (a failed reload for `roce_agent_config_*`).
+    Refused,
+    /// No `--config` was given: there is nothing to read again (no reload at all).
+    NoFile,
+}
 
 /// SIGHUP: reads the configuration again, validates all of it, and applies it in one
-/// step. A refused file changes nothing (the message names FILE:LINE:COLUMN); a file
-/// that validates but fails to apply (an attach refused) is rolled back. Returns the
-/// settings now in force when they changed.
+/// step. A refused file changes nothing (the message names FILE:LINE:COLUMN, in one
+/// record: a parse error's caret block is its `excerpt` field); a file that validates
+/// but fails to apply (an attach refused) is rolled back.
 pub(super) fn reload(
     launch: &Launch,
     current: &Settings,
     attachments: &mut Attachments,
     loaded: &mut loader::Loaded,
-) -> Option<Settings> {
+) -> Reload {
     let Some(path) = launch.config.as_deref() else {
-        tracing::warn!("SIGHUP: there is no --config file to read again; nothing changes");
-        return None;
+        tracing::info!("SIGHUP: the agent runs without --config: nothing to reload");
+        return Reload::NoFile;
     };
     let new = match launch.settings() {
         Ok(s) => s,
         Err(e) => {
-            tracing::error!(file = %path.display(), error = %error_text(&e), "SIGHUP: the configuration was refused; the one in force stays");
-            return None;
+            let (error, excerpt) = error_parts(&e);
+            tracing::error!(
+                file = %path.display(),
+                error = %error,
+                excerpt = excerpt.as_deref().map(tracing::field::display),
+                "SIGHUP: the configuration was refused; the one in force stays"
+            );
+            return Reload::Refused;
         }
     };
     for (what, changed) in [
@@ -36,6 +53,7 @@ pub(super) fn reload(
             "flows_map_size",
             new.flows_map_size != current.flows_map_size,
         ),
+        ("log_format", new.log_format != current.log_format),
     ] {
         if changed {
             tracing::warn!(
@@ -46,15 +64,20 @@ pub(super) fn reload(
     }
     match attachments.apply(loaded, &new) {
         Ok(()) => {
-            tracing::info!(file = %path.display(), interfaces = ?new.interfaces, vteps = ?new.vteps, "SIGHUP: configuration reloaded");
-            Some(new)
+            tracing::info!(
+                file = %path.display(),
+                interfaces = %new.interfaces.join(","),
+                vteps = %new.vteps.join(","),
+                "SIGHUP: configuration reloaded"
+            );
+            Reload::Applied(Box::new(new))
         }
         Err(e) => {
             tracing::error!(file = %path.display(), error = %error_text(&anyhow!(e)), "SIGHUP: applying the configuration failed; going back to the one in force");
             if let Err(back) = attachments.apply(loaded, current) {
                 tracing::error!(error = %error_text(&anyhow!(back)), "restoring the configuration in force failed");
             }
-            None
+            Reload::Refused
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::sys::netif;
 use crate::telemetry::collector::Collector;
 
 use super::launch::{load_datapath, remove_fresh_datapath, start_events};
-use super::reload::reload;
+use super::reload::{reload, Reload};
 use super::{error_text, Launch};
 
 /// How long a shutdown waits for open API connections.
@@ -28,9 +28,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
     let mut sighup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
 
     // Claim the API address before attaching anything, so a busy port changes nothing.
-    let listener = tokio::net::TcpListener::bind(&settings.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let listener = bind(&settings.listen).await?;
     let local = listener
         .local_addr()
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -125,7 +123,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
             })
             .await
     });
-    tracing::info!(listen = %local, interval = ?settings.interval, required_mtu = settings.required_mtu(), "serving GET /flows, GET /findings and GET /metrics");
+    tracing::info!(listen = %local, interval_s = settings.interval.as_secs_f64(), required_mtu = settings.required_mtu(), "serving GET /flows, GET /findings and GET /metrics");
 
     let mut ticker = new_ticker(settings.interval).await;
     // Link changes wake the loop at once; the interval check catches what they miss.
@@ -171,8 +169,13 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
                 let reloaded = tokio::task::block_in_place(|| {
                     reload(&launch, &settings, &mut attachments, collector.loaded_mut())
                 });
-                reloads.record(reloaded.is_some());
-                if let Some(new) = reloaded {
+                match &reloaded {
+                    Reload::Applied(_) => reloads.record(true),
+                    Reload::Refused => reloads.record(false),
+                    // Nothing was asked of a file: neither a success nor a failure.
+                    Reload::NoFile => {}
+                }
+                if let Reload::Applied(new) = reloaded {
                     if new.interval != settings.interval {
                         ticker = new_ticker(new.interval).await;
                     }
@@ -185,7 +188,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
                     ));
                     events_sample.store(new.events_sample, std::sync::atomic::Ordering::Relaxed);
                     exporter.set_interfaces(new.tc_interfaces());
-                    settings = new;
+                    settings = *new;
                 }
             }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
@@ -200,7 +203,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
         Some(dir) => {
             tracing::info!(pin_dir = %dir.display(), "the pinned datapath keeps classifying and enforcing; `roce-agent detach` removes it")
         }
-        None => tracing::info!(interfaces = ?settings.interfaces, "detached"),
+        None => tracing::info!(interfaces = %settings.interfaces.join(","), "detached"),
     }
     match server_done {
         Some(Ok(Ok(()))) => Err(anyhow!("the API server stopped unexpectedly")),
@@ -236,6 +239,27 @@ fn follow_interfaces(
             tracing::warn!(error = %error_text(&anyhow!(e)), left_out, "attaching to an interface that changed failed; trying again at the next check");
         }
     }
+}
+
+/// The API's listener on `listen` (`:PORT`: every address, IPv6 and IPv4, or IPv4's
+/// alone on a host without IPv6).
+async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let mut failure = None;
+    for addr in crate::config::bind_addresses(listen) {
+        match tokio::net::TcpListener::bind(&addr).await {
+            Ok(l) => return Ok(l),
+            // No IPv6 here: the next address is IPv4's.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrNotAvailable
+                    || e.raw_os_error() == Some(libc::EAFNOSUPPORT) =>
+            {
+                failure = Some(e)
+            }
+            Err(e) => return Err(anyhow!(e).context(format!("cannot listen on {listen}"))),
+        }
+    }
+    let e = failure.unwrap_or_else(|| std::io::Error::other("no address to bind"));
+    Err(anyhow!(e).context(format!("cannot listen on {listen}")))
 }
 
 /// An interval ticker whose first (immediate) tick is already taken.

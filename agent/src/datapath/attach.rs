@@ -219,12 +219,17 @@ impl Attachments {
             if q.vtep != 0 {
                 t.attach(loaded, TC_INGRESS, TcAttachType::Ingress, self.how)?;
             }
+            let mode = if q.host != 0 {
+                settings.mode.to_string()
+            } else {
+                "-".into()
+            };
             tracing::info!(
                 interface = %ifname,
-                mode = if q.host != 0 { format!("{:?}", settings.mode).to_lowercase() } else { "-".into() },
+                mode = %mode,
                 vtep = q.vtep != 0,
-                ecn_propagation = ?settings.ecn_propagation,
-                mechanism = if t.tcx { "tcx" } else { "clsact" },
+                ecn_propagation = %settings.ecn_propagation,
+                mechanism = %if t.tcx { "tcx" } else { "clsact" },
                 "tc QoS programs attached"
             );
             self.tc.insert(ifname.clone(), (index, t));

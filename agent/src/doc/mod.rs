@@ -103,7 +103,11 @@ pub struct Flow {
     pub inner_family: Option<Family>,
     pub inner_src: Option<IpAddr>,
     pub inner_dst: Option<IpAddr>,
-    /// BTH destination QP.
+    /// BTH destination QP. The JSON carries it twice: `dest_qp`, the number, then
+    /// (added) `dest_qp_hex`, the same number as people, tshark and perftest write QPs
+    /// (`"0x1234"`). Reading takes `dest_qp` and does without `dest_qp_hex` (an older
+    /// agent's document has none).
+    #[serde(flatten, with = "dest_qp_json")]
     pub dest_qp: u32,
     pub packets: u64,
     /// Frame bytes from the Ethernet header on, no FCS.
@@ -124,17 +128,46 @@ pub struct Flow {
     pub psn_split: bool,
     /// Outer DSCP of the last packet.
     pub last_dscp: u8,
-    /// Added: when the flow's first and last packets were counted, in ns of the
-    /// clock that counted them (the kernel's monotonic clock live; capture time in
-    /// `analyze`).
+    /// Added: when the flow's first packet was counted, in ns since the Unix epoch
+    /// (1970-01-01 UTC), live and in `analyze` alike. Live, the kernel stamps flows
+    /// with its coarse monotonic clock (one tick, 1 to 10 ms, of resolution) and the
+    /// collector turns that into wall-clock time at each poll (adding the wall clock
+    /// minus the monotonic clock at that moment: a step of the wall clock moves
+    /// every flow's times with it). In `analyze`, the capture's own timestamps. 0:
+    /// unknown (an older agent's document).
     #[serde(default)]
     pub first_seen_ns: u64,
+    /// Added: when the flow's last packet was counted, on the clock of `first_seen_ns`.
     #[serde(default)]
     pub last_seen_ns: u64,
     /// Added: rates over the last collector interval; null in `analyze` and for a flow
     /// the collector sees for the first time.
     #[serde(default)]
     pub rates: Option<Rates>,
+}
+
+/// `Flow::dest_qp` in JSON: `"dest_qp": 4660, "dest_qp_hex": "0x1234"` written as
+/// two entries of the flow's object (the field is flattened), `dest_qp` read back.
+/// For any record with a `dest_qp`: `#[serde(flatten, with = "crate::doc::dest_qp_json")]`.
+pub(crate) mod dest_qp_json {
+    use serde::ser::SerializeMap as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(qp: &u32, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("dest_qp", qp)?;
+        // Written straight into the output: no string made per flow.
+        map.serialize_entry("dest_qp_hex", &format_args!("{qp:#x}"))?;
+        map.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        #[derive(Deserialize)]
+        struct Qp {
+            dest_qp: u32,
+        }
+        Qp::deserialize(d).map(|q| q.dest_qp)
+    }
 }
 
 /// A flow's rates over the last collector interval (live only).
@@ -531,6 +564,7 @@ mod tests {
         assert!(f["inner_dst"].is_null());
         assert!(f["inner_ecn"].is_null());
         assert_eq!(f["dest_qp"], 4660);
+        assert_eq!(f["dest_qp_hex"], "0x1234");
         assert_eq!(f["packets"], 10);
         assert_eq!(f["bytes"], 12840);
         assert_eq!(
@@ -723,6 +757,64 @@ mod tests {
         let d: Document = serde_json::from_str(minimal).unwrap();
         assert_eq!(d.flows[0].dest_qp, 3);
         assert_eq!(d.counters.flows_created, 0);
+    }
+
+    #[test]
+    fn the_qp_is_written_in_hex_right_after_the_number_and_read_without_it() {
+        let key = plain_key([198, 18, 0, 1], [198, 18, 0, 2], 0x00ab_cdef, 2);
+        let doc = Document::build(vec![(key, stats(3))], &[], Some(&names));
+        let text = serde_json::to_string(&doc).unwrap();
+        assert!(
+            text.contains(r#""dest_qp":11259375,"dest_qp_hex":"0xabcdef","packets":3,"#),
+            "{text}"
+        );
+        let back: Document = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, doc);
+
+        // An older agent's flow: no `dest_qp_hex`, nor any other added field.
+        let old = r#"{"ifname":"eth1","direction":"ingress","family":"ipv4",
+            "src":"198.18.0.1","dst":"198.18.0.2","sport":1,"vni":null,"inner_family":null,
+            "inner_src":null,"inner_dst":null,"dest_qp":4660,"packets":1,"bytes":60,
+            "ecn":{"not_ect":1,"ect1":0,"ect0":0,"ce":0},"inner_ecn":null,"cnps":0,"acks":0,
+            "naks":0,"rnr_naks":0,"psn_gaps":0,"last_dscp":0}"#;
+        let f: Flow = serde_json::from_str(old).unwrap();
+        assert_eq!(f.dest_qp, 0x1234);
+        assert_eq!((f.first_seen_ns, f.last_seen_ns, f.rates), (0, 0, None));
+        // Written again, it gains the hex.
+        let v = serde_json::to_value(&f).unwrap();
+        assert_eq!(v["dest_qp_hex"], "0x1234");
+        // `dest_qp` is the number that counts; a flow without it is refused.
+        let wrong = old.replace(r#""dest_qp":4660"#, r#""dest_qp":4660,"dest_qp_hex":"0x1""#);
+        assert_eq!(
+            serde_json::from_str::<Flow>(&wrong).unwrap().dest_qp,
+            0x1234
+        );
+        let none = old.replace(r#""dest_qp":4660,"#, r#""dest_qp_hex":"0x1234","#);
+        let err = serde_json::from_str::<Flow>(&none).unwrap_err().to_string();
+        assert!(err.contains("dest_qp"), "{err}");
+    }
+
+    #[test]
+    fn a_flow_inside_another_record_keeps_its_hex_qp() {
+        // `analyze --json` flattens the flow into its own record.
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Wrapped {
+            #[serde(flatten)]
+            flow: Flow,
+            extra: u64,
+        }
+        let key = plain_key([198, 18, 0, 1], [198, 18, 0, 2], 0x1e, 2);
+        let w = Wrapped {
+            flow: Flow::from_entry(&key, &stats(2), None),
+            extra: 7,
+        };
+        let text = serde_json::to_string(&w).unwrap();
+        assert!(
+            text.contains(r#""dest_qp":30,"dest_qp_hex":"0x1e","packets":2"#),
+            "{text}"
+        );
+        assert!(text.ends_with(r#""rates":null,"extra":7}"#), "{text}");
+        assert_eq!(serde_json::from_str::<Wrapped>(&text).unwrap(), w);
     }
 
     #[test]

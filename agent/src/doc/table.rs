@@ -1,6 +1,11 @@
 //! The human view of a flow [`Document`]: one line per flow, the most congested
 //! (highest share of CE-marked packets) first, then the busiest; and a summary of
 //! the classifier's counters.
+//!
+//! How a person reads numbers here and in every other human view (`top`, `events`):
+//! QPs in hex (`0x1234`), as tshark and perftest print them; sizes and rates with SI
+//! prefixes, k = 1000 (`15.9k` bytes, as `1.65M` bits/s), which the byte column's
+//! title says.
 
 use std::fmt::Write as _;
 
@@ -13,7 +18,7 @@ const HEADERS: [&str; 13] = [
     "inner",
     "qp",
     "pkts",
-    "bytes",
+    BYTES_TITLE,
     "CE",
     "CE%",
     "CNPs",
@@ -21,6 +26,9 @@ const HEADERS: [&str; 13] = [
     "gaps",
     "dscp",
 ];
+
+/// The byte column's title, which says what its prefixes mean.
+pub const BYTES_TITLE: &str = "bytes(k=1000)";
 
 /// Columns that hold numbers are right-aligned.
 const RIGHT: [bool; 13] = [
@@ -89,7 +97,7 @@ fn row(f: &Flow) -> [String; 13] {
         format!("{}→{}", f.src, f.dst),
         f.vni.map_or_else(|| "-".to_string(), |v| v.to_string()),
         inner,
-        // Hex, as the findings, tshark and perftest print QP numbers.
+        // Hex, as the findings, `top`, `events`, tshark and perftest print QPs.
         format!("{:#x}", f.dest_qp),
         f.packets.to_string(),
         human_bytes(f.bytes),
@@ -102,22 +110,24 @@ fn row(f: &Flow) -> [String; 13] {
     ]
 }
 
-/// `12840` -> `12.5K`: binary units, one decimal below 100 of a unit.
+/// A size in bytes with an SI prefix (k = 1000, as the rates): exact below 1000, then
+/// one decimal below 100 of a unit: `370`, `12840` -> `12.8k`, `500000000` -> `500M`.
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["K", "M", "G", "T", "P", "E"];
-    if n < 1024 {
+    const PREFIXES: [&str; 6] = ["k", "M", "G", "T", "P", "E"];
+    if n < 1000 {
         return n.to_string();
     }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
+    let mut v = n as f64 / 1000.0;
+    let mut prefix = 0;
+    // 999.5k would print as 1000k: it is 1.0M.
+    while v >= 999.5 && prefix + 1 < PREFIXES.len() {
+        v /= 1000.0;
+        prefix += 1;
     }
-    if v < 100.0 {
-        format!("{v:.1}{}", UNITS[unit])
+    if v < 99.95 {
+        format!("{v:.1}{}", PREFIXES[prefix])
     } else {
-        format!("{v:.0}{}", UNITS[unit])
+        format!("{v:.0}{}", PREFIXES[prefix])
     }
 }
 
@@ -222,7 +232,8 @@ mod tests {
         assert!(lines[1].contains("2/3/4"), "ACK/NAK/RNR column: {text}");
         assert!(lines[1].contains("eth1/in"));
         assert!(lines[1].contains("198.18.0.4→198.18.0.2"));
-        assert!(lines[3].contains("4.9K"), "{text}");
+        assert!(lines[3].contains("5.0k"), "{text}");
+        assert!(lines[0].contains("  bytes(k=1000)  "), "{text}");
         assert!(lines[5].starts_with("flows 4; frames: roce 0"), "{text}");
     }
 
@@ -270,9 +281,33 @@ mod tests {
     #[test]
     fn human_bytes_units() {
         assert_eq!(human_bytes(0), "0");
-        assert_eq!(human_bytes(1023), "1023");
-        assert_eq!(human_bytes(12840), "12.5K");
-        assert_eq!(human_bytes(500 * 1024 * 1024), "500M");
-        assert_eq!(human_bytes(u64::MAX), "16.0E");
+        assert_eq!(human_bytes(999), "999");
+        assert_eq!(human_bytes(1000), "1.0k");
+        assert_eq!(human_bytes(12840), "12.8k");
+        assert_eq!(human_bytes(15910), "15.9k");
+        assert_eq!(human_bytes(99_949), "99.9k");
+        assert_eq!(human_bytes(99_950), "100k");
+        assert_eq!(human_bytes(999_499), "999k");
+        assert_eq!(human_bytes(999_500), "1.0M");
+        assert_eq!(human_bytes(500_000_000), "500M");
+        assert_eq!(human_bytes(u64::MAX), "18.4E");
+    }
+
+    #[test]
+    fn sizes_are_si_like_the_rates_and_the_title_says_so() {
+        let doc = Document {
+            flows: vec![flow("198.18.0.1", 0x1e, 15910, 0, 15)],
+            counters: Counters::default(),
+        };
+        let text = render(&doc);
+        let lines: Vec<&str> = text.lines().collect();
+        let header: Vec<&str> = lines[0].split_whitespace().collect();
+        let row: Vec<&str> = lines[1].split_whitespace().collect();
+        let at = header
+            .iter()
+            .position(|h| *h == "bytes(k=1000)")
+            .expect("the byte column");
+        assert_eq!(row[at], "15.9k", "{text}");
+        assert_eq!(row[4], "0x1e", "QP in hex: {text}");
     }
 }

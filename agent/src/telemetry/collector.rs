@@ -1,12 +1,14 @@
 //! Reading the kernel's maps into the flows document ([`LiveDocument`]): the flow
 //! table (FLOW_SLOTS, read as memory a mapped window at a time; then the table's upkeep, see
 //! `flow_table`) and STATS (CPUs summed), with interface indexes turned into names,
-//! and each flow's rates since the previous poll.
+//! the kernel's monotonic first/last-seen times turned into Unix-epoch times, and
+//! each flow's rates since the previous poll.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::datapath::loader::{LoadError, Loaded};
+use crate::doc::event::monotonic_to_unix_offset_ns;
 use crate::sys::netif;
 use crate::telemetry::live::{Builder, LiveDocument};
 
@@ -46,7 +48,10 @@ impl Collector {
         let expected = self.previous.as_ref().map_or(0, |(d, _)| d.len());
         // Names are looked up once per interface per poll: interfaces come, go and
         // get renamed.
-        let mut builder = Builder::new(expected + expected / 16, netif::name_of);
+        // The clocks are compared once a poll: a step of the wall clock (NTP) shows
+        // at the next one.
+        let mut builder = Builder::new(expected + expected / 16, netif::name_of)
+            .unix_offset_ns(monotonic_to_unix_offset_ns());
         let entries = self
             .loaded
             .for_each_flow(|key, stats| builder.add(key, stats))?;

@@ -1,7 +1,8 @@
 //! The drawing: one frame of a [`TopState`] on any ratatui backend, in three parts —
-//! the header (the agent's status, frame counters, rate totals, the audit), the flow
-//! table (columns left out on a narrow terminal) and the footer (keys, order, rows
-//! shown). Reads the state, never changes it.
+//! the header (the agent's status, frame counters and the flows the filter lets
+//! through, rate totals, the audit), the flow table (columns left out on a narrow
+//! terminal) and the footer (keys or the filter prompt, filter, order, rows shown).
+//! Reads the state, never changes it.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -124,12 +125,21 @@ fn header_lines(state: &TopState) -> Vec<Line<'static>> {
     let counters = match state.document() {
         Some(doc) => {
             let c = &doc.counters;
+            let flows = if filtering(state) {
+                format!(
+                    "{} of {} flows match filter \"{}\"",
+                    state.row_count(),
+                    doc.flows.len(),
+                    printable(state.filter())
+                )
+            } else {
+                format!("flows {}", doc.flows.len())
+            };
             format!(
-                "frames: roce {}, roce_in_vxlan {}, parse errors {}; flows {}",
+                "frames: roce {}, roce_in_vxlan {}, parse errors {}; {flows}",
                 c.roce,
                 c.roce_in_vxlan,
                 c.parse_errors_total(),
-                doc.flows.len()
             )
         }
         None => "frames: -".to_string(),
@@ -172,6 +182,11 @@ fn header_lines(state: &TopState) -> Vec<Line<'static>> {
     };
 
     vec![status, Line::from(counters), Line::from(rates), audit]
+}
+
+/// Whether a filter leaves rows out (a blank one lets every flow through).
+fn filtering(state: &TopState) -> bool {
+    !state.filter().trim().is_empty()
 }
 
 /// Sums of the rates over the flows that have them; None when none has.
@@ -231,6 +246,7 @@ fn draw_table(frame: &mut Frame, area: Rect, state: &TopState) {
 
     if cells.is_empty() && area.height > 1 {
         let note = match (state.document(), state.error()) {
+            (Some(_), _) if state.flow_count() > 0 => "no flow matches the filter",
             (Some(_), _) => "no RoCE flows seen",
             (None, Some(_)) => "no answer from the agent yet",
             (None, None) => "waiting for the agent...",
@@ -315,8 +331,9 @@ fn cells(f: &Flow) -> [String; 17] {
     ]
 }
 
-/// The keys on the left; on the right, the order and which rows are shown (kept
-/// whole on a narrow terminal, where the keys are cut instead).
+/// The keys on the left, or the filter prompt while it is open; on the right, the
+/// filter in force, the order and which rows are shown (kept whole on a narrow
+/// terminal, where the keys are cut instead).
 fn draw_footer(frame: &mut Frame, area: Rect, state: &TopState) {
     let (key, reverse) = state.sort();
     let arrow = if reverse { '▲' } else { '▼' };
@@ -328,23 +345,42 @@ fn draw_footer(frame: &mut Frame, area: Rect, state: &TopState) {
         let last = (first - 1 + state.page()).min(n);
         format!("flows {first}-{last} of {n}")
     };
-    let status = format!("sort: {}{arrow}  {position}", key.label());
+    let mut status = format!("sort: {}{arrow}  {position}", key.label());
+    if filtering(state) && !state.filter_prompt_open() {
+        status = format!("filter \"{}\"  {status}", printable(state.filter()));
+    }
     let bold = Style::default().add_modifier(Modifier::BOLD);
     let mut keys = Vec::new();
-    for (k, what) in [
-        ("q", "quit"),
-        ("p", "problems"),
-        ("c", "CE%"),
-        ("n", "CNPs/s"),
-        ("b", "bits/s"),
-        ("r", "reverse"),
-        ("↑↓ PgUp PgDn Home End", "scroll"),
-    ] {
-        if !keys.is_empty() {
-            keys.push(Span::raw("  "));
+    if state.filter_prompt_open() {
+        keys.push(Span::styled("filter: ", bold));
+        keys.push(Span::raw(printable(state.filter())));
+        // The cursor: where the next character goes.
+        keys.push(Span::styled(
+            " ",
+            Style::default().add_modifier(Modifier::REVERSED),
+        ));
+        keys.push(Span::raw("  "));
+        for (k, what) in [("Enter", "keep"), ("Esc", "clear")] {
+            keys.push(Span::styled(k, bold));
+            keys.push(Span::raw(format!(" {what}  ")));
         }
-        keys.push(Span::styled(k, bold));
-        keys.push(Span::raw(format!(" {what}")));
+    } else {
+        for (k, what) in [
+            ("q", "quit"),
+            ("p", "problems"),
+            ("c", "CE%"),
+            ("n", "CNPs/s"),
+            ("b", "bits/s"),
+            ("r", "reverse"),
+            ("/", "filter"),
+            ("↑↓ PgUp PgDn Home End", "scroll"),
+        ] {
+            if !keys.is_empty() {
+                keys.push(Span::raw("  "));
+            }
+            keys.push(Span::styled(k, bold));
+            keys.push(Span::raw(format!(" {what}")));
+        }
     }
     let [left, right] = Layout::horizontal([
         Constraint::Min(0),
@@ -405,11 +441,13 @@ mod tests {
             .collect()
     }
 
-    /// The QP column of each table row on the screen (the header line is row 4).
+    /// The QP column of each table row on the screen (the header line is row 4; a
+    /// flow row has an arrow between its addresses, the footer none).
     fn screen_qps(lines: &[String]) -> Vec<String> {
         lines
             .iter()
             .skip(5)
+            .filter(|l| l.contains('→'))
             .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("0x")))
             .map(String::from)
             .collect()
@@ -613,6 +651,65 @@ mod tests {
         for (w, h) in [(1, 1), (10, 2), (200, 3), (0, 0)] {
             screen(&mut s, w, h);
         }
+    }
+
+    #[test]
+    fn the_filter_prompt_the_filtered_rows_and_their_count_are_drawn() {
+        let mut s = state_with(document());
+        s.apply(Command::FilterOpen);
+        let lines = screen(&mut s, 200, 14);
+        let all = lines.join("\n");
+        let footer = lines.last().unwrap();
+        assert!(footer.starts_with("filter:"), "{all}");
+        assert!(footer.contains("Enter keep  Esc clear"), "{all}");
+        // An empty filter lets every flow through and says nothing of it.
+        assert!(lines[1].ends_with("; flows 4"), "{all}");
+        for c in "0x2".chars() {
+            s.apply(Command::FilterPush(c));
+        }
+        let lines = screen(&mut s, 200, 14);
+        let all = lines.join("\n");
+        assert_eq!(
+            lines[1],
+            "frames: roce 2100, roce_in_vxlan 1000, parse errors 7; 1 of 4 flows match filter \"0x2\"",
+            "{all}"
+        );
+        assert_eq!(screen_qps(&lines), vec!["0x20"], "{all}");
+        let footer = lines.last().unwrap();
+        assert!(footer.starts_with("filter: 0x2"), "{all}");
+        assert!(footer.ends_with("sort: problems▼  flows 1-1 of 1"), "{all}");
+
+        // Kept: the keys are back, the filter stays in the header and the footer.
+        s.apply(Command::FilterKeep);
+        let lines = screen(&mut s, 200, 14);
+        let all = lines.join("\n");
+        let footer = lines.last().unwrap();
+        assert!(footer.contains("/ filter"), "{all}");
+        assert!(
+            footer.ends_with("filter \"0x2\"  sort: problems▼  flows 1-1 of 1"),
+            "{all}"
+        );
+        assert!(
+            lines[1].ends_with("1 of 4 flows match filter \"0x2\""),
+            "{all}"
+        );
+
+        // A filter nothing matches says so, not that there are no flows.
+        s.apply(Command::FilterOpen);
+        s.apply(Command::FilterPush('z'));
+        let lines = screen(&mut s, 200, 14);
+        assert!(lines[5].contains("no flow matches the filter"), "{lines:?}");
+        assert!(
+            lines[1].ends_with("0 of 4 flows match filter \"0x2z\""),
+            "{lines:?}"
+        );
+
+        // Cleared: every flow, and the plain count.
+        s.apply(Command::FilterClear);
+        let lines = screen(&mut s, 200, 14);
+        assert!(lines[1].ends_with("; flows 4"), "{lines:?}");
+        assert_eq!(screen_qps(&lines).len(), 4, "{lines:?}");
+        assert!(lines.last().unwrap().starts_with("q quit"), "{lines:?}");
     }
 
     #[test]

@@ -13,13 +13,16 @@ use super::state::{Command, SortKey};
 pub enum Action {
     /// Nothing: a key without a meaning, or a release.
     Continue,
-    /// Change the order or the scroll position.
+    /// Change the order, the filter or the scroll position.
     Apply(Command),
     Quit,
 }
 
 /// What one key asks; only presses count (terminals that report releases send both).
-pub fn action(key: KeyEvent) -> Action {
+/// While the filter prompt is open (`prompt_open`), characters are typed into the
+/// filter, Backspace deletes, Enter keeps the filter and Esc clears it; the keys
+/// that type nothing still scroll, and Ctrl-C still quits.
+pub fn action(key: KeyEvent, prompt_open: bool) -> Action {
     if key.kind != KeyEventKind::Press {
         return Action::Continue;
     }
@@ -29,8 +32,28 @@ pub fn action(key: KeyEvent) -> Action {
             _ => Action::Continue,
         };
     }
+    if prompt_open {
+        let command = match key.code {
+            // Alt with a key is no text.
+            KeyCode::Char(c) if !key.modifiers.contains(KeyModifiers::ALT) => {
+                Command::FilterPush(c)
+            }
+            KeyCode::Backspace => Command::FilterPop,
+            KeyCode::Enter => Command::FilterKeep,
+            KeyCode::Esc => Command::FilterClear,
+            KeyCode::Up => Command::Up,
+            KeyCode::Down => Command::Down,
+            KeyCode::PageUp => Command::PageUp,
+            KeyCode::PageDown => Command::PageDown,
+            KeyCode::Home => Command::First,
+            KeyCode::End => Command::Last,
+            _ => return Action::Continue,
+        };
+        return Action::Apply(command);
+    }
     let command = match key.code {
         KeyCode::Char('q') | KeyCode::Esc => return Action::Quit,
+        KeyCode::Char('/') => Command::FilterOpen,
         KeyCode::Char('p') => Command::SortBy(SortKey::Problems),
         KeyCode::Char('c') => Command::SortBy(SortKey::CeRatio),
         KeyCode::Char('n') => Command::SortBy(SortKey::CnpRate),
@@ -94,7 +117,12 @@ mod tests {
     use super::*;
 
     fn press(code: KeyCode) -> Action {
-        action(KeyEvent::new(code, KeyModifiers::NONE))
+        action(KeyEvent::new(code, KeyModifiers::NONE), false)
+    }
+
+    /// A key pressed while the filter prompt is open.
+    fn typed(code: KeyCode, modifiers: KeyModifiers) -> Action {
+        action(KeyEvent::new(code, modifiers), true)
     }
 
     #[test]
@@ -102,19 +130,19 @@ mod tests {
         assert_eq!(press(KeyCode::Char('q')), Action::Quit);
         assert_eq!(press(KeyCode::Esc), Action::Quit);
         let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
-        assert_eq!(action(ctrl_c), Action::Quit);
+        assert_eq!(action(ctrl_c, false), Action::Quit);
         assert_eq!(press(KeyCode::Char('x')), Action::Continue);
         let mut release = KeyEvent::new(KeyCode::Char('q'), KeyModifiers::NONE);
         release.kind = KeyEventKind::Release;
-        assert_eq!(action(release), Action::Continue);
+        assert_eq!(action(release, false), Action::Continue);
     }
 
     #[test]
     fn ctrl_c_is_not_c() {
         let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
-        assert_ne!(action(ctrl_c), press(KeyCode::Char('c')));
+        assert_ne!(action(ctrl_c, false), press(KeyCode::Char('c')));
         let ctrl_r = KeyEvent::new(KeyCode::Char('r'), KeyModifiers::CONTROL);
-        assert_eq!(action(ctrl_r), Action::Continue);
+        assert_eq!(action(ctrl_r, false), Action::Continue);
     }
 
     #[test]
@@ -136,8 +164,43 @@ mod tests {
             (KeyCode::Char('g'), First),
             (KeyCode::End, Last),
             (KeyCode::Char('G'), Last),
+            (KeyCode::Char('/'), FilterOpen),
         ] {
             assert_eq!(press(code), Action::Apply(command), "{code:?}");
         }
+    }
+
+    #[test]
+    fn the_open_prompt_takes_text_and_enter_keeps_esc_clears() {
+        use Command::*;
+        let none = KeyModifiers::NONE;
+        // The letters that are commands outside the prompt are text in it.
+        for c in ['q', 'p', 'r', '/', 'G', '0', '.', ':'] {
+            assert_eq!(typed(KeyCode::Char(c), none), Action::Apply(FilterPush(c)));
+        }
+        assert_eq!(
+            typed(KeyCode::Char('A'), KeyModifiers::SHIFT),
+            Action::Apply(FilterPush('A'))
+        );
+        assert_eq!(typed(KeyCode::Backspace, none), Action::Apply(FilterPop));
+        assert_eq!(typed(KeyCode::Enter, none), Action::Apply(FilterKeep));
+        assert_eq!(typed(KeyCode::Esc, none), Action::Apply(FilterClear));
+        // Keys that type nothing still scroll; Ctrl-C still quits.
+        assert_eq!(typed(KeyCode::Down, none), Action::Apply(Down));
+        assert_eq!(typed(KeyCode::PageUp, none), Action::Apply(PageUp));
+        assert_eq!(typed(KeyCode::End, none), Action::Apply(Last));
+        assert_eq!(
+            typed(KeyCode::Char('c'), KeyModifiers::CONTROL),
+            Action::Quit
+        );
+        assert_eq!(
+            typed(KeyCode::Char('x'), KeyModifiers::ALT),
+            Action::Continue
+        );
+        assert_eq!(typed(KeyCode::Tab, none), Action::Continue);
+        // Outside the prompt, Enter and Backspace mean nothing and Esc quits.
+        assert_eq!(press(KeyCode::Enter), Action::Continue);
+        assert_eq!(press(KeyCode::Backspace), Action::Continue);
+        assert_eq!(press(KeyCode::Esc), Action::Quit);
     }
 }

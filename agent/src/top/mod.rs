@@ -10,7 +10,7 @@
 //! - [`terminal`]: raw mode and the alternate screen taken and given back, and the
 //!   signals that stop the view;
 //! - [`text`]: how numbers, times and network text are written;
-//! - this file: the command's options and [`top`], the loop that ties them: answers
+//! - this file: [`top`], the loop that ties them: answers
 //!   into the state, a frame drawn, keys read, until `q`, a signal or a hang-up.
 
 pub mod draw;
@@ -29,8 +29,6 @@ use crossterm::event::{self, Event};
 use ratatui::backend::CrosstermBackend;
 use ratatui::Terminal;
 
-use crate::config::DEFAULT_LISTEN;
-
 use fetch::Snapshot;
 use input::{Action, Keyboard};
 use state::TopState;
@@ -38,63 +36,15 @@ use terminal::{stop_on_signals, stop_requested, TerminalGuard};
 
 /// How often the view looks for keys, answers and signals.
 const TICK: Duration = Duration::from_millis(100);
-/// Shortest and longest refresh interval accepted.
-const MIN_INTERVAL_S: f64 = 0.1;
-const MAX_INTERVAL_S: f64 = 3600.0;
-
-/// The text after `roce-agent top --help`'s options.
-pub const AFTER_HELP: &str = "Examples:\n  \
-    roce-agent top\n  \
-    roce-agent top --api 127.0.0.1:9473 --interval 2\n\n\
-    Keys:\n  \
-    p            sort by problems: CE + CNPs + NAKs + RNR NAKs + PSN gaps (default)\n  \
-    c            sort by CE ratio\n  \
-    n            sort by CNPs/s\n  \
-    b            sort by bits/s\n  \
-    r            reverse the order\n  \
-    Up/Down      scroll one line (also k/j)\n  \
-    PgUp/PgDn    scroll one page\n  \
-    Home/End     first/last flow (also g/G)\n  \
-    q, Esc, Ctrl-C  quit\n\n\
-    Every sort looks at the rates over the agent's last interval first and then at the \
-    totals since the flow was first seen, so flows with problems now come first. A rate \
-    the agent has not computed (yet) shows as \"-\". When the agent stops answering, the \
-    header says so and the last answer stays on screen; the view keeps trying.\n\n\
-    Exit status: 0 on quit, 1 when stdout is not a terminal or the terminal fails.";
-
-/// `roce-agent top`'s options.
-#[derive(Debug, clap::Args)]
-pub struct TopArgs {
-    /// Address of the running agent's API (its --listen)
-    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN)]
-    pub api: String,
-    /// Seconds between two refreshes
-    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = parse_interval)]
-    pub interval: f64,
-}
-
-fn parse_interval(s: &str) -> Result<f64, String> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if (MIN_INTERVAL_S..=MAX_INTERVAL_S).contains(&secs) {
-        Ok(secs)
-    } else {
-        Err(format!(
-            "the interval must be between {MIN_INTERVAL_S} and {MAX_INTERVAL_S} seconds"
-        ))
-    }
-}
-
-/// `roce-agent top`.
-pub fn top(args: TopArgs) -> anyhow::Result<()> {
+/// Runs the view of the agent at `api` (`HOST:PORT`), asking it every `interval`,
+/// until `q`, a signal or a hang-up.
+pub fn top(api: String, interval: Duration) -> anyhow::Result<()> {
     if !std::io::stdout().is_terminal() {
         bail!("top draws on a terminal and stdout is not one; `roce-agent flows` prints the table once");
     }
-    let interval = Duration::from_secs_f64(args.interval);
     let (tx, answers) = mpsc::channel();
-    fetch::spawn_fetcher(args.api.clone(), interval, tx).context("starting the fetch thread")?;
-    let mut state = TopState::new(args.api, interval);
+    fetch::spawn_fetcher(api.clone(), interval, tx).context("starting the fetch thread")?;
+    let mut state = TopState::new(api, interval);
     stop_on_signals();
 
     let keyboard = Keyboard::open().context("opening the terminal for keys")?;
@@ -137,7 +87,7 @@ fn view_loop(
                 break;
             }
             if let Event::Key(key) = event::read().context("reading the terminal")? {
-                match input::action(key) {
+                match input::action(key, state.filter_prompt_open()) {
                     Action::Quit => return Ok(()),
                     Action::Apply(command) => state.apply(command),
                     Action::Continue => {}
@@ -159,15 +109,6 @@ mod tests {
     use super::*;
     use crate::doc::finding::{Finding, Findings, Severity};
     use crate::doc::{Counters, Direction, Document, Ecn, Family, Flow, Rates};
-
-    #[test]
-    fn interval_must_be_sane() {
-        assert_eq!(parse_interval("0.5"), Ok(0.5));
-        assert!(parse_interval("0").is_err());
-        assert!(parse_interval("-1").is_err());
-        assert!(parse_interval("NaN").is_err());
-        assert!(parse_interval("soon").is_err());
-    }
 
     pub(super) fn flow(src: &str, qp: u32) -> Flow {
         Flow {

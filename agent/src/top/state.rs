@@ -1,6 +1,7 @@
 //! The view's model, [`TopState`]: the agent's last answers in (a [`Snapshot`]),
-//! [`Command`]s from the user in, sorted rows and the scroll position out. Pure: no
-//! terminal, no network, no clock, so every rule of the order is tested here.
+//! [`Command`]s from the user in, the rows the filter lets through, sorted, and the
+//! scroll position out. Pure: no terminal, no network, no clock, so every rule of the
+//! order and of the filter is tested here.
 
 use std::time::{Duration, SystemTime};
 
@@ -75,6 +76,16 @@ pub enum Command {
     /// The first or the last page.
     First,
     Last,
+    /// Open the filter prompt, with the filter in force to edit (`/`).
+    FilterOpen,
+    /// Type a character at the end of the filter.
+    FilterPush(char),
+    /// Delete the filter's last character.
+    FilterPop,
+    /// Close the prompt and keep the filter.
+    FilterKeep,
+    /// Close the prompt and clear the filter.
+    FilterClear,
 }
 
 /// The host audit's findings, counted by severity.
@@ -114,8 +125,12 @@ pub struct TopState {
     audit: Option<Result<AuditCounts, String>>,
     sort: SortKey,
     reverse: bool,
-    /// Indices into `doc.flows` in display order (sorted once per answer or key,
-    /// not once per frame).
+    /// What the rows must show (see [`matches`]); empty: every flow.
+    filter: String,
+    /// The filter prompt is open: typed characters go into `filter`.
+    prompt: bool,
+    /// Indices into `doc.flows` of the flows the filter lets through, in display
+    /// order (filtered and sorted once per answer or key, not once per frame).
     order: Vec<usize>,
     /// Index of the first row shown.
     scroll: usize,
@@ -134,6 +149,8 @@ impl TopState {
             audit: None,
             sort: SortKey::Problems,
             reverse: false,
+            filter: String::new(),
+            prompt: false,
             order: Vec::new(),
             scroll: 0,
             page: 1,
@@ -171,6 +188,34 @@ impl TopState {
             Command::PageDown => self.scroll = self.scroll.saturating_add(self.page),
             Command::First => self.scroll = 0,
             Command::Last => self.scroll = self.max_scroll(),
+            Command::FilterOpen => self.prompt = true,
+            Command::FilterPush(c) => {
+                // Only printable text: what is typed is drawn back on the terminal.
+                if !c.is_control() {
+                    self.filter.push(c);
+                    self.refilter();
+                }
+            }
+            Command::FilterPop => {
+                if self.filter.pop().is_some() {
+                    self.refilter();
+                }
+            }
+            Command::FilterKeep => {
+                self.prompt = false;
+                // An emptied filter is no filter.
+                if self.filter.trim().is_empty() && !self.filter.is_empty() {
+                    self.filter.clear();
+                    self.refilter();
+                }
+            }
+            Command::FilterClear => {
+                self.prompt = false;
+                if !self.filter.is_empty() {
+                    self.filter.clear();
+                    self.refilter();
+                }
+            }
         }
         self.clamp_scroll();
     }
@@ -187,8 +232,24 @@ impl TopState {
         self.order.iter().filter_map(move |&i| flows.get(i))
     }
 
+    /// Rows the filter lets through.
     pub fn row_count(&self) -> usize {
         self.order.len()
+    }
+
+    /// Flows in the last answer, filtered or not.
+    pub fn flow_count(&self) -> usize {
+        self.doc.as_ref().map_or(0, |d| d.flows.len())
+    }
+
+    /// The filter as typed; empty when there is none.
+    pub fn filter(&self) -> &str {
+        &self.filter
+    }
+
+    /// Whether the filter prompt is open (keys are typed into the filter).
+    pub fn filter_prompt_open(&self) -> bool {
+        self.prompt
     }
 
     /// Index of the first row shown.
@@ -244,13 +305,23 @@ impl TopState {
         self.scroll = 0;
     }
 
+    /// The filter changed: the rows it lets through, from the top.
+    fn refilter(&mut self) {
+        self.resort();
+        self.scroll = 0;
+    }
+
     fn resort(&mut self) {
         let Some(doc) = &self.doc else {
             self.order.clear();
             return;
         };
         let (key, reverse) = (self.sort, self.reverse);
-        let mut order: Vec<usize> = (0..doc.flows.len()).collect();
+        let needle = self.filter.trim().to_ascii_lowercase();
+        let mut text = String::new();
+        let mut order: Vec<usize> = (0..doc.flows.len())
+            .filter(|&i| needle.is_empty() || matches(&doc.flows[i], &needle, &mut text))
+            .collect();
         order.sort_by(|&a, &b| {
             let (fa, fb) = (&doc.flows[a], &doc.flows[b]);
             let (ra, ta) = key.values(fa);
@@ -274,6 +345,34 @@ impl TopState {
     fn clamp_scroll(&mut self) {
         self.scroll = self.scroll.min(self.max_scroll());
     }
+}
+
+/// Whether a flow's row shows `needle` (lowercase, not empty): its interface as the
+/// row names it (`va/in`), its outer and inner addresses (each, and as `src→dst`),
+/// its VNI, its QP in hex (`0x1a`) and in decimal (`26`). `text` is room to write
+/// them in, reused from one flow to the next.
+pub fn matches(f: &Flow, needle: &str, text: &mut String) -> bool {
+    use std::fmt::Write as _;
+    text.clear();
+    // One line per field: a needle (typed on one line) never spans two.
+    if let Some(name) = &f.ifname {
+        let dir = match f.direction {
+            Some(crate::doc::Direction::Ingress) => "/in",
+            Some(crate::doc::Direction::Egress) => "/out",
+            None => "",
+        };
+        let _ = writeln!(text, "{name}{dir}");
+    }
+    let _ = writeln!(text, "{}→{}", f.src, f.dst);
+    if let Some(vni) = f.vni {
+        let _ = writeln!(text, "{vni}");
+    }
+    if let (Some(s), Some(d)) = (f.inner_src, f.inner_dst) {
+        let _ = writeln!(text, "{s}→{d}");
+    }
+    let _ = write!(text, "{:#x}\n{}", f.dest_qp, f.dest_qp);
+    text.make_ascii_lowercase();
+    text.contains(needle)
 }
 
 #[cfg(test)]
@@ -357,6 +456,98 @@ mod tests {
         assert_eq!(s.scroll(), 2);
         s.apply(SortBy(SortKey::CeRatio));
         assert_eq!(s.scroll(), 0);
+    }
+
+    /// Opens the prompt and types `text` into it.
+    fn type_filter(s: &mut TopState, text: &str) {
+        s.apply(Command::FilterOpen);
+        for c in text.chars() {
+            s.apply(Command::FilterPush(c));
+        }
+    }
+
+    #[test]
+    fn the_filter_keeps_the_rows_that_show_its_text() {
+        let mut doc = document();
+        doc.flows[0].ifname = Some("Eth7".into());
+        doc.flows[0].direction = Some(crate::doc::Direction::Egress);
+        let mut s = state_with(doc);
+        assert_eq!((s.row_count(), s.flow_count()), (4, 4));
+        for (text, want) in [
+            // QP in hex, with or without 0x, any case; and in decimal (0x20 = 32).
+            ("0x20", vec![0x20]),
+            ("0X2", vec![0x20]),
+            ("32", vec![0x20]),
+            // Addresses: outer, inner, as the row writes them.
+            ("198.18.0.3", vec![0x20]),
+            ("198.18.0.3→198.18.0.1", vec![0x20]),
+            ("198.19.0.2", vec![0x40]),
+            ("198.18.0.1", vec![0x10, 0x20, 0x30, 0x40]),
+            // VNI, interface as the row names it.
+            ("5001", vec![0x40]),
+            ("eth7/out", vec![0x40]),
+            ("va/in", vec![0x10, 0x20, 0x30]),
+            ("nothing like it", vec![]),
+        ] {
+            type_filter(&mut s, text);
+            assert!(s.filter_prompt_open());
+            assert_eq!(qps(&s), want, "{text:?}");
+            assert_eq!(s.flow_count(), 4);
+            s.apply(Command::FilterClear);
+            assert_eq!(s.filter(), "");
+            assert_eq!(qps(&s), vec![0x10, 0x20, 0x30, 0x40]);
+        }
+    }
+
+    #[test]
+    fn enter_keeps_the_filter_esc_clears_it_and_it_outlives_answers_and_sorts() {
+        let mut s = state_with(document());
+        type_filter(&mut s, "198.18.0.5x");
+        assert_eq!(qps(&s), Vec::<u32>::new());
+        s.apply(Command::FilterPop);
+        assert_eq!(qps(&s), vec![0x40]);
+        s.apply(Command::FilterKeep);
+        assert!(!s.filter_prompt_open());
+        assert_eq!(s.filter(), "198.18.0.5");
+        // The next answer and another order are filtered too.
+        s.update(answered(document()));
+        assert_eq!(qps(&s), vec![0x40]);
+        s.apply(SortBy(SortKey::CeRatio));
+        assert_eq!(qps(&s), vec![0x40]);
+        // `/` again edits the filter in force; Esc clears it.
+        s.apply(Command::FilterOpen);
+        assert_eq!(s.filter(), "198.18.0.5");
+        s.apply(Command::FilterPop);
+        assert_eq!(qps(&s), vec![0x20, 0x10, 0x30, 0x40]);
+        s.apply(Command::FilterPush('5'));
+        s.apply(Command::FilterClear);
+        assert!(!s.filter_prompt_open());
+        assert_eq!(s.filter(), "");
+        assert_eq!(s.row_count(), 4);
+        // Control characters are not typed; a blank filter kept is no filter.
+        type_filter(&mut s, "\u{1b} ");
+        assert_eq!(s.filter(), " ");
+        assert_eq!(s.row_count(), 4);
+        s.apply(Command::FilterKeep);
+        assert_eq!(s.filter(), "");
+    }
+
+    #[test]
+    fn a_new_filter_starts_at_the_top_and_scrolls_within_its_rows() {
+        let mut doc = document();
+        for i in 0..20 {
+            doc.flows.push(flow("198.18.1.1", 0x100 + i));
+        }
+        let mut s = state_with(doc);
+        s.set_page(5);
+        s.apply(Last);
+        assert_eq!(s.scroll(), 19);
+        type_filter(&mut s, "198.18.1.1");
+        assert_eq!((s.scroll(), s.row_count()), (0, 20));
+        s.apply(Last);
+        assert_eq!(s.scroll(), 15);
+        s.apply(Command::FilterPush('x'));
+        assert_eq!((s.scroll(), s.row_count()), (0, 0));
     }
 
     #[test]

@@ -69,7 +69,7 @@ fn app_fix_command(ifname: &str, pairs: &[(u8, u8)]) -> String {
 }
 
 /// `dcb pfc set dev IF prio-pfc 0:off 1:off 2:off 3:on ...`.
-fn pfc_fix_command(ifname: &str, mask: u8) -> String {
+pub(super) fn pfc_fix_command(ifname: &str, mask: u8) -> String {
     let map: Vec<String> = (0..PRIORITIES)
         .map(|p| format!("{p}:{}", if mask & (1 << p) != 0 { "on" } else { "off" }))
         .collect();

@@ -3,7 +3,7 @@
 
 use roce_common::policy::Policy;
 
-use super::check::{dscps_that_matter, join, lossless_priority_mask, pfc_text};
+use super::check::{dscps_that_matter, join, lossless_priority_mask, pfc_fix_command, pfc_text};
 use super::socket::{delete_apps, set_apps, set_pfc};
 use super::{DcbApp, DcbError, DcbState, IeeePfc};
 use crate::audit::Change;
@@ -54,6 +54,38 @@ fn plan(state: &DcbState, policy: &Policy) -> (Vec<AppRepair>, Option<IeeePfc>) 
         .filter(|p| p.enabled != want)
         .map(|p| IeeePfc { enabled: want, ..p });
     (repairs, pfc)
+}
+
+/// The `dcb` commands (iproute2) that do what [`fix`] does over dcbnl, in its order:
+/// `dcb app del dev IF dscp-prio 26:0`, `dcb app add dev IF dscp-prio 26:3`,
+/// `dcb pfc set dev IF prio-pfc 0:off ... 3:on ...` (`check --dry-run`).
+pub fn commands(ifname: &str, state: &DcbState, policy: &Policy) -> Vec<String> {
+    let (repairs, pfc) = plan(state, policy);
+    let entries = |apps: &[DcbApp]| -> String {
+        apps.iter()
+            .map(|a| format!("{}:{}", a.protocol, a.priority))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut out = Vec::new();
+    for r in repairs {
+        if !r.remove.is_empty() {
+            out.push(format!(
+                "dcb app del dev {ifname} dscp-prio {}",
+                entries(&r.remove)
+            ));
+        }
+        if let Some(add) = r.add {
+            out.push(format!(
+                "dcb app add dev {ifname} dscp-prio {}",
+                entries(&[add])
+            ));
+        }
+    }
+    if let Some(new) = pfc {
+        out.push(pfc_fix_command(ifname, new.enabled));
+    }
+    out
 }
 
 /// Makes `ifname`'s DCB state what the policy needs: the app entries of the DSCPs
@@ -135,6 +167,19 @@ mod tests {
     }
 
     #[test]
+    fn the_dry_run_commands_are_the_fix_in_its_order() {
+        assert_eq!(
+            commands("eth1", &state(&[(26, 0)], Some(1 << 4)), &Policy::default()),
+            [
+                "dcb app add dev eth1 dscp-prio 48:6",
+                "dcb app del dev eth1 dscp-prio 26:0",
+                "dcb app add dev eth1 dscp-prio 26:3",
+                "dcb pfc set dev eth1 prio-pfc 0:off 1:off 2:off 3:on 4:off 5:off 6:off 7:off",
+            ]
+        );
+    }
+
+    #[test]
     fn the_fix_adds_first_then_replaces_and_sets_the_pfc_mask() {
         let (repairs, pfc) = plan(&state(&[(26, 0)], Some(1 << 4)), &Policy::default());
         assert_eq!(
@@ -179,6 +224,7 @@ mod tests {
         assert_eq!(priorities_text(&repairs[0].before), "priorities 0, 3");
         // Nothing to do on a right state.
         assert_eq!(plan(&right(), &Policy::default()), (vec![], None));
+        assert!(commands("eth1", &right(), &Policy::default()).is_empty());
         let (changes, result) = fix("eth1", &right(), &Policy::default());
         assert!(changes.is_empty() && result.is_ok());
     }

@@ -12,7 +12,8 @@
 //!   [`delete_apps`], [`set_pfc`];
 //! - `check`: [`audit`] turns what [`query`] returned into findings against the
 //!   policy;
-//! - `fix`: [`fix`] makes what `check --fix` changes.
+//! - `fix`: [`fix`] makes what `check --fix` changes; [`fix_commands`] says it as
+//!   `dcb` commands (`check --dry-run`).
 //!
 //! What matters for lossless RoCE: the NIC must classify by DSCP (an app table with
 //! DSCP entries; on mlx5 the first one switches the port to trust DSCP) and map the
@@ -30,7 +31,7 @@ mod wire;
 use std::io;
 
 pub use check::audit;
-pub use fix::fix;
+pub use fix::{commands as fix_commands, fix};
 pub use socket::{delete_apps, query, set_apps, set_pfc};
 pub use wire::{
     decode_ieee_reply, encode_app_del, encode_app_set, encode_ieee_get, encode_pfc_set,

@@ -25,6 +25,8 @@ pub struct Builder<R: FnMut(u32) -> Option<String>> {
     by_ifindex: Vec<(u32, u16)>,
     resolve: R,
     entries: usize,
+    /// Added to the kernel's first/last-seen times: see [`Builder::unix_offset_ns`].
+    unix_offset_ns: i128,
 }
 
 impl<R: FnMut(u32) -> Option<String>> Builder<R> {
@@ -39,7 +41,26 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
             by_ifindex: Vec::new(),
             resolve,
             entries: 0,
+            unix_offset_ns: 0,
         }
+    }
+
+    /// The wall clock minus the kernel's monotonic clock now
+    /// (`doc::event::monotonic_to_unix_offset_ns`): the flows' `first_seen_ns` and
+    /// `last_seen_ns`, which the kernel stamps on its monotonic clock, are written as
+    /// ns since the Unix epoch, as `analyze` writes them. Without it (0) they stay as
+    /// the kernel counted them.
+    pub fn unix_offset_ns(mut self, offset: i128) -> Self {
+        self.unix_offset_ns = offset;
+        self
+    }
+
+    /// A kernel time on the clock of the document.
+    fn seen(&self, kernel_ns: u64) -> u64 {
+        if self.unix_offset_ns == 0 {
+            return kernel_ns;
+        }
+        u64::try_from(kernel_ns as i128 + self.unix_offset_ns).unwrap_or(0)
     }
 
     /// Entries added so far, with or without packets.
@@ -91,8 +112,8 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
             } else {
                 u32::try_from(self.rare.len()).unwrap_or(0)
             },
-            first_seen_ns: st.first_seen_ns,
-            last_seen_ns: st.last_seen_ns,
+            first_seen_ns: self.seen(st.first_seen_ns),
+            last_seen_ns: self.seen(st.last_seen_ns),
             sport: st.sport,
             last_dscp: st.last_dscp,
             ..Row::default()

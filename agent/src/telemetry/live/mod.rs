@@ -9,7 +9,8 @@
 //! - `rows`: the compact rows of one poll and how each reads back as its `Flow`, its
 //!   figures, its rate and its place in the document's order;
 //! - `builder`: one poll's document from the kernel's entries ([`Builder`]), paired
-//!   with the previous poll's for the rates and the order.
+//!   with the previous poll's for the rates and the order, its first/last-seen times
+//!   moved from the kernel's monotonic clock to the Unix epoch.
 
 mod builder;
 mod rows;
@@ -454,6 +455,70 @@ mod tests {
             serde_json::to_vec(&empty).unwrap(),
             serde_json::to_vec(&Document::build(Vec::new(), &[], None)).unwrap()
         );
+    }
+
+    #[test]
+    fn seen_times_move_to_the_unix_epoch_and_the_json_stays_the_documents() {
+        // 1.7e18 ns after the epoch is late 2023; the kernel's clock started at boot.
+        let offset: i128 = 1_700_000_000_000_000_000;
+        let e = entries(17, 300);
+        let mut b = Builder::new(0, names).unix_offset_ns(offset);
+        for x in &e {
+            let (k, s) = x.wide();
+            b.add(&k, &s);
+        }
+        let live = b.finish(&stats_array(), None);
+        // The document of the same entries with their times already on the epoch.
+        let shifted: Vec<Entry> = e
+            .iter()
+            .map(|x| {
+                let mut x = *x;
+                let s = x.stats_mut();
+                s.first_seen_ns = (s.first_seen_ns as i128 + offset) as u64;
+                s.last_seen_ns = (s.last_seen_ns as i128 + offset) as u64;
+                x
+            })
+            .collect();
+        let want = reference(&shifted, &stats_array());
+        assert_eq!(
+            String::from_utf8(serde_json::to_vec(&live).unwrap()).unwrap(),
+            String::from_utf8(serde_json::to_vec(&want).unwrap()).unwrap()
+        );
+        let raw = reference(&e, &stats_array());
+        for (f, r) in live.flows().zip(&raw.flows) {
+            assert_eq!(f.first_seen_ns as i128, r.first_seen_ns as i128 + offset);
+            assert_eq!(f.last_seen_ns as i128, r.last_seen_ns as i128 + offset);
+        }
+        // Without an offset, the kernel's times as they are.
+        assert_eq!(build(&e, &stats_array(), None).to_document(), raw);
+    }
+
+    #[test]
+    fn the_json_has_each_qp_in_hex_right_after_the_number() {
+        let e = entries(5, 200);
+        let live = build(&e, &stats_array(), None);
+        let text = String::from_utf8(serde_json::to_vec(&live).unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let flows = v["flows"].as_array().unwrap();
+        assert_eq!(flows.len(), live.len());
+        for f in flows {
+            let qp = f["dest_qp"].as_u64().unwrap();
+            assert_eq!(f["dest_qp_hex"], format!("{qp:#x}"), "{f}");
+            assert!(
+                text.contains(&format!(
+                    "\"dest_qp\":{qp},\"dest_qp_hex\":\"{qp:#x}\",\"packets\":"
+                )),
+                "{f}"
+            );
+        }
+        let mut pieces = Vec::new();
+        live.write_flows_json(0..1, &mut pieces).unwrap();
+        assert!(String::from_utf8(pieces)
+            .unwrap()
+            .contains("\"dest_qp_hex\":\"0x"));
+        // And the document reads back whole, the hex ignored on the way in.
+        let back: Document = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, live.to_document());
     }
 
     #[test]

@@ -23,9 +23,7 @@ use roce_common::parsed::CLASS_NAMES;
 use super::flow_pass::{direction_label, merged, problems, total, FlowPass, FlowSums, CODEPOINTS};
 use super::rnic_names::RnicMetric;
 use super::snapshot::{Family, Kind, Labels, Snapshot, Value};
-use super::{
-    EventCounts, Inputs, MetricsError, ReloadCounts, RnicPortCounters, ALL_INTERFACES, VERSION,
-};
+use super::{EventCounts, Inputs, MetricsError, ReloadCounts, RnicPortCounters, VERSION};
 use crate::doc::finding::{Finding, Severity};
 use crate::doc::{Counters, Flow};
 use crate::telemetry::ethtool::{PauseDirection, PfcCounters};
@@ -40,6 +38,13 @@ pub fn encode(inputs: &Inputs<'_>) -> Result<String, MetricsError> {
         Info::new(vec![("version", VERSION)]),
     );
     registry.register_collector(Box::new(Snapshot::of(inputs)));
+    exposition(&registry)
+}
+
+/// The text format 0.0.4 of the families of `snapshot` (those with samples).
+pub(super) fn encode_snapshot(snapshot: Snapshot) -> Result<String, MetricsError> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(snapshot));
     exposition(&registry)
 }
 
@@ -224,17 +229,13 @@ impl Snapshot {
         let frames = self.family(
             "roce_frames",
             Kind::Counter,
-            "Frames the classifier saw, by class. The kernel keeps these per host, not per interface: ifname is \"all\".",
+            "Frames the classifier saw, by class, on all the agent's interfaces together (the kernel counts them per host, so the family has no ifname).",
         );
         for class in CLASS_NAMES {
             if let Some(v) = counter(class) {
-                frames.samples.push((
-                    vec![
-                        ("ifname", ALL_INTERFACES.to_string()),
-                        ("class", class.to_string()),
-                    ],
-                    Value::Int(v),
-                ));
+                frames
+                    .samples
+                    .push((vec![("class", class.to_string())], Value::Int(v)));
             }
         }
         let errors = self.family(
@@ -267,16 +268,11 @@ impl Snapshot {
         let qos = self.family(
             "roce_qos_packets",
             Kind::Counter,
-            "What the tc QoS programs did (enforce) or would have done (audit_*), by action. Kept per host, not per interface: ifname is \"all\".",
+            "What the tc QoS programs did (enforce) or would have done (audit_*), by action, on all the agent's interfaces together (the kernel counts them per host, so the family has no ifname).",
         );
         for (action, v) in document.qos.named() {
-            qos.samples.push((
-                vec![
-                    ("ifname", ALL_INTERFACES.to_string()),
-                    ("action", action.to_string()),
-                ],
-                Value::Int(v),
-            ));
+            qos.samples
+                .push((vec![("action", action.to_string())], Value::Int(v)));
         }
     }
 
@@ -318,6 +314,7 @@ impl Snapshot {
                 ("inner_src", opt(f.inner_src)),
                 ("inner_dst", opt(f.inner_dst)),
                 ("dest_qp", f.dest_qp.to_string()),
+                ("dest_qp_hex", format!("{:#x}", f.dest_qp)),
             ]
         };
         type Field = fn(&Flow) -> Option<u64>;
@@ -359,13 +356,13 @@ impl Snapshot {
         let family = self.family(
             "roce_check_findings",
             Kind::Gauge,
-            "Findings of the agent's last host audit (GET /findings), by check, interface and severity.",
+            "Findings of the agent's last host audit (GET /findings), by check, interface (ifname; empty for a finding about no interface) and severity.",
         );
-        for ((check, interface, severity), n) in counts {
+        for ((check, ifname, severity), n) in counts {
             family.samples.push((
                 vec![
                     ("check", check.to_string()),
-                    ("interface", interface.to_string()),
+                    ("ifname", ifname.to_string()),
                     ("severity", severity.to_string()),
                 ],
                 Value::Int(n),
@@ -551,7 +548,7 @@ mod tests {
     }
 
     #[test]
-    fn findings_are_counted_per_check_interface_and_severity() {
+    fn findings_are_counted_per_check_ifname_and_severity() {
         let f = |check: &str, iface: Option<&str>, severity| {
             crate::audit::finding(check, iface, severity, "x", "y", "z")
         };
@@ -566,20 +563,56 @@ mod tests {
         let text = encode(&inputs(&doc, &findings, 10)).unwrap();
         let v = |s: &str| sample(&text, s);
         assert_eq!(
-            v(r#"roce_check_findings{check="ecn_np",interface="eth1",severity="error"}"#)
-                .as_deref(),
+            v(r#"roce_check_findings{check="ecn_np",ifname="eth1",severity="error"}"#).as_deref(),
             Some("2")
         );
         assert_eq!(
-            v(r#"roce_check_findings{check="audit",interface="",severity="error"}"#).as_deref(),
+            v(r#"roce_check_findings{check="audit",ifname="",severity="error"}"#).as_deref(),
             Some("1")
         );
         assert_eq!(
-            v(r#"roce_check_findings{check="dcb_unsupported",interface="veth0",severity="info"}"#)
+            v(r#"roce_check_findings{check="dcb_unsupported",ifname="veth0",severity="info"}"#)
                 .as_deref(),
             Some("1")
         );
         assert!(text.contains("# TYPE roce_check_findings gauge\n"));
+        assert!(!text.contains("interface="), "the label is ifname:\n{text}");
+    }
+
+    #[test]
+    fn top_flows_name_their_qp_in_decimal_and_in_hex() {
+        let mut flows: Vec<Flow> = [0x1234u32, 0xFF_FFFF, 0, 17]
+            .iter()
+            .enumerate()
+            .map(|(i, &qp)| flow("eth1", &format!("198.18.0.{}", i + 1), qp, None))
+            .collect();
+        for f in &mut flows {
+            f.cnps = 1;
+        }
+        let doc = LiveDocument::from(Document {
+            flows,
+            counters: Counters::default(),
+        });
+        let text = encode(&inputs(&doc, &[], 10)).unwrap();
+        let top: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("roce_top_flow_"))
+            .collect();
+        assert_eq!(top.len(), 4 * 8, "{text}"); // no inner CE family without VXLAN
+        let label = |line: &str, name: &str| -> String {
+            let at = line.find(&format!(",{name}=\"")).unwrap() + name.len() + 3;
+            line[at..].split('"').next().unwrap().to_string()
+        };
+        for line in &top {
+            let qp: u32 = label(line, "dest_qp").parse().unwrap();
+            assert_eq!(label(line, "dest_qp_hex"), format!("{qp:#x}"), "{line}");
+        }
+        assert!(
+            text.contains(r#"dest_qp="4660",dest_qp_hex="0x1234"}"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"dest_qp="16777215",dest_qp_hex="0xffffff"}"#));
+        assert!(text.contains(r#"dest_qp="0",dest_qp_hex="0x0"}"#));
     }
 
     #[test]
@@ -596,15 +629,11 @@ mod tests {
         let doc = LiveDocument::from(doc);
         let text = encode(&inputs(&doc, &[], 10)).unwrap();
         for class in CLASS_NAMES {
-            let series = format!(r#"roce_frames_total{{ifname="all",class="{class}"}}"#);
+            let series = format!(r#"roce_frames_total{{class="{class}"}}"#);
             assert!(sample(&text, &series).is_some(), "{series}");
         }
         assert_eq!(
-            sample(
-                &text,
-                r#"roce_frames_total{ifname="all",class="roce_in_vxlan"}"#
-            )
-            .as_deref(),
+            sample(&text, r#"roce_frames_total{class="roce_in_vxlan"}"#).as_deref(),
             Some("12")
         );
         for reason in roce_common::parsed::REASON_NAMES {
@@ -624,13 +653,11 @@ mod tests {
             Some("4")
         );
         assert_eq!(
-            sample(
-                &text,
-                r#"roce_qos_packets_total{ifname="all",action="roce_rewritten"}"#
-            )
-            .as_deref(),
+            sample(&text, r#"roce_qos_packets_total{action="roce_rewritten"}"#).as_deref(),
             Some("3")
         );
+        // Per-host counters carry no ifname: no placeholder interface anywhere.
+        assert!(!text.contains(r#"ifname="all""#), "{text}");
         assert!(
             !text.contains("roce_events"),
             "no event counters in this document"

@@ -200,10 +200,10 @@ mod tests {
         assert_eq!(problem_lines.len(), 3, "{text}");
         assert_eq!(
             problem_lines[0],
-            r#"roce_top_flow_problems_total{ifname="eth1",direction="ingress",src="198.18.0.2",dst="198.18.0.2",vni="",inner_src="",inner_dst="",dest_qp="1"} 5"#
+            r#"roce_top_flow_problems_total{ifname="eth1",direction="ingress",src="198.18.0.2",dst="198.18.0.2",vni="",inner_src="",inner_dst="",dest_qp="1",dest_qp_hex="0x1"} 5"#
         );
         assert_eq!(
-            sample(&text, r#"roce_top_flow_inner_ce_packets_total{ifname="eth1",direction="ingress",src="198.18.0.6",dst="198.18.0.2",vni="7",inner_src="10.0.0.1",inner_dst="10.0.0.2",dest_qp="5"}"#).as_deref(),
+            sample(&text, r#"roce_top_flow_inner_ce_packets_total{ifname="eth1",direction="ingress",src="198.18.0.6",dst="198.18.0.2",vni="7",inner_src="10.0.0.1",inner_dst="10.0.0.2",dest_qp="5",dest_qp_hex="0x5"}"#).as_deref(),
             Some("4")
         );
         let inner_ce_lines = text

@@ -12,11 +12,14 @@
 //! - `flow_pass`: the one pass over the flows (sums per group, the top K);
 //! - `encode`: which families, from which inputs, and the text they make;
 //! - `snapshot`: one scrape's families and samples, as prometheus-client writes them;
-//! - `rnic_names`: the names of the RNIC port counters.
+//! - `rnic_names`: the names of the RNIC port counters;
+//! - `process`: the agent's own `process_*` families (CPU, memory, descriptors), from
+//!   `/proc/self` at each scrape.
 
 mod encode;
 mod flow_pass;
 mod host;
+mod process;
 mod rnic_names;
 mod snapshot;
 
@@ -28,18 +31,16 @@ use crate::telemetry::ethtool::PfcCounters;
 use crate::telemetry::live::LiveDocument;
 
 pub use encode::encode;
-use encode::encode_ring;
+use encode::{encode_ring, encode_snapshot};
 pub use flow_pass::problems;
 pub use host::{HostReadings, HostSources, RnicPortCounters};
+pub use process::ProcessStats;
 
 /// The `Content-Type` of `GET /metrics`: the text format 0.0.4.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// The agent's version, as `roce_agent_build_info` shows it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// The `ifname` of counters the kernel keeps per host, not per interface.
-pub const ALL_INTERFACES: &str = "all";
 
 /// Why the exposition could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +137,8 @@ impl Exporter {
         host.interfaces = interfaces;
     }
 
-    /// The exposition for `document` and `findings`, reading the host's counters now.
+    /// The exposition for `document` and `findings`, reading the host's counters and
+    /// the agent's own process figures (`process_*`) now.
     /// Blocking (sysfs, ioctl, netlink): call it off the async workers.
     pub fn render(
         &self,
@@ -162,6 +164,7 @@ impl Exporter {
         if let Some(ring) = &self.events_ring {
             text.push_str(&encode_ring(ring.read())?);
         }
+        text.push_str(&encode_snapshot(ProcessStats::read().snapshot())?);
         Ok(text)
     }
 }
