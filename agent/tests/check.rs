@@ -6,44 +6,16 @@
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::Output;
+mod common;
 
+use common::{agent_in, check_json_in, fixture, new_ns, text, veth, BIN};
 use roce_agent::audit::Finding;
-use roce_testkit::netns::{unique_name, Netns};
+use roce_testkit::netns::Netns;
 
-const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
+/// The prefix of the namespaces the tests make: `roce-t-<pid>x<n>`.
+const NS: &str = "roce-t-";
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-macro_rules! require_root {
-    () => {
-        if !is_root() {
-            eprintln!("skipped: needs root (network namespaces)");
-            return;
-        }
-    };
-}
-
-fn new_ns() -> Netns {
-    let (name, _) = unique_name("roce-t-");
-    Netns::create(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// `roce-agent ARGS` inside `ns`.
-fn check_in(ns: &Netns, args: &[&str]) -> Output {
-    ns.cmd(BIN, args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run roce-agent")
-}
-
+/// What `check --json` prints, as far as these tests read it.
 #[derive(serde::Deserialize)]
 struct CheckJson {
     findings: Vec<Finding>,
@@ -51,17 +23,10 @@ struct CheckJson {
 
 /// `check --json ARGS` in `ns`: its findings and exit code.
 fn findings_in(ns: &Netns, args: &[&str]) -> (Vec<Finding>, i32) {
-    let mut all = vec!["check", "--json"];
-    all.extend_from_slice(args);
-    let out = check_in(ns, &all);
-    let doc: CheckJson = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: stdout {} stderr {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        )
-    });
-    (doc.findings, out.status.code().unwrap_or(-1))
+    let (doc, code) = check_json_in(ns, args);
+    let doc: CheckJson =
+        serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{e}: {doc}"));
+    (doc.findings, code)
 }
 
 /// The findings of one check at error level.
@@ -72,20 +37,11 @@ fn errors<'a>(findings: &'a [Finding], check: &str) -> Vec<&'a Finding> {
         .collect()
 }
 
-/// A veth pair `va`/`vb` in `ns`, both up at `mtu`.
-fn veth(ns: &Netns, mtu: &str) {
-    ns.ip_ok(&[
-        "link", "add", "va", "mtu", mtu, "type", "veth", "peer", "name", "vb", "mtu", mtu,
-    ]);
-    ns.ip_ok(&["link", "set", "va", "up"]);
-    ns.ip_ok(&["link", "set", "vb", "up"]);
-}
-
 #[test]
 fn veth_below_the_required_mtu_is_an_error_and_fix_sets_it() {
-    require_root!();
-    let ns = new_ns();
-    veth(&ns, "1500");
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
+    veth(&ns, "va", "vb", "1500");
 
     let (f, code) = findings_in(&ns, &["--iface", "va", "--mtu", "9000"]);
     assert_eq!(code, 1, "{f:?}");
@@ -98,7 +54,7 @@ fn veth_below_the_required_mtu_is_an_error_and_fix_sets_it() {
     // Without --fix nothing on the host changed.
     assert_eq!(ns.link_mtu("va"), 1500);
 
-    let out = check_in(&ns, &["check", "--iface", "va", "--mtu", "9000", "--fix"]);
+    let out = agent_in(&ns, &["check", "--iface", "va", "--mtu", "9000", "--fix"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(
@@ -116,9 +72,9 @@ fn veth_below_the_required_mtu_is_an_error_and_fix_sets_it() {
 
 #[test]
 fn default_required_mtu_carries_a_4096_roce_path_mtu() {
-    require_root!();
-    let ns = new_ns();
-    veth(&ns, "4191");
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
+    veth(&ns, "va", "vb", "4191");
     let (f, code) = findings_in(&ns, &["--iface", "va"]);
     assert_eq!(code, 1);
     assert_eq!(errors(&f, "mtu")[0].found, "MTU 4191 (RoCE path MTU 2048)");
@@ -135,9 +91,9 @@ fn default_required_mtu_carries_a_4096_roce_path_mtu() {
 
 #[test]
 fn the_interfaces_named_are_audited_and_no_other() {
-    require_root!();
-    let ns = new_ns();
-    veth(&ns, "9000");
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
+    veth(&ns, "va", "vb", "9000");
     // A pair not named: not audited (without --iface, see check_fix.rs).
     ns.ip_ok(&[
         "link", "add", "down0", "type", "veth", "peer", "name", "down1",
@@ -184,8 +140,8 @@ fn underlay(ns: &Netns, underlay_mtu: &str) {
 
 #[test]
 fn vxlan_headroom_over_ipv4_and_ipv6_underlays() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     underlay(&ns, "9000");
     // Made on their underlay: the kernel gives them 8950 and 8930.
     ns.ip_ok(&[
@@ -260,8 +216,8 @@ fn vxlan_headroom_over_ipv4_and_ipv6_underlays() {
 
 #[test]
 fn vxlan_without_dev_is_checked_against_the_route_to_its_remote() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     underlay(&ns, "1500");
     // No `dev`: the kernel starts it at 1500 and takes 9000 unchecked.
     ns.ip_ok(&[
@@ -312,7 +268,7 @@ fn vxlan_without_dev_is_checked_against_the_route_to_its_remote() {
     );
 
     // --fix raises the underlay only when it is audited too.
-    let out = check_in(&ns, &["check", "--iface", "vx4", "--mtu", "1400", "--fix"]);
+    let out = agent_in(&ns, &["check", "--iface", "vx4", "--mtu", "1400", "--fix"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stdout).contains(
@@ -322,7 +278,7 @@ fn vxlan_without_dev_is_checked_against_the_route_to_its_remote() {
         text(&out.stdout)
     );
     assert_eq!(ns.link_mtu("ul"), 1500);
-    let out = check_in(
+    let out = agent_in(
         &ns,
         &[
             "check", "--iface", "vx4", "--iface", "vx6", "--iface", "ul", "--mtu", "1400", "--fix",
@@ -334,9 +290,9 @@ fn vxlan_without_dev_is_checked_against_the_route_to_its_remote() {
 
 #[test]
 fn a_missing_interface_exits_2_naming_it() {
-    require_root!();
-    let ns = new_ns();
-    let out = check_in(&ns, &["check", "--iface", "nosuch0"]);
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
+    let out = agent_in(&ns, &["check", "--iface", "nosuch0"]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         text(&out.stderr).trim(),
@@ -347,9 +303,9 @@ fn a_missing_interface_exits_2_naming_it() {
 
 #[test]
 fn a_namespace_with_only_loopback_has_nothing_to_audit() {
-    require_root!();
-    let ns = new_ns();
-    let out = check_in(&ns, &["check"]);
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
+    let out = agent_in(&ns, &["check"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out.stderr).contains("no interface to audit"),
@@ -360,9 +316,9 @@ fn a_namespace_with_only_loopback_has_nothing_to_audit() {
 
 #[test]
 fn without_privilege_the_audit_reads_and_fix_names_the_capability_it_needs() {
-    require_root!();
-    let ns = new_ns();
-    veth(&ns, "1500");
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
+    veth(&ns, "va", "vb", "1500");
     // As nobody, with no capability: reading needs none.
     let out = ns
         .cmd(
@@ -394,25 +350,17 @@ fn without_privilege_the_audit_reads_and_fix_names_the_capability_it_needs() {
     assert_eq!(ns.link_mtu("va"), 1500);
 }
 
-/// A fixture tree laid out as an mlx5 host's /sys (tests/fixtures/sysfs).
-fn fixture(name: &str) -> String {
-    format!(
-        "{}/../tests/fixtures/sysfs/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
-
 #[test]
 fn rnic_knobs_from_a_sysfs_fixture_one_finding_each_with_its_fix() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     // The fixture's RoCE netdev is eth1: a veth of that name stands for it.
     ns.ip_ok(&[
         "link", "add", "eth1", "type", "veth", "peer", "name", "eth0",
     ]);
     ns.ip_ok(&["link", "set", "eth1", "up"]);
     let bad = fixture("mlx5-bad");
-    let out = check_in(
+    let out = agent_in(
         &ns,
         &[
             "check",
@@ -454,7 +402,7 @@ fn rnic_knobs_from_a_sysfs_fixture_one_finding_each_with_its_fix() {
         ]
     );
     let (f, code) = {
-        let out = check_in(
+        let out = agent_in(
             &ns,
             &[
                 "check",
@@ -480,9 +428,9 @@ fn rnic_knobs_from_a_sysfs_fixture_one_finding_each_with_its_fix() {
 
 #[test]
 fn bad_input_exits_2_with_a_message_naming_it() {
-    require_root!();
-    let ns = new_ns();
-    veth(&ns, "1500");
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
+    veth(&ns, "va", "vb", "1500");
     let wrong_type =
         roce_testkit::temp::TempFile::new("type.toml", "interfaces = [\"va\"]\nmtu = \"big\"\n");
     let bad_peer = roce_testkit::temp::TempFile::new(
@@ -539,7 +487,7 @@ fn bad_input_exits_2_with_a_message_naming_it() {
     for (args, message) in cases {
         let mut all = vec!["check"];
         all.extend_from_slice(&args);
-        let out = check_in(&ns, &all);
+        let out = agent_in(&ns, &all);
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(
@@ -559,8 +507,8 @@ fn bad_input_exits_2_with_a_message_naming_it() {
 
 #[test]
 fn a_sysfs_knob_with_garbage_is_a_finding_naming_the_file() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     ns.ip_ok(&[
         "link", "add", "eth1", "type", "veth", "peer", "name", "eth0",
     ]);
@@ -577,7 +525,7 @@ fn a_sysfs_knob_with_garbage_is_a_finding_naming_the_file() {
     }
     std::fs::write(ecn.join("roce_np/cnp_dscp"), "forty-eight\n").unwrap();
     let root_text = root.to_str().unwrap();
-    let out = check_in(
+    let out = agent_in(
         &ns,
         &[
             "check",

@@ -11,65 +11,15 @@
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::Output;
+mod common;
 
-use roce_testkit::netns::{unique_name, Netns};
+use common::{agent_in, check_json_in, fixture, new_ns, text, veth};
+use roce_testkit::netns::Netns;
 use roce_testkit::temp::TempDir;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-macro_rules! require_root {
-    () => {
-        if !is_root() {
-            eprintln!("skipped: needs root (network namespaces)");
-            return;
-        }
-    };
-}
-
-fn new_ns() -> Netns {
-    let (name, _) = unique_name("roce-cf-");
-    Netns::create(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// `roce-agent ARGS` inside `ns`.
-fn agent_in(ns: &Netns, args: &[&str]) -> Output {
-    ns.cmd(BIN, args).output().expect("run roce-agent")
-}
-
-/// `check --json ARGS` in `ns`: the document and the exit code.
-fn json_in(ns: &Netns, args: &[&str]) -> (Value, i32) {
-    let mut all = vec!["check", "--json"];
-    all.extend_from_slice(args);
-    let out = agent_in(ns, &all);
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: stdout {} stderr {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        )
-    });
-    (doc, out.status.code().unwrap_or(-1))
-}
-
-/// A veth pair `a`/`b` in `ns`, both up at `mtu`.
-fn veth(ns: &Netns, a: &str, b: &str, mtu: &str) {
-    ns.ip_ok(&[
-        "link", "add", a, "mtu", mtu, "type", "veth", "peer", "name", b, "mtu", mtu,
-    ]);
-    ns.ip_ok(&["link", "set", a, "up"]);
-    ns.ip_ok(&["link", "set", b, "up"]);
-}
+/// The prefix of the namespaces the tests make: `roce-cf-<pid>x<n>`.
+const NS: &str = "roce-cf-";
 
 /// An underlay veth `ul` (198.18.0.1/24; its peer `ulp`) at `mtu`, and a VXLAN device
 /// `vx0` made on it towards 198.18.0.2, up.
@@ -96,15 +46,6 @@ fn vxlan_over_veth(ns: &Netns, mtu: &str) {
     ns.ip_ok(&["link", "set", "vx0", "up"]);
 }
 
-/// A fixture tree laid out as an mlx5 host's /sys (tests/fixtures/sysfs): mlx5_0 port
-/// 1, netdev eth1.
-fn fixture(name: &str) -> String {
-    format!(
-        "{}/../tests/fixtures/sysfs/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
-
 /// The interface names of the findings (those without one left out).
 fn finding_interfaces(doc: &Value) -> Vec<String> {
     let mut names: Vec<String> = doc["findings"]
@@ -120,8 +61,8 @@ fn finding_interfaces(doc: &Value) -> Vec<String> {
 
 #[test]
 fn fix_without_named_interfaces_is_refused_before_anything_changes() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     // Something the audit would flag and --fix would raise: a VXLAN device (found
     // without --iface) over an underlay below --mtu.
     vxlan_over_veth(&ns, "1500");
@@ -147,14 +88,14 @@ fn fix_without_named_interfaces_is_refused_before_anything_changes() {
     );
     assert_eq!(before[0], 1500);
     // Without --fix the same audit runs and finds the low MTUs: it was --fix refused.
-    let (doc, code) = json_in(&ns, &["--mtu", "9000", "--sysfs-root", root]);
+    let (doc, code) = check_json_in(&ns, &["--mtu", "9000", "--sysfs-root", root]);
     assert_eq!(code, 1, "{doc}");
 }
 
 #[test]
 fn dry_run_prints_the_mtu_command_and_changes_nothing() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     veth(&ns, "va", "vb", "1500");
     let out = agent_in(
         &ns,
@@ -237,8 +178,8 @@ fn dry_run_prints_the_mtu_command_and_changes_nothing() {
 
 #[test]
 fn dry_run_prints_the_sysfs_writes_and_writes_none() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     // The fixture's RoCE netdev is eth1: a veth of that name stands for it.
     veth(&ns, "eth1", "x0", "1500");
     let bad = fixture("mlx5-bad");
@@ -248,7 +189,7 @@ fn dry_run_prints_the_sysfs_writes_and_writes_none() {
         std::fs::read_to_string(&np3).unwrap(),
         std::fs::read_to_string(&cnp).unwrap(),
     );
-    let (doc, code) = json_in(
+    let (doc, code) = check_json_in(
         &ns,
         &[
             "--dry-run",
@@ -293,12 +234,12 @@ fn dry_run_prints_the_sysfs_writes_and_writes_none() {
 
 #[test]
 fn fix_with_iface_changes_that_interface_alone() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     veth(&ns, "va", "vb", "1500");
     // A second pair in the same namespace, lower still: untouched.
     veth(&ns, "wa", "wb", "1280");
-    let (doc, code) = json_in(&ns, &["--fix", "--iface", "va", "--mtu", "9000"]);
+    let (doc, code) = check_json_in(&ns, &["--fix", "--iface", "va", "--mtu", "9000"]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(
         doc["changes"],
@@ -314,14 +255,14 @@ fn fix_with_iface_changes_that_interface_alone() {
 
 #[test]
 fn without_iface_the_vxlan_device_and_its_underlay_are_audited_and_nothing_else() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     vxlan_over_veth(&ns, "1500");
     // Unrelated: no RDMA device, no VXLAN.
     veth(&ns, "other0", "other1", "1280");
     let empty = TempDir::new("sysfs");
     let root = empty.path().to_str().unwrap();
-    let (doc, code) = json_in(&ns, &["--mtu", "1400", "--sysfs-root", root]);
+    let (doc, code) = check_json_in(&ns, &["--mtu", "1400", "--sysfs-root", root]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(
         doc["interfaces"],
@@ -373,14 +314,14 @@ fn without_iface_the_vxlan_device_and_its_underlay_are_audited_and_nothing_else(
 
 #[test]
 fn without_iface_rdma_netdevs_come_first_then_vxlan_devices_and_underlays() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     // The fixture's mlx5_0 has eth1 in its GID table.
     veth(&ns, "eth1", "x0", "9000");
     vxlan_over_veth(&ns, "9000");
     veth(&ns, "other0", "other1", "1280");
     let good = fixture("mlx5-good");
-    let (doc, code) = json_in(&ns, &["--mtu", "1500", "--sysfs-root", &good]);
+    let (doc, code) = check_json_in(&ns, &["--mtu", "1500", "--sysfs-root", &good]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(
         doc["interfaces"],
@@ -400,8 +341,8 @@ fn without_iface_rdma_netdevs_come_first_then_vxlan_devices_and_underlays() {
 
 #[test]
 fn without_iface_and_nothing_carrying_roce_exits_2_naming_iface() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     veth(&ns, "va", "vb", "1500");
     let empty = TempDir::new("sysfs");
     let root = empty.path().to_str().unwrap();
@@ -420,11 +361,11 @@ fn without_iface_and_nothing_carrying_roce_exits_2_naming_iface() {
 
 #[test]
 fn config_interfaces_are_named_enough_for_fix() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     veth(&ns, "va", "vb", "1500");
     let config = roce_testkit::temp::TempFile::new("host.toml", "interfaces = [\"va\"]\n");
-    let (doc, code) = json_in(&ns, &["--fix", "--mtu", "9000", "--config", config.arg()]);
+    let (doc, code) = check_json_in(&ns, &["--fix", "--mtu", "9000", "--config", config.arg()]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(
         doc["interfaces"],
@@ -436,12 +377,12 @@ fn config_interfaces_are_named_enough_for_fix() {
 
 #[test]
 fn a_peer_routed_through_an_interface_not_audited_is_not_probed_nor_reported_on_it() {
-    require_root!();
-    let ns = new_ns();
+    require_root!("network namespaces");
+    let ns = new_ns(NS);
     // The route towards 198.18.0.9 leaves through va, which is not audited.
     veth(&ns, "va", "vb", "1500");
     ns.ip_ok(&["addr", "add", "198.18.0.1/24", "dev", "va"]);
-    let (doc, code) = json_in(
+    let (doc, code) = check_json_in(
         &ns,
         &["--iface", "lo", "--mtu", "9000", "--peer", "198.18.0.9"],
     );

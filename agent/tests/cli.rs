@@ -10,232 +10,21 @@
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::fs::File;
-use std::net::UdpSocket;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use roce_agent::doc::Document;
-use roce_testkit::netns::{unique_name, Netns};
-use roce_testkit::sock::set_int_option;
+use common::{agent, new_ns, send_roce, send_roce_from, text, wait_for_flows, Agent, Pair, BIN};
+use roce_testkit::netns::Netns;
 
-const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
-
-fn agent(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run roce-agent")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-macro_rules! require_root {
-    () => {
-        if !is_root() {
-            eprintln!("skipped: needs root (network namespaces, BPF)");
-            return;
-        }
-    };
-}
-
-static FILE_COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A new namespace `roce-t-<pid>x<n>` (loopback up), deleted with its links on drop.
-fn new_ns() -> Netns {
-    let (name, _) = unique_name("roce-t-");
-    Netns::create(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
-}
+/// The prefix of the namespaces the tests make: `roce-t-<pid>x<n>`.
+const NS: &str = "roce-t-";
 
 /// Whether an XDP program is attached to `dev` in `ns` (as `ip link` shows it).
 fn has_xdp(ns: &Netns, dev: &str) -> bool {
     ns.ip_ok(&["link", "show", "dev", dev]).contains("xdp")
-}
-
-/// Two namespaces joined by a veth pair: `va` 198.18.0.1/30 in `a`, `vb`
-/// 198.18.0.2/30 in `b`.
-struct Pair {
-    a: Netns,
-    b: Netns,
-}
-
-impl Pair {
-    fn new() -> Pair {
-        let a = new_ns();
-        let b = new_ns();
-        a.ip_ok(&[
-            "link",
-            "add",
-            "va",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "vb",
-            "netns",
-            b.name(),
-        ]);
-        a.ip_ok(&["addr", "add", "198.18.0.1/30", "dev", "va"]);
-        b.ip_ok(&["addr", "add", "198.18.0.2/30", "dev", "vb"]);
-        a.ip_ok(&["link", "set", "va", "up"]);
-        b.ip_ok(&["link", "set", "vb", "up"]);
-        Pair { a, b }
-    }
-}
-
-/// A running agent; killed on drop if a test left it running.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(ns: &Netns, args: &[&str]) -> Agent {
-        let log = std::env::temp_dir().join(format!(
-            "roce-agent-cli-{}-{}.log",
-            std::process::id(),
-            FILE_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let err = File::create(&log).expect("log file");
-        let child = ns
-            .cmd(BIN, args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("start the agent");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Polls `flows --json` in `ns` until it answers a document.
-    fn wait_ready(&mut self, ns: &Netns, api: &str) -> Document {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("the agent exited early ({st}):\n{}", self.log());
-            }
-            let out = ns
-                .cmd(BIN, &["flows", "--json", "--api", api])
-                .output()
-                .expect("run flows");
-            if out.status.success() {
-                return serde_json::from_slice(&out.stdout)
-                    .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no answer from the agent: {}\n{}",
-                text(&out.stderr),
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn terminate(&mut self) -> ExitStatus {
-        // SAFETY: signalling our own child by its pid.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        assert_eq!(rc, 0);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(st) = self.child.try_wait().expect("wait") {
-                return st;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent ignored SIGTERM:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-/// Sends `count` RC SEND_ONLY packets (BTH + ICRC) to 198.18.0.1:4791 from
-/// namespace `b` with DSCP 26 / ECT(0); returns the UDP source port.
-fn send_roce(b: &Netns, count: u32, dest_qp: u32) -> u16 {
-    send_roce_from(
-        b,
-        "198.18.0.2",
-        "198.18.0.1",
-        (26 << 2) | 0b10,
-        count,
-        dest_qp,
-    )
-}
-
-/// Sends `count` RC SEND_ONLY packets (BTH + ICRC) from `src` in namespace `ns` to
-/// `dst`:4791 with TOS `tos`, PSNs 0, 1, ...; returns the UDP source port.
-fn send_roce_from(ns: &Netns, src: &str, dst: &str, tos: i32, count: u32, dest_qp: u32) -> u16 {
-    ns.enter(|| {
-        let sock = UdpSocket::bind(format!("{src}:0")).expect("bind in the namespace");
-        set_int_option(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos)
-            .unwrap_or_else(|e| panic!("IP_TOS: {e}"));
-        for psn in 0..count {
-            let mut bth = [0u8; 16];
-            bth[0] = 0x04; // RC SEND_ONLY
-            bth[1] = 0x40; // migreq
-            bth[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes()); // default P_Key
-            bth[4..8].copy_from_slice(&(dest_qp & 0x00FF_FFFF).to_be_bytes());
-            bth[8..12].copy_from_slice(&(psn & 0x00FF_FFFF).to_be_bytes());
-            sock.send_to(&bth, format!("{dst}:4791")).expect("send");
-        }
-        sock.local_addr().expect("local address").port()
-    })
-    .unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-/// Polls `flows --json` in `ns` until `done` holds for the document, or panics after
-/// 10 seconds with the last document and the agent's log.
-fn wait_for_flows(
-    agent: &Agent,
-    ns: &Netns,
-    api: &str,
-    done: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = ns
-            .cmd(BIN, &["flows", "--json", "--api", api])
-            .output()
-            .expect("flows --json");
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        if done(&v) {
-            let _: Document = serde_json::from_value(v.clone()).expect("a flow document");
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "flows never got there: {v}\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -299,7 +88,7 @@ fn flows_without_an_agent_is_a_clear_error() {
 #[test]
 fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
     require_root!();
-    let ns = new_ns();
+    let ns = new_ns(NS);
     // `run --config FILE ARGS` with `text` in FILE: exit 2, nothing attached; returns
     // stderr and the file's path.
     let refused = |name: &str, contents: &str, args: &[&str]| {
@@ -342,7 +131,7 @@ fn bad_config_exits_2_naming_line_and_column_and_attaches_nothing() {
 #[test]
 fn missing_interface_exits_2_and_attaches_nothing() {
     require_root!();
-    let ns = new_ns();
+    let ns = new_ns(NS);
     let out = ns
         .cmd(
             BIN,
@@ -370,7 +159,7 @@ fn missing_interface_exits_2_and_attaches_nothing() {
 #[test]
 fn no_bpf_permission_exits_1_with_a_hint() {
     require_root!();
-    let ns = new_ns();
+    let ns = new_ns(NS);
     // `roce-agent run` as nobody, without any capability.
     let as_nobody = |extra: &[&str]| {
         let mut args = vec![
@@ -405,7 +194,7 @@ fn no_bpf_permission_exits_1_with_a_hint() {
 #[test]
 fn agent_in_a_namespace_serves_flows_and_with_no_pin_detaches_on_sigterm() {
     require_root!();
-    let pair = Pair::new();
+    let pair = Pair::new(NS);
     let api = "127.0.0.1:9474";
     let mut agent = Agent::start(
         &pair.a,
@@ -426,31 +215,13 @@ fn agent_in_a_namespace_serves_flows_and_with_no_pin_detaches_on_sigterm() {
 
     let sport = send_roce(&pair.b, 5, 0x1234);
 
-    // The agent polls every 100 ms: wait for the flow to show up complete.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let json = loop {
-        let out = pair
-            .a
-            .cmd(BIN, &["flows", "--json", "--api", api])
-            .output()
-            .expect("flows --json");
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        let done = v["flows"]
+    // The agent polls every 100 ms: wait for the flow to show up complete (it must
+    // also read back as the documented document).
+    let json = wait_for_flows(&agent, &pair.a, api, |v| {
+        v["flows"]
             .as_array()
-            .is_some_and(|f| f.iter().any(|f| f["packets"] == 5));
-        if done {
-            // It must also read back as the documented document.
-            let _: Document = serde_json::from_value(v.clone()).expect("a flow document");
-            break v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no flow with 5 packets: {v}\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+            .is_some_and(|f| f.iter().any(|f| f["packets"] == 5))
+    });
     let flows = json["flows"].as_array().expect("flows array");
     assert_eq!(flows.len(), 1, "{json}");
     let f = &flows[0];
@@ -498,7 +269,7 @@ fn agent_in_a_namespace_serves_flows_and_with_no_pin_detaches_on_sigterm() {
 #[test]
 fn ce_marked_roce_in_and_out_comes_out_of_get_events_and_the_event_counters() {
     require_root!();
-    let pair = Pair::new();
+    let pair = Pair::new(NS);
     let api = "127.0.0.1:9478";
     let mut agent = Agent::start(
         &pair.a,
@@ -619,7 +390,7 @@ fn ce_marked_roce_in_and_out_comes_out_of_get_events_and_the_event_counters() {
 #[test]
 fn roce_sent_from_the_agents_namespace_is_an_egress_flow_with_the_dscp_enforce_wrote() {
     require_root!();
-    let pair = Pair::new();
+    let pair = Pair::new(NS);
     let api = "127.0.0.1:9476";
     let mut agent = Agent::start(
         &pair.a,
@@ -695,7 +466,7 @@ fn roce_sent_from_the_agents_namespace_is_an_egress_flow_with_the_dscp_enforce_w
 #[test]
 fn agent_with_the_lab_config_listens_on_the_default_port() {
     require_root!();
-    let pair = Pair::new();
+    let pair = Pair::new(NS);
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/lab.toml");
     let mut agent = Agent::start(
         &pair.a,
@@ -725,7 +496,7 @@ fn agent_with_the_lab_config_listens_on_the_default_port() {
 #[test]
 fn attach_failure_on_a_later_interface_detaches_the_earlier_ones() {
     require_root!();
-    let pair = Pair::new();
+    let pair = Pair::new(NS);
     // An XDP link is exclusive (and native and generic XDP cannot coexist): a first
     // agent holds `va2`, so a second agent asked for `va` then `va2` attaches `va`,
     // fails on `va2`, and must leave `va` detached again.
@@ -784,7 +555,7 @@ fn findings(ns: &Netns, api: &str) -> Vec<roce_agent::audit::Finding> {
 #[test]
 fn enforce_mode_sets_a_drifted_mtu_back_and_audit_mode_reports_it() {
     require_root!();
-    let pair = Pair::new();
+    let pair = Pair::new(NS);
     pair.a.ip_ok(&["link", "set", "va", "mtu", "9000"]);
     let api = "127.0.0.1:9475";
     let interval = 0.3;

@@ -7,24 +7,14 @@
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::UdpSocket;
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+mod common;
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{send_roce, text, wait_for_flows, Agent, Pair, BIN};
 use roce_agent::doc::Document;
-use roce_testkit::netns::{unique_name, Netns};
 
-const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
 const API: &str = "127.0.0.1:9473";
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 fn unix_now_ns() -> u64 {
     SystemTime::now()
@@ -33,119 +23,32 @@ fn unix_now_ns() -> u64 {
         .as_nanos() as u64
 }
 
-/// The agent, killed on drop.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `flows --json` in `ns`: the document as served (None while the agent does not
-/// answer yet).
-fn flows_json(ns: &Netns) -> Option<serde_json::Value> {
-    let out = ns
-        .cmd(BIN, &["flows", "--json", "--api", API])
-        .output()
-        .expect("run flows --json");
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).expect("JSON"))
-}
-
-/// Sends `count` RC SEND_ONLY packets (BTH + ICRC, 58-byte frames) to
-/// 198.18.0.1:4791 from namespace `b`.
-fn send_roce(b: &Netns, count: u32, dest_qp: u32) {
-    b.enter(|| {
-        let sock = UdpSocket::bind("198.18.0.2:0").expect("bind in the namespace");
-        for psn in 0..count {
-            let mut bth = [0u8; 16];
-            bth[0] = 0x04; // RC SEND_ONLY
-            bth[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
-            bth[4..8].copy_from_slice(&(dest_qp & 0x00FF_FFFF).to_be_bytes());
-            bth[8..12].copy_from_slice(&psn.to_be_bytes());
-            sock.send_to(&bth, "198.18.0.1:4791").expect("send");
-        }
-    })
-    .unwrap_or_else(|e| panic!("{e:#}"));
-}
-
 #[test]
 fn live_flows_are_stamped_on_the_unix_epoch_with_the_qp_in_hex() {
-    if !is_root() {
-        eprintln!("skipped: needs root (network namespaces, BPF)");
-        return;
-    }
-    let a = Netns::create(unique_name("roce-t-").0).expect("a namespace");
-    let b = Netns::create(unique_name("roce-t-").0).expect("a namespace");
-    a.ip_ok(&[
-        "link",
-        "add",
-        "va",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "vb",
-        "netns",
-        b.name(),
-    ]);
-    a.ip_ok(&["addr", "add", "198.18.0.1/30", "dev", "va"]);
-    b.ip_ok(&["addr", "add", "198.18.0.2/30", "dev", "vb"]);
-    a.ip_ok(&["link", "set", "va", "up"]);
-    b.ip_ok(&["link", "set", "vb", "up"]);
-
-    let log = std::env::temp_dir().join(format!("roce-live-document-{}.log", std::process::id()));
-    let mut agent = Agent(
-        a.cmd(
-            BIN,
-            &[
-                "run",
-                "--iface",
-                "va",
-                "--listen",
-                API,
-                "--interval",
-                "0.1",
-                "--no-pin",
-            ],
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"))
-        .spawn()
-        .expect("start the agent"),
+    require_root!();
+    let pair = Pair::new("roce-t-");
+    let (a, b) = (&pair.a, &pair.b);
+    let mut agent = Agent::start(
+        a,
+        &[
+            "run",
+            "--iface",
+            "va",
+            "--listen",
+            API,
+            "--interval",
+            "0.1",
+            "--no-pin",
+        ],
     );
-    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while flows_json(&a).is_none() {
-        if let Ok(Some(st)) = agent.0.try_wait() {
-            panic!("the agent exited early ({st}):\n{}", agent_log());
-        }
-        assert!(Instant::now() < deadline, "no answer:\n{}", agent_log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    agent.wait_ready(a, API);
 
     let before = unix_now_ns();
-    send_roce(&b, 3, 0x1234);
+    send_roce(b, 3, 0x1234);
     std::thread::sleep(Duration::from_millis(300));
-    send_roce(&b, 2, 0x1234);
+    send_roce(b, 2, 0x1234);
     let after_sending = unix_now_ns();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let doc = loop {
-        let v = flows_json(&a).expect("the agent answers");
-        if v["flows"][0]["packets"] == 5 {
-            break v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no flow of 5 packets: {v}\n{}",
-            agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let doc = wait_for_flows(&agent, a, API, |v| v["flows"][0]["packets"] == 5);
     let f = &doc["flows"][0];
     assert_eq!(f["dest_qp"], 0x1234, "{f}");
     assert_eq!(f["dest_qp_hex"], "0x1234", "{f}");
@@ -185,5 +88,4 @@ fn live_flows_are_stamped_on_the_unix_epoch_with_the_qp_in_hex() {
     assert_eq!(row[at("qp")], "0x1234", "{table}");
     // 5 frames of 58 bytes: under 1000, written exactly.
     assert_eq!(row[at("bytes(k=1000)")], "290", "{table}");
-    let _ = std::fs::remove_file(&log);
 }

@@ -13,41 +13,26 @@
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{fixture, Agent, Pair};
 use roce_agent::doc::finding::Severity;
 use roce_agent::doc::{Counters, Direction, Document, Ecn, Family, Flow};
 use roce_agent::telemetry::metrics::{self, EventCounts, HostSources, Inputs};
-use roce_testkit::netns::{unique_name, Netns};
+use roce_testkit::netns::Netns;
 use roce_testkit::sock::set_int_option;
 
-const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
+/// The prefix of the namespaces the tests make: `roce-m-<pid>x<n>`.
+const NS: &str = "roce-m-";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn fixture(name: &str) -> PathBuf {
-    repo().join("tests/fixtures/sysfs").join(name)
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-macro_rules! require_root {
-    () => {
-        if !is_root() {
-            eprintln!("skipped: needs root (network namespaces, BPF)");
-            return;
-        }
-    };
 }
 
 /// Whether promtool can be run; under CI its absence is a failure, not a skip.
@@ -90,6 +75,19 @@ fn promtool_check_metrics(text: &str) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), said)
+}
+
+/// That `promtool check metrics` finds nothing in `text` (skipped without promtool
+/// outside CI, see [`have_promtool`]).
+fn assert_promtool_clean(text: &str) {
+    if !have_promtool() {
+        return;
+    }
+    let (ok, said) = promtool_check_metrics(text);
+    assert!(
+        ok && said.trim().is_empty(),
+        "promtool check metrics:\n{said}\n---\n{text}"
+    );
 }
 
 /// The value of the sample `series` (name and labels as written) in `text`.
@@ -278,7 +276,7 @@ fn exposition_of_a_realistic_document_is_promtool_clean() {
     let events = realistic_events();
     // The RNIC counters as a scrape reads them from a fixture tree.
     let host = HostSources {
-        sysfs_root: fixture("mlx5-bad"),
+        sysfs_root: fixture("mlx5-bad").into(),
         interfaces: Vec::new(),
     }
     .read();
@@ -409,21 +407,14 @@ fn exposition_of_a_realistic_document_is_promtool_clean() {
         "15"
     );
 
-    if !have_promtool() {
-        return;
-    }
-    let (ok, said) = promtool_check_metrics(&text);
-    assert!(
-        ok && said.trim().is_empty(),
-        "promtool check metrics:\n{said}\n---\n{text}"
-    );
+    assert_promtool_clean(&text);
 }
 
 /// An exporter of a realistic host: the RNIC counters of a fixture tree, no PFC.
 fn exporter(tree: &str) -> metrics::Exporter {
     metrics::Exporter {
         host: std::sync::RwLock::new(HostSources {
-            sysfs_root: fixture(tree),
+            sysfs_root: fixture(tree).into(),
             interfaces: Vec::new(),
         }),
         top_flows: 10,
@@ -477,14 +468,7 @@ fn a_whole_scrape_with_the_process_families_is_promtool_clean() {
         "{text}"
     );
 
-    if !have_promtool() {
-        return;
-    }
-    let (ok, said) = promtool_check_metrics(&text);
-    assert!(
-        ok && said.trim().is_empty(),
-        "promtool check metrics:\n{said}\n---\n{text}"
-    );
+    assert_promtool_clean(&text);
 }
 
 #[test]
@@ -543,7 +527,7 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
 fn rnic_counters_of_both_fixture_trees_are_read_through_the_audit_discovery() {
     for (tree, cnps_sent) in [("mlx5-good", 18234), ("mlx5-bad", 0)] {
         let host = HostSources {
-            sysfs_root: fixture(tree),
+            sysfs_root: fixture(tree).into(),
             interfaces: Vec::new(),
         }
         .read();
@@ -573,46 +557,6 @@ fn rnic_counters_of_both_fixture_trees_are_read_through_the_audit_discovery() {
 // ---------------------------------------------------------------------------------
 // Namespaces: the ethtool ioctl on a veth, and a real agent.
 
-static FILE_COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn new_ns() -> Netns {
-    let (name, _) = unique_name("roce-m-");
-    Netns::create(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
-}
-
-/// Two namespaces joined by a veth pair: `va` 198.18.0.1/30 in `a`, `vb`
-/// 198.18.0.2/30 in `b`; up when `up`.
-struct Pair {
-    a: Netns,
-    b: Netns,
-}
-
-impl Pair {
-    fn new(up: bool) -> Pair {
-        let a = new_ns();
-        let b = new_ns();
-        a.ip_ok(&[
-            "link",
-            "add",
-            "va",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "vb",
-            "netns",
-            b.name(),
-        ]);
-        if up {
-            a.ip_ok(&["addr", "add", "198.18.0.1/30", "dev", "va"]);
-            b.ip_ok(&["addr", "add", "198.18.0.2/30", "dev", "vb"]);
-            a.ip_ok(&["link", "set", "va", "up"]);
-            b.ip_ok(&["link", "set", "vb", "up"]);
-        }
-        Pair { a, b }
-    }
-}
-
 fn ifindex(ns: &Netns, dev: &str) -> u64 {
     let out = ns.ip_ok(&["-o", "link", "show", "dev", dev]);
     out.split(':')
@@ -625,7 +569,7 @@ fn ifindex(ns: &Netns, dev: &str) -> u64 {
 fn ethtool_statistics_of_a_veth_match_ethtool_dash_s() {
     require_root!();
     // Links down: no traffic, so two reads of the statistics agree.
-    let pair = Pair::new(false);
+    let pair = Pair::down(NS);
     let peer = ifindex(&pair.b, "vb");
     let stats = pair
         .a
@@ -689,45 +633,6 @@ fn ethtool_statistics_of_a_veth_match_ethtool_dash_s() {
     assert!(host.pfc.is_empty(), "{:?}", host.pfc);
 }
 
-/// A running agent, killed on drop if a test left it running.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(ns: &Netns, args: &[&str]) -> Agent {
-        let log = std::env::temp_dir().join(format!(
-            "roce-agent-metrics-{}-{}.log",
-            std::process::id(),
-            FILE_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let err = std::fs::File::create(&log).expect("log file");
-        let child = ns
-            .cmd(BIN, args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("start the agent");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
 /// `GET /metrics` from inside `ns`: the Content-Type and the body (None: no answer).
 fn scrape(ns: &Netns, addr: &str) -> Option<(String, String)> {
     let addr = addr.to_string();
@@ -781,7 +686,7 @@ fn send(b: &Netns, count: u32, dest_qp: u32, ecn: i32, cnp: bool) {
 #[test]
 fn a_running_agent_serves_exact_metrics_that_promtool_accepts() {
     require_root!();
-    let pair = Pair::new(true);
+    let pair = Pair::new(NS);
     let api = "127.0.0.1:9475";
     let root = fixture("mlx5-good");
     let agent = Agent::start(
@@ -795,7 +700,7 @@ fn a_running_agent_serves_exact_metrics_that_promtool_accepts() {
             "--interval",
             "0.1",
             "--sysfs-root",
-            root.to_str().expect("UTF-8 path"),
+            &root,
         ],
     );
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -891,11 +796,5 @@ fn a_running_agent_serves_exact_metrics_that_promtool_accepts() {
         "{start} vs {now}"
     );
 
-    if have_promtool() {
-        let (ok, said) = promtool_check_metrics(&text);
-        assert!(
-            ok && said.trim().is_empty(),
-            "promtool check metrics:\n{said}\n---\n{text}"
-        );
-    }
+    assert_promtool_clean(&text);
 }

@@ -11,44 +11,20 @@
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-use roce_testkit::netns::{unique_name, Netns};
+use common::{agent, text, Agent, Pair, BIN};
+use roce_testkit::netns::Netns;
 use roce_testkit::temp::TempFile;
 
-const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
-
-fn agent(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("RUST_LOG")
-        .env_remove("JOURNAL_STREAM")
-        .output()
-        .expect("run roce-agent")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-macro_rules! require_root {
-    () => {
-        if !is_root() {
-            eprintln!("skipped: needs root (network namespaces, BPF)");
-            return;
-        }
-    };
-}
+/// The prefix of the namespaces the tests make: `roce-o-<pid>x<n>`.
+const NS: &str = "roce-o-";
 
 /// A port nothing listens on (bound, then let go).
 fn closed_port() -> u16 {
@@ -395,147 +371,14 @@ fn logfmt_from_the_file_or_the_flag_quotes_values_and_has_no_timestamp_on_the_jo
 // ---------------------------------------------------------------------------------
 // Real agents in namespaces
 
-static FILE_COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn new_ns() -> Netns {
-    let (name, _) = unique_name("roce-o-");
-    Netns::create(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
-}
-
-/// Two namespaces joined by a veth pair: `va` 198.18.0.1/30 in `a`, `vb`
-/// 198.18.0.2/30 in `b`.
-struct Pair {
-    a: Netns,
-    b: Netns,
-}
-
-impl Pair {
-    fn new() -> Pair {
-        let a = new_ns();
-        let b = new_ns();
-        a.ip_ok(&[
-            "link",
-            "add",
-            "va",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "vb",
-            "netns",
-            b.name(),
-        ]);
-        a.ip_ok(&["addr", "add", "198.18.0.1/30", "dev", "va"]);
-        b.ip_ok(&["addr", "add", "198.18.0.2/30", "dev", "vb"]);
-        a.ip_ok(&["link", "set", "va", "up"]);
-        b.ip_ok(&["link", "set", "vb", "up"]);
-        Pair { a, b }
-    }
-}
-
-/// A running agent, its stderr in a file; killed on drop if a test left it running.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    /// Starts `roce-agent args...` in `ns`; with `journal`, stderr is "the journal"
-    /// (JOURNAL_STREAM names its file).
-    fn start(ns: &Netns, args: &[&str], journal: bool) -> Agent {
-        let log = std::env::temp_dir().join(format!(
-            "roce-agent-operator-{}-{}.log",
-            std::process::id(),
-            FILE_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let err = std::fs::File::create(&log).expect("log file");
-        let mut cmd = ns.cmd(BIN, args);
-        cmd.env_remove("JOURNAL_STREAM");
+/// Starts `roce-agent ARGS` in `ns`; with `journal`, its stderr is "the journal"
+/// (JOURNAL_STREAM names its log file).
+fn start_agent(ns: &Netns, args: &[&str], journal: bool) -> Agent {
+    Agent::start_with(ns, args, |cmd, log| {
         if journal {
-            cmd.env("JOURNAL_STREAM", journal_stream_of(&log));
+            cmd.env("JOURNAL_STREAM", journal_stream_of(log));
         }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("start the agent");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Polls `flows --json` in `ns` until the agent answers.
-    fn wait_ready(&mut self, ns: &Netns, api: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("the agent exited early ({st}):\n{}", self.log());
-            }
-            let out = ns
-                .cmd(BIN, &["flows", "--json", "--api", api])
-                .output()
-                .expect("run flows");
-            if out.status.success() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no answer from the agent: {}\n{}",
-                text(&out.stderr),
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn signal(&self, signal: libc::c_int) {
-        // SAFETY: signalling our own child by its pid.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
-        assert_eq!(rc, 0);
-    }
-
-    /// Waits until the log has a line containing `needle`.
-    fn wait_for_log(&self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.log().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} in the log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGTERM; the exit code.
-    fn terminate(&mut self) -> Option<i32> {
-        self.signal(libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(st) = self.child.try_wait().expect("wait") {
-                return st.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent ignored SIGTERM:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_file(&self.log);
-    }
+    })
 }
 
 /// `GET path` of the agent at `api`, from inside `ns`.
@@ -570,9 +413,9 @@ fn reload_metrics(ns: &Netns, api: &str) -> (String, String, String) {
 #[test]
 fn colon_port_listens_on_every_address_and_peer_is_probed() {
     require_root!();
-    let pair = Pair::new();
+    let pair = Pair::new(NS);
     // va's MTU 1500 cannot carry the 9000 asked for: the path to the peer fails.
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &pair.a,
         &[
             "run",
@@ -616,7 +459,7 @@ fn colon_port_listens_on_every_address_and_peer_is_probed() {
     assert!(path[0].found.contains("198.18.0.2"), "{:?}", path[0]);
     assert!(path[0].found.contains("va, MTU 1500"), "{:?}", path[0]);
 
-    assert_eq!(agent.terminate(), Some(0), "{}", agent.log());
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
     // Text on the journal: no line starts with a timestamp, each with its level.
     let log = agent.log();
     assert!(log.contains("INFO"), "{log}");
@@ -634,9 +477,9 @@ fn colon_port_listens_on_every_address_and_peer_is_probed() {
 #[test]
 fn sighup_without_a_config_changes_no_reload_metric_and_logfmt_lines_parse() {
     require_root!();
-    let pair = Pair::new();
+    let pair = Pair::new(NS);
     let api = "127.0.0.1:9482";
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &pair.a,
         &[
             "run",
@@ -665,7 +508,7 @@ fn sighup_without_a_config_changes_no_reload_metric_and_logfmt_lines_parse() {
         "{}",
         agent.log()
     );
-    assert_eq!(agent.terminate(), Some(0), "{}", agent.log());
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
 
     let log = agent.log();
     let records: Vec<Vec<(String, String)>> = log
@@ -697,11 +540,11 @@ fn sighup_without_a_config_changes_no_reload_metric_and_logfmt_lines_parse() {
 #[test]
 fn a_refused_reload_is_one_record_and_counts_as_a_failure() {
     require_root!();
-    let pair = Pair::new();
+    let pair = Pair::new(NS);
     let api = "127.0.0.1:9483";
     let good = format!("interfaces = [\"va\"]\nlisten = \"{api}\"\nlog_format = \"json\"\n");
     let file = TempFile::new("reload.toml", &good);
-    let mut agent = Agent::start(&pair.a, &["run", "--config", file.arg(), "--no-pin"], false);
+    let mut agent = start_agent(&pair.a, &["run", "--config", file.arg(), "--no-pin"], false);
     agent.wait_ready(&pair.a, api);
 
     std::fs::write(file.path(), format!("{good}roce_port = = 4\n")).expect("write");
@@ -718,7 +561,7 @@ fn a_refused_reload_is_one_record_and_counts_as_a_failure() {
         reload_metrics(&pair.a, api),
         ("1".into(), "1".into(), "1".into())
     );
-    assert_eq!(agent.terminate(), Some(0), "{}", agent.log());
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
 
     let log = agent.log();
     let records: Vec<serde_json::Value> = log

@@ -16,30 +16,27 @@
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{is_root, quiet_pair, text, BIN};
 use roce_agent::analyze::CaptureReader;
-use roce_testkit::netns::{unique_name, Netns};
+use roce_testkit::netns::Netns;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_roce-agent");
 /// The agent's API inside namespace B (each namespace has its own loopback).
 const API: &str = "127.0.0.1:9473";
 /// Ethernet header bytes on top of the MTU.
 const ETH_HLEN: usize = 14;
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// Whether this test can run here: root, tcpreplay and taskset.
 fn can_run() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         eprintln!("skipped: needs root (network namespaces, XDP)");
         return false;
     }
@@ -54,12 +51,6 @@ fn can_run() -> bool {
         }
     }
     true
-}
-
-/// Namespace `name` without IPv6 (no router or neighbour solicitations), deleted
-/// with its links on drop.
-fn quiet_ns(name: String) -> Netns {
-    Netns::create_without_ipv6(name).unwrap_or_else(|e| panic!("creating a namespace: {e:#}"))
 }
 
 /// The running agent: SIGTERM on drop (it detaches), SIGKILL if it lingers.
@@ -102,25 +93,11 @@ struct Rig {
 
 impl Rig {
     fn new(mtu: u32) -> Rig {
-        let (base, _) = unique_name("roce-rp-");
-        let a = quiet_ns(format!("{base}a"));
-        let b = quiet_ns(format!("{base}b"));
-        a.ip_ok(&[
-            "link",
-            "add",
-            "ra",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "rb",
-            "netns",
-            b.name(),
-        ]);
+        let (a, b) = quiet_pair("roce-rp-");
         let mtu = mtu.to_string();
         a.ip_ok(&["link", "set", "ra", "mtu", &mtu, "up"]);
         b.ip_ok(&["link", "set", "rb", "mtu", &mtu, "up"]);
-        let log = std::env::temp_dir().join(format!("{base}-agent.log"));
+        let log = std::env::temp_dir().join(format!("{}-agent.log", b.name()));
         let err = File::create(&log).expect("agent log file");
         let child = b
             .cmd(

@@ -111,12 +111,16 @@ pub enum Command {
         roce-agent analyze mirror.pcap\n  \
         roce-agent analyze fabric.pcapng --json | jq '.findings[]'\n  \
         roce-agent analyze big.pcap --lossless-dscp 24,26 --cnp-dscp 56\n  \
-        roce-agent analyze mirror.pcap --engine kernel\n\n\
+        roce-agent analyze mirror.pcap --engine kernel\n  \
+        tcpdump -i any -w - udp port 4791 | roce-agent analyze -\n\n\
         Classifies every frame with the live agent's classifier and counting rules: by default \
         the reference classifier (the same code the XDP program runs), on every CPU; \
         `--engine kernel` runs each frame through the real XDP program with BPF_PROG_TEST_RUN \
-        (root needed, slower). Both print the same report. Ethernet captures only. Exit status 1 \
-        when the capture is truncated or corrupt (the flows read until then are still printed).")]
+        (root needed, slower). Both print the same report. Reads Ethernet captures and Linux \
+        cooked captures (`tcpdump -i any`: link types 113 and 276); `-` reads standard input.\n\n\
+        Exit status: 1 when a finding is at the --fail-on level or above (default error) or \
+        the capture is truncated or corrupt (the flows read until then are still printed), \
+        2 usage or configuration error.")]
     Analyze(AnalyzeArgs),
     /// Audit this host for RoCE: MTU, VXLAN headroom, path MTU to peers, DCB app table and PFC, RNIC ECN knobs
     #[command(after_help = "Examples:\n  \

@@ -492,6 +492,46 @@ impl Document {
     }
 }
 
+/// A flow for the tests of the modules that read documents (doc, telemetry, top): on
+/// `ifname`, ingress, `src` to `dst` (the family of `src`), QP `qp`, from UDP port
+/// 49152 with DSCP 26, not in VXLAN, nothing counted. A test sets what it counts with
+/// `Flow { packets: 10, ..test_flow(...) }`.
+#[cfg(test)]
+pub(crate) fn test_flow(ifname: &str, src: &str, dst: &str, qp: u32) -> Flow {
+    let src: IpAddr = src.parse().unwrap();
+    Flow {
+        ifname: Some(ifname.to_string()),
+        direction: Some(Direction::Ingress),
+        family: if src.is_ipv6() {
+            Family::Ipv6
+        } else {
+            Family::Ipv4
+        },
+        src,
+        dst: dst.parse().unwrap(),
+        sport: 49152,
+        vni: None,
+        inner_family: None,
+        inner_src: None,
+        inner_dst: None,
+        dest_qp: qp,
+        packets: 0,
+        bytes: 0,
+        ecn: Ecn::default(),
+        inner_ecn: None,
+        cnps: 0,
+        acks: 0,
+        naks: 0,
+        rnr_naks: 0,
+        psn_gaps: 0,
+        psn_split: false,
+        last_dscp: 26,
+        first_seen_ns: 0,
+        last_seen_ns: 0,
+        rates: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -173,21 +173,10 @@ pub fn counters_line(doc: &Document) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doc::{Counters, Ecn, Family};
+    use crate::doc::{test_flow, Counters, Ecn};
 
     fn flow(src: &str, qp: u32, bytes: u64, ce: u64, total: u64) -> Flow {
         Flow {
-            ifname: Some("eth1".into()),
-            direction: Some(Direction::Ingress),
-            family: Family::Ipv4,
-            src: src.parse().unwrap(),
-            dst: "198.18.0.2".parse().unwrap(),
-            sport: 49152,
-            vni: None,
-            inner_family: None,
-            inner_src: None,
-            inner_dst: None,
-            dest_qp: qp,
             packets: total,
             bytes,
             ecn: Ecn {
@@ -195,17 +184,12 @@ mod tests {
                 ce,
                 ..Default::default()
             },
-            inner_ecn: None,
             cnps: 1,
             acks: 2,
             naks: 3,
             rnr_naks: 4,
             psn_gaps: 5,
-            psn_split: false,
-            last_dscp: 26,
-            first_seen_ns: 0,
-            last_seen_ns: 0,
-            rates: None,
+            ..test_flow("eth1", src, "198.18.0.2", qp)
         }
     }
 

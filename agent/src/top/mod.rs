@@ -108,38 +108,17 @@ mod tests {
 
     use super::*;
     use crate::doc::finding::{Finding, Findings, Severity};
-    use crate::doc::{Counters, Direction, Document, Ecn, Family, Flow, Rates};
+    use crate::doc::{test_flow, Counters, Document, Ecn, Flow, Rates};
 
     pub(super) fn flow(src: &str, qp: u32) -> Flow {
         Flow {
-            ifname: Some("va".into()),
-            direction: Some(Direction::Ingress),
-            family: Family::Ipv4,
-            src: src.parse().unwrap(),
-            dst: "198.18.0.1".parse().unwrap(),
-            sport: 49152,
-            vni: None,
-            inner_family: None,
-            inner_src: None,
-            inner_dst: None,
-            dest_qp: qp,
             packets: 1000,
             bytes: 1_284_000,
             ecn: Ecn {
                 ect0: 1000,
                 ..Default::default()
             },
-            inner_ecn: None,
-            cnps: 0,
-            acks: 0,
-            naks: 0,
-            rnr_naks: 0,
-            psn_gaps: 0,
-            psn_split: false,
-            last_dscp: 26,
-            first_seen_ns: 0,
-            last_seen_ns: 0,
-            rates: None,
+            ..test_flow("va", src, "198.18.0.1", qp)
         }
     }
 

@@ -241,30 +241,13 @@ fn pfc_finding(ifname: &str, state: &DcbState, policy: &Policy) -> Option<Findin
 #[cfg(test)]
 mod tests {
     //! The checks on hand-made states.
+    use super::super::test_states::{right, state};
     use super::super::{DcbApp, IeeePfc};
     use super::*;
     use roce_common::policy::ENTRY_LOSSLESS;
 
     const IF: &str = "eth1";
     const APP_SEL_ETHERTYPE: u8 = 1;
-
-    fn state(apps: &[(u8, u8)], pfc_mask: Option<u8>) -> DcbState {
-        DcbState {
-            apps: apps.iter().map(|(d, p)| DcbApp::dscp(*d, *p)).collect(),
-            pfc: pfc_mask.map(|enabled| IeeePfc {
-                cap: 8,
-                enabled,
-                delay: 77,
-                ..IeeePfc::default()
-            }),
-            ets: None,
-            dcbx: Some(0x09),
-        }
-    }
-
-    fn right() -> DcbState {
-        state(&[(26, 3), (48, 6)], Some(1 << 3))
-    }
 
     fn one(state: DcbState) -> Finding {
         let f = audit(IF, &Ok(state), &Policy::default());

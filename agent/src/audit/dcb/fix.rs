@@ -146,25 +146,8 @@ fn priorities_text(p: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_states::{right, state};
     use super::*;
-
-    fn state(apps: &[(u8, u8)], pfc_mask: Option<u8>) -> DcbState {
-        DcbState {
-            apps: apps.iter().map(|(d, p)| DcbApp::dscp(*d, *p)).collect(),
-            pfc: pfc_mask.map(|enabled| IeeePfc {
-                cap: 8,
-                enabled,
-                delay: 77,
-                ..IeeePfc::default()
-            }),
-            ets: None,
-            dcbx: Some(0x09),
-        }
-    }
-
-    fn right() -> DcbState {
-        state(&[(26, 3), (48, 6)], Some(1 << 3))
-    }
 
     #[test]
     fn the_dry_run_commands_are_the_fix_in_its_order() {

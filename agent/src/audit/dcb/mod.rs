@@ -201,3 +201,30 @@ fn errno_text(errno: i32) -> String {
 fn priorities_of_mask(mask: u8) -> Vec<u8> {
     (0..PRIORITIES).filter(|p| mask & (1 << p) != 0).collect()
 }
+
+/// The hand-made states the tests of `check` and `fix` read.
+#[cfg(test)]
+mod test_states {
+    use super::{DcbApp, DcbState, IeeePfc};
+
+    /// DSCP-to-priority `apps` and, unless None, PFC enabled on the priorities of
+    /// `pfc_mask` (of 8); DCBX IEEE and host-managed.
+    pub(super) fn state(apps: &[(u8, u8)], pfc_mask: Option<u8>) -> DcbState {
+        DcbState {
+            apps: apps.iter().map(|(d, p)| DcbApp::dscp(*d, *p)).collect(),
+            pfc: pfc_mask.map(|enabled| IeeePfc {
+                cap: 8,
+                enabled,
+                delay: 77,
+                ..IeeePfc::default()
+            }),
+            ets: None,
+            dcbx: Some(0x09),
+        }
+    }
+
+    /// What the default policy asks for: DSCP 26 on priority 3, 48 on 6, PFC on 3.
+    pub(super) fn right() -> DcbState {
+        state(&[(26, 3), (48, 6)], Some(1 << 3))
+    }
+}

@@ -172,44 +172,26 @@ impl Exporter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doc::{Counters, Direction, Ecn, Flow};
+    use crate::doc::{test_flow, Counters, Ecn, Flow};
     use std::net::IpAddr;
 
     pub(super) fn flow(ifname: &str, src: &str, qp: u32, vni: Option<u32>) -> Flow {
         Flow {
-            ifname: Some(ifname.to_string()),
-            direction: Some(Direction::Ingress),
-            family: crate::doc::Family::Ipv4,
-            src: src.parse().unwrap(),
-            dst: "198.18.0.2".parse().unwrap(),
-            sport: 49152,
             vni,
             inner_family: vni.map(|_| crate::doc::Family::Ipv4),
             inner_src: vni.map(|_| "198.19.0.1".parse::<IpAddr>().unwrap()),
             inner_dst: vni.map(|_| "198.19.0.2".parse::<IpAddr>().unwrap()),
-            dest_qp: qp,
             packets: 10,
             bytes: 1000,
             ecn: Ecn {
-                not_ect: 0,
-                ect1: 0,
                 ect0: 10,
-                ce: 0,
+                ..Ecn::default()
             },
             inner_ecn: vni.map(|_| Ecn {
                 ect0: 10,
                 ..Ecn::default()
             }),
-            cnps: 0,
-            acks: 0,
-            naks: 0,
-            rnr_naks: 0,
-            psn_gaps: 0,
-            psn_split: false,
-            last_dscp: 26,
-            first_seen_ns: 0,
-            last_seen_ns: 0,
-            rates: None,
+            ..test_flow(ifname, src, "198.18.0.2", qp)
         }
     }
 
