@@ -2867,3 +2867,52 @@ fn tcpdump_any_of_a_replay_reads_as_the_ethernet_capture() {
         }
     }
 }
+
+/// A finding about flows lists them by key (`flow_keys`): each key is a flow of the
+/// same document, in the order the finding's text names them, and `flows` counts them.
+#[test]
+fn findings_list_their_flows_by_key() {
+    let s = Scratch::new();
+    let p = s.path("scenario.pcap");
+    scenario().write_pcap(&p);
+    let (doc, _) = analyze_json(&p, "reference");
+    let flows = doc["flows"].as_array().unwrap();
+    let key = |v: &Value| {
+        (
+            v["src"].clone(),
+            v["dst"].clone(),
+            v["vni"].clone(),
+            v["inner_src"].clone(),
+            v["inner_dst"].clone(),
+            v["dest_qp"].clone(),
+        )
+    };
+    let mut listed = 0;
+    for f in doc["findings"].as_array().unwrap() {
+        let Some(keys) = f.get("flow_keys").and_then(Value::as_array) else {
+            continue;
+        };
+        listed += 1;
+        assert_eq!(keys.len() as u64, f["flows"].as_u64().unwrap(), "{f}");
+        for k in keys {
+            assert!(
+                flows.iter().any(|fl| key(fl) == key(k)),
+                "{k} is no flow of the document"
+            );
+            let qp = k["dest_qp"].as_u64().unwrap();
+            assert_eq!(k["dest_qp_hex"], format!("{qp:#x}"));
+        }
+        // The first flow the text names is the first key.
+        let first = &keys[0];
+        let qp = format!("qp {:#x}", first["dest_qp"].as_u64().unwrap());
+        let text = f["found"].as_str().unwrap();
+        assert!(text.contains(&qp), "{text} does not name {qp} first");
+    }
+    assert!(listed >= 4, "the scenario's findings about flows: {listed}");
+    // A finding about no flow (other traffic on a lossless DSCP) lists none.
+    for f in doc["findings"].as_array().unwrap() {
+        if f["flows"] == 0 {
+            assert!(f.get("flow_keys").is_none(), "{f}");
+        }
+    }
+}

@@ -8,7 +8,7 @@ use roce_common::policy::Policy;
 
 use super::report::{AnalyzedFlow, CaptureInfo};
 use super::tally::{FlowExtra, Tally};
-use crate::doc::finding::{Finding, Severity};
+use crate::doc::finding::{Finding, FlowRef, Severity};
 use crate::doc::{Counters, Flow};
 
 /// `{26}` or `{24, 26}`: the policy's lossless DSCP set.
@@ -72,6 +72,20 @@ fn remark_advice(policy: &Policy) -> String {
     }
 }
 
+/// How many flows a finding lists by key (`flow_keys`); `flows` counts them all.
+const MAX_FLOW_KEYS: usize = 1000;
+
+/// Lists the flows the finding just pushed concerns, by key, in the order its text
+/// names them: what a script needs to find them in the flows document.
+fn name_flows<'a>(out: &mut [Finding], concerned: impl Iterator<Item = &'a AnalyzedFlow>) {
+    if let Some(last) = out.last_mut() {
+        last.flow_keys = concerned
+            .take(MAX_FLOW_KEYS)
+            .map(|f| FlowRef::of(&f.flow))
+            .collect();
+    }
+}
+
 /// Every finding, most severe first (stable order within a severity).
 pub fn findings(
     flows: &[AnalyzedFlow],
@@ -92,6 +106,7 @@ pub fn findings(
             expected,
             fix: fix.to_string(),
             flows: Some(flows as u64),
+            flow_keys: Vec::new(),
         };
 
     // Loss: PSN gaps in a fabric that should be lossless.
@@ -110,6 +125,7 @@ pub fn findings(
             "no PSN gap: a lossless (PFC) class loses no packet".into(),
             "check PFC on the path (same priority enabled on hosts and switch ports, DSCP->priority maps agree), switch drop counters, and the capture point itself (a SPAN port may drop)",
         ));
+        name_flows(&mut out, gaps.iter().copied());
     }
 
     // NAKs: the receiver saw a sequence error or could not take the message.
@@ -132,6 +148,7 @@ pub fn findings(
             "no NAK (sequence errors mean loss; RNR NAKs mean the receiver had no buffer posted)".into(),
             "NAK (PSN sequence error): find the loss (PFC, drops); RNR NAK: the application posts receives too late (raise the RNR retry timer or post more receive buffers)",
         ));
+        name_flows(&mut out, naks.iter().copied());
     }
 
     // ICRC errors: corruption, or a middlebox that rewrote covered fields.
@@ -150,6 +167,7 @@ pub fn findings(
             "every ICRC valid (receivers drop packets whose ICRC is wrong)".into(),
             "look for a device that rewrites addresses or ports (NAT, a load balancer) or corrupts frames; RoCE's ICRC covers everything but TOS/ECN, TTL, checksums and FECN/BECN",
         ));
+        name_flows(&mut out, bad.iter().copied());
     }
 
     // RoCE outside the lossless class.
@@ -175,6 +193,7 @@ pub fn findings(
             format!("RoCE traffic on a lossless DSCP {}", lossless_text(policy)),
             "set the RoCE traffic class on the hosts (e.g. `cma_roce_tos -d DEV -t 106` for DSCP 26 + ECT(0), or the application's/NCCL's traffic class: NCCL_IB_TC=106) and trust DSCP on NICs and switches",
         ));
+        name_flows(&mut out, off.iter().map(|o| o.0));
     }
 
     // ECN off: switches cannot mark, DCQCN cannot react.
@@ -198,6 +217,7 @@ pub fn findings(
             "RoCE data ECN-capable (ECT(0)), so that switches mark CE instead of pausing or dropping and DCQCN can slow the sender".into(),
             "enable ECN for RoCE on the hosts (ToS 106 = DSCP 26 + ECT(0); on NVIDIA NICs enable DCQCN: /sys/class/net/DEV/ecn/roce_np/enable/3 and roce_rp/enable/3)",
         ));
+        name_flows(&mut out, not_ect.iter().map(|o| o.0));
     }
 
     // CNPs not on the CNP DSCP.
@@ -223,6 +243,7 @@ pub fn findings(
             format!("CNPs on DSCP {} (a strict-priority class, so congestion notification is never queued behind data)", policy.qos.cnp_dscp),
             "set the NIC's CNP DSCP (NVIDIA: /sys/class/net/DEV/ecn/roce_np/cnp_dscp) and its priority to match the switch's CNP queue",
         ));
+        name_flows(&mut out, cnp.iter().map(|o| o.0));
     }
 
     // Other traffic in the lossless class.
@@ -284,6 +305,7 @@ pub fn findings(
             "few CE marks; each CE-marked flow answered by CNPs from its receiver".into(),
             "CE marks mean congestion at a switch queue: look for incast (many senders to one receiver) and check that ECN thresholds sit below the PFC thresholds",
         ));
+        name_flows(&mut out, ce.iter().copied());
     }
 
     // Frames that could not be parsed.

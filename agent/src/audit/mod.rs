@@ -72,6 +72,7 @@ pub fn finding(
         expected: expected.into(),
         fix: fix.into(),
         flows: None,
+        flow_keys: Vec::new(),
     }
 }
 

@@ -5,7 +5,11 @@
 
 use std::fmt::Write as _;
 
+use std::net::IpAddr;
+
 use serde::{Deserialize, Serialize};
+
+use super::{Direction, Flow};
 
 /// How much a finding matters (ordered: errors sort last, most severe first with `Reverse`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -31,6 +35,40 @@ pub struct Finding {
     /// absent from the host audit's findings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flows: Option<u64>,
+    /// The flows behind the finding by key, as the flows document names them (at most
+    /// 1,000, in the order the text names them; `flows` counts them all). Absent when
+    /// the finding is about no flow.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flow_keys: Vec<FlowRef>,
+}
+
+/// A flow by its key: the fields that tell it apart in the flows document.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowRef {
+    pub ifname: Option<String>,
+    pub direction: Option<Direction>,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub vni: Option<u32>,
+    pub inner_src: Option<IpAddr>,
+    pub inner_dst: Option<IpAddr>,
+    #[serde(flatten, with = "super::dest_qp_json")]
+    pub dest_qp: u32,
+}
+
+impl FlowRef {
+    pub fn of(f: &Flow) -> FlowRef {
+        FlowRef {
+            ifname: f.ifname.clone(),
+            direction: f.direction,
+            src: f.src,
+            dst: f.dst,
+            vni: f.vni,
+            inner_src: f.inner_src,
+            inner_dst: f.inner_dst,
+            dest_qp: f.dest_qp,
+        }
+    }
 }
 
 /// The findings as text, one paragraph each.

@@ -186,6 +186,7 @@ mod tests {
             expected: "MTU >= 4192".into(),
             fix: "ip link set dev va mtu 4192".into(),
             flows: None,
+            flow_keys: Vec::new(),
         };
         Findings {
             findings: vec![
