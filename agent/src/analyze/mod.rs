@@ -22,6 +22,8 @@
 //! The kernel engine reads it twice: standard input, unless it is a regular file
 //! (`< FILE`, read twice from where it stood), is first copied to an unlinked file in
 //! the temporary directory (`$TMPDIR`, else /tmp), never held in memory.
+//!
+//! May import `datapath` (the kernel engine), `config` and `doc`; only `cli` uses it.
 
 pub mod capture;
 pub mod engine;

@@ -14,6 +14,9 @@
 //! `vteps`), else those that carry RoCE ([`Why`]): the netdevs of RDMA devices, VXLAN
 //! devices and their underlays. [`fix`] changes only interfaces asked for by name;
 //! [`plan`] says what it would run, changing nothing (`check --dry-run`).
+//!
+//! May import `config` and `doc`; `telemetry` reads the host through its readers
+//! (`dcb`, `rnic`), never the reverse.
 
 pub mod dcb;
 pub mod link;

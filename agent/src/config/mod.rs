@@ -37,6 +37,8 @@
 //! priority = { "26" = 3, "48" = 6 }   # DSCP -> skb priority overrides (default DSCP >> 3)
 //! vtep_dscp = { "10" = 26 }      # inner DSCP -> outer DSCP overrides on VTEPs (default: the same)
 //! ```
+//!
+//! Imports nothing of the crate: every other folder may use it.
 
 mod file;
 mod settings;

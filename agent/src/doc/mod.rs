@@ -4,6 +4,10 @@
 //! The field names are a public contract (README, "The flow document"): fields may be
 //! added, never renamed. Readers ignore fields they do not know, so a newer agent stays
 //! readable by an older `flows`.
+//!
+//! The folder holds what the agent prints and serves: this flows document, its text
+//! table (`table`), findings (`finding`), sampled events (`event`) and their pcapng form
+//! (`pcapng`). Imports nothing of the crate: every other folder may use it.
 
 pub mod event;
 pub mod finding;

@@ -2,6 +2,9 @@
 //! operations (`batch`), BPF_PROG_TEST_RUN without aya's copies (`testrun`), and the
 //! link commands on pins found on a bpffs (`pin`). Each caller lays out its own
 //! `union bpf_attr` prefix and names its command.
+//!
+//! Also interface names, indexes and link events (`netif`). Imports nothing of the
+//! crate: every other folder may use it.
 
 pub mod netif;
 
