@@ -78,7 +78,6 @@ fn request(
     per_read: Duration,
 ) -> Result<ureq::http::Response<ureq::Body>, ClientError> {
     let url = url(addr, path)?;
-    resolves(addr)?;
     let agent = ureq::Agent::config_builder()
         .proxy(None)
         .max_redirects(0)
@@ -90,7 +89,12 @@ fn request(
         .timeout_per_write(Some(connect))
         .build()
         .new_agent();
-    let response = agent.get(&url).call().map_err(|e| error(addr, e))?;
+    // ureq's error does not tell a failed name lookup from other I/O errors: the name
+    // is looked up again only when the request failed.
+    let response = agent
+        .get(&url)
+        .call()
+        .map_err(|e| resolves(addr).err().unwrap_or_else(|| error(addr, e)))?;
     let status = response.status().as_u16();
     if status == 200 {
         return Ok(response);
@@ -163,8 +167,9 @@ pub fn parse_address(addr: &str) -> Result<String, String> {
     Ok(authority.to_string())
 }
 
-/// Checks that the host of `addr` (well-formed, see [`url`]) has an address: a failed
-/// name lookup is [`ClientError::Resolve`], which ureq's error does not tell apart.
+/// Checks, after a failed request, that the host of `addr` (well-formed, see [`url`])
+/// has an address: a failed name lookup is [`ClientError::Resolve`], which ureq's
+/// error does not tell apart.
 fn resolves(addr: &str) -> Result<(), ClientError> {
     let Ok(authority) = parse_address(addr) else {
         return Ok(());
