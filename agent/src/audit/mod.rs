@@ -588,15 +588,20 @@ pub fn plan(opts: &AuditOptions, audit: &Audit) -> Plan {
     for w in rnic::plan_fix(&opts.sysfs_root, &names, &opts.policy) {
         match w {
             Ok(w) => out.commands.push(w.command()),
-            Err(e) => out.not_planned.push(FixFailure {
-                check: "rnic".into(),
-                interface: String::new(),
-                what: "sysfs knob".into(),
-                reason: e.to_string(),
-            }),
+            Err(e) => out.not_planned.push(knob_failure(&e)),
         }
     }
     out
+}
+
+/// An RNIC knob that could not be read or written (the error names the knob's file).
+fn knob_failure(e: &rnic::RnicError) -> FixFailure {
+    FixFailure {
+        check: "rnic".into(),
+        interface: String::new(),
+        what: "sysfs knob".into(),
+        reason: e.to_string(),
+    }
 }
 
 /// Makes the changes the audit calls for on the audited interfaces: MTUs, DCB app
@@ -627,13 +632,7 @@ pub fn fix(opts: &AuditOptions, audit: &Audit) -> Result<Fixed, AuditError> {
     for r in rnic::fix(&opts.sysfs_root, &names, &opts.policy) {
         match r {
             Ok(c) => fixed.changes.push(c),
-            // The error names the knob's file.
-            Err(e) => fixed.failures.push(FixFailure {
-                check: "rnic".into(),
-                interface: String::new(),
-                what: "sysfs knob".into(),
-                reason: e.to_string(),
-            }),
+            Err(e) => fixed.failures.push(knob_failure(&e)),
         }
     }
     Ok(fixed)
