@@ -20,6 +20,7 @@ pub mod frame;
 pub mod gen;
 pub mod lab;
 pub mod netns;
+pub mod pki;
 pub mod prom;
 pub mod sock;
 pub mod temp;

@@ -54,6 +54,9 @@ pub struct RunArgs {
     /// How the log on stderr is written: text (for people), json (a JSON object a line) or logfmt; without a timestamp in text and logfmt when stderr is the journal [default: the config's `log_format`, else text]
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub log_format: Option<crate::config::LogFormat>,
+    /// Serve the API with TLS, basic auth and response headers as this file says: the YAML of Prometheus exporters' --web.config.file (tls_server_config, basic_auth_users, http_server_config); re-read on SIGHUP [default: the config's `web_config_file`, else plain HTTP without authentication]
+    #[arg(long, value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
     /// Start even when a configured interface does not exist yet, and attach to it when it appears (without it, a missing interface is an error)
     #[arg(long)]
     pub wait_for_interfaces: bool,
@@ -72,6 +75,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         peers: args.peer,
         events_sample: args.events_sample,
         log_format: args.log_format,
+        web_config_file: args.web_config_file,
     };
     let launch = Launch {
         config: args.config,

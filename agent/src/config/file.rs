@@ -121,6 +121,10 @@ pub struct FileConfig {
     pub events_sample: Option<Spanned<u32>>,
     /// How `run` writes its log.
     pub log_format: Option<Spanned<LogFormat>>,
+    /// Sampled events: payload bytes kept after the last transport header (0: none).
+    pub events_payload_bytes: Option<Spanned<u32>>,
+    /// The exporter-toolkit web configuration (TLS, basic auth, headers) of the API.
+    pub web_config_file: Option<Spanned<String>>,
     pub qos: Option<QosFile>,
 }
 
@@ -193,6 +197,17 @@ impl ConfigFile {
                     excerpt: excerpt(&text, line, column),
                 })
             }
+        }
+    }
+
+    /// `path` as the file names it: a relative path is relative to the file's
+    /// directory (as exporter-toolkit reads the paths of a web config), so that the
+    /// agent finds it whatever directory it was started in.
+    pub(super) fn relative_path(&self, path: &str) -> PathBuf {
+        let path = Path::new(path);
+        match self.path.parent() {
+            Some(dir) if path.is_relative() => dir.join(path),
+            _ => path.to_path_buf(),
         }
     }
 

@@ -55,6 +55,8 @@ pub struct Overrides {
     pub events_sample: Option<u32>,
     /// `--log-format`.
     pub log_format: Option<LogFormat>,
+    /// `--web-config-file`.
+    pub web_config_file: Option<std::path::PathBuf>,
 }
 
 /// The configuration the agent runs with: defaults, then the file, then the flags.
@@ -89,6 +91,13 @@ pub struct Settings {
     pub events_sample: u32,
     /// How `run` writes its log (read at start only).
     pub log_format: LogFormat,
+    /// Payload bytes a sampled event keeps after the last transport header it parsed
+    /// (0, the default: headers only, no application data leaves the host).
+    pub events_payload_bytes: u32,
+    /// The exporter-toolkit web configuration file of the API (TLS, basic auth,
+    /// response headers); None: plain HTTP without authentication. A relative path in
+    /// the config file is relative to that file's directory.
+    pub web_config_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Settings {
@@ -109,6 +118,8 @@ impl Default for Settings {
             top_flows: DEFAULT_TOP_FLOWS,
             events_sample: DEFAULT_EVENTS_SAMPLE,
             log_format: LogFormat::default(),
+            events_payload_bytes: 0,
+            web_config_file: None,
         }
     }
 }
@@ -246,6 +257,26 @@ impl Settings {
             s.log_format = format;
         } else if let Some(format) = file.and_then(|f| f.values.log_format.as_ref()) {
             s.log_format = *format.get_ref();
+        }
+        if let Some((f, n)) =
+            file.and_then(|f| f.values.events_payload_bytes.as_ref().map(|n| (f, n)))
+        {
+            s.events_payload_bytes = check_events_payload_bytes(*n.get_ref())
+                .map_err(|m| invalid(f.origin(n.span()), "events_payload_bytes", m))?;
+        }
+        if let Some(path) = &flags.web_config_file {
+            s.web_config_file = Some(path.clone());
+        } else if let Some((f, p)) =
+            file.and_then(|f| f.values.web_config_file.as_ref().map(|p| (f, p)))
+        {
+            if p.get_ref().is_empty() {
+                return Err(invalid(
+                    f.origin(p.span()),
+                    "web_config_file",
+                    "is empty: name the web configuration file, or leave the key out".into(),
+                ));
+            }
+            s.web_config_file = Some(f.relative_path(p.get_ref()));
         }
         s.resolve_host(file, flags)?;
         s.resolve_qos(file, flags)?;
@@ -545,6 +576,18 @@ fn check_mtu(mtu: u32) -> Result<u32, String> {
     } else {
         Err(format!("{mtu} is out of range (68 to 65535)"))
     }
+}
+
+/// Largest `events_payload_bytes`: a sample is at most 128 bytes of the frame.
+pub const MAX_EVENTS_PAYLOAD_BYTES: u32 = 128;
+
+fn check_events_payload_bytes(n: u32) -> Result<u32, String> {
+    if n > MAX_EVENTS_PAYLOAD_BYTES {
+        return Err(format!(
+            "{n} is out of range (0 to {MAX_EVENTS_PAYLOAD_BYTES}: a sampled event holds at most the first 128 bytes of the frame)"
+        ));
+    }
+    Ok(n)
 }
 
 fn check_events_sample(n: u32) -> Result<u32, String> {
