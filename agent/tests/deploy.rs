@@ -1,9 +1,12 @@
-//! The deployable units in `deploy/`: the systemd unit passes `systemd-analyze verify`,
-//! and the agent runs as an unprivileged user with exactly the capabilities the unit
-//! grants (and not with one fewer); the Kubernetes manifest passes the Kubernetes
-//! schema, grants the unit's capabilities and nothing else, and its command line,
-//! configuration and probes work with exactly what its container holds. The agent
-//! runs need root (namespaces, setpriv).
+//! The deployable units in `deploy/`: the systemd unit passes `systemd-analyze verify`
+//! (also with its commented lines for HTTPS), and the agent runs as an unprivileged user
+//! with exactly the capabilities the unit grants (and not with one fewer); the
+//! Kubernetes manifest passes the Kubernetes schema, grants the unit's capabilities and
+//! nothing else, mounts the files its web config names where it names them, and its
+//! command line, configuration, web config (HTTPS, basic auth) and probes work with
+//! exactly what its container holds. Also the examples for serving securely:
+//! configs/web-config.yml and configs/prometheus/scrape-roce-agent.yml. The agent runs
+//! need root (namespaces, setpriv).
 
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -38,11 +41,11 @@ fn unit_capabilities() -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn systemd_unit_verifies() {
+/// `systemd-analyze verify` of `unit` (its binary pointed at the built one) passes.
+fn assert_unit_verifies(unit: &str) {
     let dir = TempDir::new("roce-unit");
     // verify checks that ExecStart's program exists: point it at the built binary.
-    let unit = unit_text().replace("/usr/local/bin/roce-agent", BIN);
+    let unit = unit.replace("/usr/local/bin/roce-agent", BIN);
     let path = dir.path().join("roce-agent.service");
     std::fs::write(&path, unit).expect("writing the unit");
     let out = Command::new("systemd-analyze")
@@ -53,6 +56,65 @@ fn systemd_unit_verifies() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("roce-agent.service"), "{stderr}");
+}
+
+#[test]
+fn systemd_unit_verifies() {
+    assert_unit_verifies(&unit_text());
+}
+
+/// The unit's commented lines for HTTPS (`#ExecStart=` with `--web-config-file` and
+/// `#LoadCredential=` for the key), used as its comment says: the unit still verifies,
+/// the command line is the plain one and the flag, and the key's credential is where
+/// the comment tells the web config's key_file to point.
+#[test]
+fn systemd_unit_with_the_web_config_verifies() {
+    let text = unit_text();
+    let line = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in the unit"))
+    };
+    let plain = line("ExecStart=");
+    let https = line("#ExecStart=");
+    let web_config = https
+        .strip_prefix(plain)
+        .and_then(|rest| rest.strip_prefix(" --web-config-file "))
+        .unwrap_or_else(|| {
+            panic!("the commented ExecStart= is ExecStart= and --web-config-file FILE: {https}")
+        });
+    let comments = || text.lines().filter(|l| l.starts_with("# "));
+    assert!(
+        comments().any(|l| l.contains(web_config)),
+        "the unit's comment says where {web_config} goes"
+    );
+    let (name, key) = line("#LoadCredential=")
+        .split_once(':')
+        .expect("LoadCredential=NAME:PATH");
+    assert!(key.starts_with("/etc/roce-agent/"), "{key}");
+    let credential = format!("/run/credentials/roce-agent.service/{name}");
+    assert!(
+        comments().any(|l| l.contains(&credential)),
+        "the unit's comment names {credential}"
+    );
+    // The flag is the agent's.
+    let help = Command::new(BIN)
+        .args(["run", "--help"])
+        .output()
+        .expect("roce-agent run --help");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--web-config-file"));
+
+    let unit: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with("ExecStart="))
+        .map(|l| match l.strip_prefix('#') {
+            Some(rest) if rest.starts_with("ExecStart=") || rest.starts_with("LoadCredential=") => {
+                rest.to_string()
+            }
+            _ => l.to_string(),
+        })
+        .collect();
+    assert_unit_verifies(&unit.join("\n"));
 }
 
 /// A bpffs mounted under /run with a pin directory owned by `uid`, as the unit's
@@ -252,23 +314,35 @@ fn manifest_path() -> String {
     .to_string()
 }
 
-/// The manifest's documents as JSON, read by PyYAML (which `kubernetes-validate`
-/// brings; `cargo xtask setup` installs it).
-fn manifest_docs() -> Vec<serde_json::Value> {
-    let out = Command::new("python3")
+/// The YAML documents of `text` as JSON, read by PyYAML (which `kubernetes-validate`
+/// brings; `cargo xtask setup` installs it). `what` names the text for messages.
+fn yaml_docs(text: &str, what: &str) -> Vec<serde_json::Value> {
+    let mut child = Command::new("python3")
         .args([
             "-c",
-            "import json, sys, yaml; json.dump(list(yaml.safe_load_all(open(sys.argv[1]))), sys.stdout)",
-            &manifest_path(),
+            "import json, sys, yaml; json.dump(list(yaml.safe_load_all(sys.stdin)), sys.stdout)",
         ])
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("python3 must be installed");
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), text.as_bytes())
+        .expect("writing to python3");
+    let out = child.wait_with_output().expect("waiting for python3");
     assert!(
         out.status.success(),
-        "python3 with PyYAML could not read the manifest (cargo xtask setup installs it): {}",
+        "python3 with PyYAML could not read {what} (cargo xtask setup installs it): {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("the manifest as JSON")
+    serde_json::from_slice(&out.stdout).expect("the YAML as JSON")
+}
+
+/// The manifest's documents as JSON.
+fn manifest_docs() -> Vec<serde_json::Value> {
+    let path = manifest_path();
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    yaml_docs(&text, &path)
 }
 
 fn doc_of_kind(docs: &[serde_json::Value], kind: &str) -> serde_json::Value {
@@ -289,6 +363,22 @@ fn strings(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// A file the container sees through a ConfigMap or Secret volume.
+struct MountedFile {
+    /// `configMap` or `secret`.
+    source: &'static str,
+    /// The ConfigMap's or Secret's name.
+    name: String,
+    /// The key that is the file.
+    key: String,
+    /// The directory the volume is mounted at.
+    dir: String,
+    volume: serde_json::Value,
+    mount: serde_json::Value,
+    /// The file's text, when the ConfigMap or Secret is in the manifest.
+    text: Option<String>,
+}
+
 /// What the DaemonSet's agent container is given.
 struct Pod {
     /// The container's arguments, `$(VAR)` references left as written.
@@ -296,20 +386,25 @@ struct Pod {
     env: Vec<(String, serde_json::Value)>,
     container: serde_json::Value,
     spec: serde_json::Value,
+    /// The DaemonSet's spec.
+    daemonset: serde_json::Value,
     template_annotations: serde_json::Value,
+    /// The manifest's documents.
+    docs: Vec<serde_json::Value>,
     /// The ConfigMap's TOML file by the path the container reads it at.
     config: (String, String),
+    /// The web config (`--web-config-file`) by the path the container reads it at.
+    web_config: (String, String),
 }
 
 impl Pod {
     fn from_manifest() -> Pod {
         let docs = manifest_docs();
         let ds = doc_of_kind(&docs, "DaemonSet");
-        let cm = doc_of_kind(&docs, "ConfigMap");
         let ns = doc_of_kind(&docs, "Namespace");
         let sa = doc_of_kind(&docs, "ServiceAccount");
         let namespace = &ns["metadata"]["name"];
-        for d in [&ds, &cm, &sa] {
+        for d in docs.iter().filter(|d| d["kind"] != "Namespace") {
             assert_eq!(&d["metadata"]["namespace"], namespace, "{}", d["kind"]);
         }
         let spec = ds["spec"]["template"]["spec"].clone();
@@ -324,22 +419,101 @@ impl Pod {
             .iter()
             .map(|e| (e["name"].as_str().expect("env name").to_string(), e.clone()))
             .collect();
-        // --config FILE: a file of the ConfigMap's volume.
-        let config_path = flag(&args, "--config");
-        let (dir, key) = config_path.rsplit_once('/').expect("--config is a path");
-        let volume = mounted_volume(&container, &spec, dir);
-        assert_eq!(volume["configMap"]["name"], cm["metadata"]["name"]);
-        let toml = cm["data"][key]
-            .as_str()
-            .unwrap_or_else(|| panic!("the ConfigMap has no key {key}"))
-            .to_string();
-        Pod {
+        let mut pod = Pod {
             args,
             env,
             template_annotations: ds["spec"]["template"]["metadata"]["annotations"].clone(),
+            daemonset: ds["spec"].clone(),
             container,
             spec,
-            config: (config_path, toml),
+            docs,
+            config: Default::default(),
+            web_config: Default::default(),
+        };
+        // --config FILE: a file of the ConfigMap's volume.
+        let config_path = flag(&pod.args, "--config");
+        let config = pod.file(&config_path);
+        assert_eq!(config.source, "configMap", "--config {config_path}");
+        let toml = config.text.unwrap_or_else(|| {
+            panic!(
+                "the manifest has no ConfigMap {} with {}",
+                config.name, config.key
+            )
+        });
+        pod.config = (config_path, toml);
+        // --web-config-file FILE: a file of a Secret in the manifest (it holds the
+        // users' password hashes).
+        let web_path = flag(&pod.args, "--web-config-file");
+        let web = pod.file(&web_path);
+        assert_eq!(web.source, "secret", "--web-config-file {web_path}");
+        let yaml = web
+            .text
+            .unwrap_or_else(|| panic!("the manifest has no Secret {} with {}", web.name, web.key));
+        pod.web_config = (web_path, yaml);
+        pod
+    }
+
+    /// The file at `path` in the container: the ConfigMap or Secret volume mounted
+    /// at the longest directory above it, and its key (the rest of the path).
+    fn file(&self, path: &str) -> MountedFile {
+        let mount = self.container["volumeMounts"]
+            .as_array()
+            .expect("volumeMounts")
+            .iter()
+            .filter(|m| {
+                let dir = m["mountPath"].as_str().expect("mountPath");
+                path.strip_prefix(dir)
+                    .is_some_and(|rest| rest.starts_with('/'))
+            })
+            .max_by_key(|m| m["mountPath"].as_str().map_or(0, str::len))
+            .unwrap_or_else(|| panic!("nothing mounted above {path}"))
+            .clone();
+        let dir = mount["mountPath"].as_str().expect("mountPath").to_string();
+        let key = path[dir.len() + 1..].to_string();
+        assert!(
+            !key.contains('/'),
+            "{path}: {key} is not a key of {dir}'s volume"
+        );
+        let volume = mounted_volume(&self.container, &self.spec, &dir);
+        assert!(
+            volume["items"].is_null(),
+            "{volume}: keys are the file names"
+        );
+        let (source, kind, name) = if volume["configMap"].is_object() {
+            (
+                "configMap",
+                "ConfigMap",
+                volume["configMap"]["name"].clone(),
+            )
+        } else if volume["secret"].is_object() {
+            ("secret", "Secret", volume["secret"]["secretName"].clone())
+        } else {
+            panic!("{path} is in neither a ConfigMap nor a Secret: {volume}")
+        };
+        let name = name.as_str().expect("a name").to_string();
+        let text = self
+            .docs
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name.as_str())
+            .map(|d| {
+                let data = if kind == "Secret" {
+                    &d["stringData"]
+                } else {
+                    &d["data"]
+                };
+                data[&key]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("the {kind} {name} has no key {key}"))
+                    .to_string()
+            });
+        MountedFile {
+            source,
+            name,
+            key,
+            dir,
+            volume,
+            mount,
+            text,
         }
     }
 
@@ -366,20 +540,20 @@ impl Pod {
             .unwrap_or_else(|| panic!("no container port {port}"))
     }
 
-    /// (name, path, port) of the startup, readiness and liveness probes.
-    fn probes(&self) -> Vec<(&'static str, String, u64)> {
+    /// (name, port) of the startup, readiness and liveness probes: TCP connections to
+    /// the pod IP (the API answers every HTTP request without credentials with 401).
+    fn probes(&self) -> Vec<(&'static str, u64)> {
         ["startupProbe", "readinessProbe", "livenessProbe"]
             .into_iter()
             .map(|name| {
-                let get = &self.container[name]["httpGet"];
+                let probe = &self.container[name];
+                let tcp = &probe["tcpSocket"];
+                assert!(tcp.is_object(), "{name} is a TCP probe: {probe}");
                 assert!(
-                    get.is_object(),
-                    "{name} is an HTTP GET: {}",
-                    self.container[name]
+                    tcp["host"].is_null(),
+                    "{name}: the kubelet connects to the pod IP"
                 );
-                assert!(get["host"].is_null(), "{name}: the kubelet asks the pod IP");
-                let path = get["path"].as_str().expect("probe path").to_string();
-                (name, path, self.port(&get["port"]))
+                (name, self.port(&tcp["port"]))
             })
             .collect()
     }
@@ -442,6 +616,7 @@ fn kubernetes_manifest_passes_the_schema() {
         "namespace/roce-agent",
         "serviceaccount/roce-agent",
         "configmap/roce-agent",
+        "secret/roce-agent-web",
         "daemonset/roce-agent",
     ] {
         assert!(
@@ -511,6 +686,146 @@ fn daemonset_mounts_bpffs_sysfs_and_its_config() {
     assert!(resources["limits"]["cpu"].is_null(), "{resources}");
 }
 
+/// A bcrypt hash, as basic_auth_users holds them (`$2a$`, `$2b$`, `$2y$`).
+fn is_bcrypt_hash(s: &str) -> bool {
+    ["$2a$", "$2b$", "$2y$"].iter().any(|p| s.starts_with(p))
+}
+
+/// The pod's web config as the agent would read it here: its TLS files (under the
+/// TLS volume's mount) written by a throwaway CA into `dir`, with the modes of the
+/// volume, and each user's placeholder replaced by the hash of `password`. Returns
+/// the web config's path, the CA's certificate and the first user.
+fn render_web_config(
+    pod: &Pod,
+    dir: &std::path::Path,
+    password: &str,
+    names: &[&str],
+) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let web = yaml_docs(&pod.web_config.1, "the web config").remove(0);
+    let tls = &web["tls_server_config"];
+    let cert = pod.file(tls["cert_file"].as_str().expect("cert_file"));
+    let tls_dir = dir.join("tls");
+    std::fs::create_dir_all(&tls_dir).expect("mkdir");
+    let ca = roce_testkit::pki::TestCa::new("roce-agent test CA");
+    let issued = ca.server(names, 7);
+    let (crt, key) = issued.write(&tls_dir, "tls");
+    assert_eq!(
+        crt.file_name().and_then(|n| n.to_str()),
+        Some(cert.key.as_str())
+    );
+    std::fs::write(tls_dir.join("ca.crt"), ca.cert_pem()).expect("writing ca.crt");
+    let mode = cert.volume["secret"]["defaultMode"]
+        .as_u64()
+        .unwrap_or(0o644) as u32;
+    for f in [&crt, &key, &tls_dir.join("ca.crt")] {
+        let mode = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(mode);
+        std::fs::set_permissions(f, mode).expect("chmod");
+    }
+    let hash = bcrypt::hash(password, 4).expect("bcrypt");
+    let users = web["basic_auth_users"]
+        .as_object()
+        .expect("basic_auth_users");
+    let user = users.keys().next().expect("a user").clone();
+    let mut text = pod.web_config.1.replace(
+        &format!("{}/", cert.dir),
+        &format!("{}/", tls_dir.display()),
+    );
+    for placeholder in users.values() {
+        text = text.replace(placeholder.as_str().expect("a hash"), &hash);
+    }
+    let web_dir = dir.join("web");
+    std::fs::create_dir_all(&web_dir).expect("mkdir");
+    let key_name = pod.web_config.0.rsplit('/').next().expect("a file name");
+    let path = web_dir.join(key_name);
+    std::fs::write(&path, text).expect("writing the web config");
+    (path, tls_dir.join("ca.crt"), user)
+}
+
+#[test]
+fn daemonset_serves_https_with_basic_auth_from_its_web_config() {
+    let pod = Pod::from_manifest();
+    let web = yaml_docs(&pod.web_config.1, "the web config").remove(0);
+    // The web config's Secret and the TLS Secret: read-only, for root alone.
+    let tls = &web["tls_server_config"];
+    let cert = pod.file(
+        tls["cert_file"]
+            .as_str()
+            .expect("tls_server_config.cert_file"),
+    );
+    let key = pod.file(
+        tls["key_file"]
+            .as_str()
+            .expect("tls_server_config.key_file"),
+    );
+    let web_file = pod.file(&pod.web_config.0);
+    for f in [&cert, &key, &web_file] {
+        assert_eq!(f.source, "secret", "{}", f.key);
+        assert_eq!(f.mount["readOnly"], true, "{}", f.mount);
+        assert_eq!(f.volume["secret"]["defaultMode"], 0o400, "{}", f.volume);
+    }
+    // A Secret of type kubernetes.io/tls (kubectl create secret tls, cert-manager),
+    // made by the operator: no key in the repository.
+    assert_eq!(
+        (cert.name.as_str(), cert.key.as_str()),
+        (key.name.as_str(), "tls.crt")
+    );
+    assert_eq!(key.key, "tls.key");
+    assert!(
+        cert.text.is_none(),
+        "the manifest carries the TLS Secret {}",
+        cert.name
+    );
+    assert!(
+        !pod.docs
+            .iter()
+            .any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == cert.name.as_str()),
+        "the TLS Secret is the operator's"
+    );
+    // Mutual TLS, switched on or left commented out, takes the client CA from the
+    // same Secret.
+    let client_ca = tls["client_ca_file"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| {
+            pod.web_config.1.lines().find_map(|l| {
+                l.trim_start()
+                    .strip_prefix("# client_ca_file:")
+                    .map(|p| p.trim().to_string())
+            })
+        });
+    let client_ca = pod.file(&client_ca.expect("a client_ca_file, if only in a comment"));
+    assert_eq!(
+        (client_ca.name.as_str(), client_ca.key.as_str()),
+        (cert.name.as_str(), "ca.crt")
+    );
+    // Users, whose hashes are the operator's to make: the manifest's opens nothing.
+    let users = web["basic_auth_users"]
+        .as_object()
+        .expect("basic_auth_users");
+    assert!(!users.is_empty());
+    for (user, hash) in users {
+        assert!(
+            !is_bcrypt_hash(hash.as_str().unwrap_or("")),
+            "{user}: a real hash in the manifest"
+        );
+    }
+
+    // As the agent reads it, with the TLS files and a hash in place.
+    let dir = TempDir::new("roce-k8s-web");
+    let (path, _, _) = render_web_config(&pod, dir.path(), "pw", &["roce-agent"]);
+    let loaded = roce_agent::api::web_config::WebConfig::load(&path)
+        .unwrap_or_else(|e| panic!("the manifest's web config: {e}"));
+    assert!(loaded.tls.is_some(), "{}", loaded.summary());
+    assert_eq!(loaded.users.len(), users.len(), "{}", loaded.summary());
+
+    // Prometheus is told to speak HTTPS to the pod.
+    assert_eq!(pod.template_annotations["prometheus.io/scheme"], "https");
+    // The TCP probes pass before the programs are attached: a new pod must stay up
+    // a while before the rolling update goes on.
+    let min_ready = pod.daemonset["minReadySeconds"].as_u64().unwrap_or(0);
+    assert!(min_ready >= 10, "minReadySeconds {min_ready}");
+}
+
 #[test]
 fn daemonset_probes_and_scrapes_reach_the_api_on_the_node_ip() {
     let pod = Pod::from_manifest();
@@ -524,13 +839,120 @@ fn daemonset_probes_and_scrapes_reach_the_api_on_the_node_ip() {
         "status.hostIP"
     );
     let port: u64 = port.parse().expect("a port");
-    for (name, _, probe_port) in pod.probes() {
+    for (name, probe_port) in pod.probes() {
         assert_eq!(probe_port, port, "{name}");
     }
     let a = &pod.template_annotations;
     assert_eq!(a["prometheus.io/scrape"], "true");
     assert_eq!(a["prometheus.io/port"], port.to_string());
     assert_eq!(a["prometheus.io/path"], "/metrics");
+}
+
+/// The example web config (configs/web-config.yml) loads beside a certificate and key,
+/// and its hash is the one of the password its comment gives.
+#[test]
+fn example_web_config_loads_and_its_password_matches() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/web-config.yml");
+    let text = std::fs::read_to_string(example).expect("reading configs/web-config.yml");
+    let password = "roce-agent-example";
+    assert!(
+        text.contains(&format!("password\n# is `{password}`")),
+        "the comment gives the password"
+    );
+    let doc = yaml_docs(&text, example).remove(0);
+    let hash = doc["basic_auth_users"]["prometheus"]
+        .as_str()
+        .expect("the user prometheus");
+    assert!(bcrypt::verify(password, hash).expect("a bcrypt hash"));
+    assert!(!bcrypt::verify("another", hash).expect("a bcrypt hash"));
+    // Relative paths: beside the file.
+    let dir = TempDir::new("roce-web-example");
+    let ca = roce_testkit::pki::TestCa::new("example CA");
+    let tls = &doc["tls_server_config"];
+    let (crt, key) = ca.server(&["localhost"], 1).write(dir.path(), "tls");
+    assert_eq!(
+        tls["cert_file"].as_str(),
+        crt.file_name().and_then(|n| n.to_str())
+    );
+    assert_eq!(
+        tls["key_file"].as_str(),
+        key.file_name().and_then(|n| n.to_str())
+    );
+    let path = dir.path().join("web-config.yml");
+    std::fs::write(&path, &text).expect("writing the example");
+    let loaded = roce_agent::api::web_config::WebConfig::load(&path)
+        .unwrap_or_else(|e| panic!("configs/web-config.yml: {e}"));
+    assert!(loaded.tls.is_some());
+    assert_eq!(loaded.users.len(), 1);
+    assert_eq!(loaded.headers.len(), 2);
+}
+
+/// configs/prometheus/scrape-roce-agent.yml: every job speaks HTTPS with a CA and
+/// basic auth, and Prometheus' own checker passes the file (Debian's promtool has no
+/// Kubernetes discovery: the Kubernetes job gets a static target for the check).
+#[test]
+fn prometheus_scrape_config_speaks_https_with_basic_auth() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/prometheus/scrape-roce-agent.yml"
+    );
+    let text = std::fs::read_to_string(path).expect("reading the scrape config");
+    let mut doc = yaml_docs(&text, path).remove(0);
+    let pod = Pod::from_manifest();
+    let jobs = doc["scrape_configs"]
+        .as_array_mut()
+        .expect("scrape_configs");
+    assert!(jobs.len() >= 2);
+    for job in jobs.iter_mut() {
+        let name = job["job_name"].clone();
+        assert_eq!(job["scheme"], "https", "{name}");
+        assert!(job["tls_config"]["ca_file"].is_string(), "{name}");
+        assert!(job["basic_auth"]["username"].is_string(), "{name}");
+        assert!(job["basic_auth"]["password_file"].is_string(), "{name}");
+        assert!(
+            job["basic_auth"]["password"].is_null(),
+            "{name}: a password in the file"
+        );
+        if let Some(obj) = job.as_object_mut() {
+            if obj.remove("kubernetes_sd_configs").is_some() {
+                // One certificate for every node: the job checks its name.
+                assert!(obj["tls_config"]["server_name"].is_string(), "{name}");
+                let keeps_port = obj["relabel_configs"]
+                    .as_array()
+                    .expect("relabel_configs")
+                    .iter()
+                    .any(|r| {
+                        r["source_labels"][0] == "__meta_kubernetes_pod_container_port_name"
+                            && r["action"] == "keep"
+                            && pod.container["ports"][0]["name"] == r["regex"]
+                    });
+                assert!(keeps_port, "{name} keeps the container port of the API");
+                obj.insert(
+                    "static_configs".into(),
+                    serde_json::json!([{"targets": ["198.51.100.1:9473"]}]),
+                );
+            }
+        }
+    }
+    if Command::new("promtool").arg("--version").output().is_err() {
+        eprintln!("skipped the promtool check: no promtool (cargo xtask setup installs it)");
+        return;
+    }
+    let dir = TempDir::new("roce-scrape");
+    let file = dir.path().join("prometheus.yml");
+    // JSON is YAML.
+    std::fs::write(&file, doc.to_string()).expect("writing the config");
+    let out = Command::new("promtool")
+        .args(["check", "config", "--syntax-only"])
+        .arg(&file)
+        .output()
+        .expect("promtool");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The capability mask of `names` (as setpriv names them), as /proc/PID/status
@@ -557,6 +979,35 @@ fn status_field(pid: u32, name: &str) -> u64 {
     u64::from_str_radix(value.trim(), 16).expect("a hexadecimal mask")
 }
 
+/// `curl` GET `url` in `ns` with `args`: the HTTP status (0: no HTTP answer, e.g. a
+/// refused handshake) and the body.
+fn curl(ns: &Netns, url: &str, args: &[&str]) -> (u16, Vec<u8>) {
+    let mut all = vec!["-s", "--max-time", "5", "-w", "\n%{http_code}"];
+    all.extend_from_slice(args);
+    all.push(url);
+    let out = ns
+        .cmd("curl", &all)
+        .output()
+        .expect("curl (cargo xtask setup installs it)");
+    let at = out
+        .stdout
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .expect("curl's status line");
+    let status = String::from_utf8_lossy(&out.stdout[at + 1..])
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    (status, out.stdout[..at].to_vec())
+}
+
+/// Whether a TCP connection to `addr` opens in `ns` (what the kubelet's TCP probe does).
+fn tcp_opens(ns: &Netns, addr: &str) -> bool {
+    let addr: std::net::SocketAddr = addr.parse().expect("IP:PORT");
+    ns.enter(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok())
+        .expect("entering the namespace")
+}
+
 #[test]
 fn daemonset_command_line_runs_with_exactly_the_containers_capabilities() {
     if !is_root() {
@@ -577,17 +1028,25 @@ fn daemonset_command_line_runs_with_exactly_the_containers_capabilities() {
     let node_ip = "198.18.0.1";
 
     // The container's command line, as the kubelet expands it, with the ConfigMap's
-    // file where --config points, and the namespace's veth as the interface.
+    // file where --config points, the web config (its TLS Secret's files made by a
+    // throwaway CA for the node's IP, a password's hash in place of the placeholder)
+    // where --web-config-file points, and the namespace's veth as the interface.
     let dir = TempDir::new("roce-k8s-run");
     let config = dir.path().join("roce-agent.toml");
     std::fs::write(&config, &pod.config.1).expect("writing the config");
     let config = config.to_str().expect("a UTF-8 path").to_string();
+    let password = "probe-and-scrape";
+    let (web_config, ca, user) = render_web_config(&pod, dir.path(), password, &[node_ip]);
+    let web_config = web_config.to_str().expect("a UTF-8 path").to_string();
+    let ca = ca.to_str().expect("a UTF-8 path").to_string();
     let mut args: Vec<String> = pod
         .args
         .iter()
         .map(|a| {
             if *a == pod.config.0 {
                 config.clone()
+            } else if *a == pod.web_config.0 {
+                web_config.clone()
             } else if a == "/host/sys" {
                 // --sysfs-root: the node's /sys is this machine's.
                 "/sys".to_string()
@@ -633,8 +1092,18 @@ fn daemonset_command_line_runs_with_exactly_the_containers_capabilities() {
             .spawn()
             .expect("spawning setpriv"),
     );
+    let exited = |agent: &mut Reap| {
+        let status = agent.0.try_wait().ok().flatten()?;
+        let mut err = String::new();
+        if let Some(mut e) = agent.0.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        Some(format!("the agent exited ({status}) with {caps:?}:\n{err}"))
+    };
 
-    // The startup probe's budget: periodSeconds x failureThreshold.
+    // The startup probe's budget: periodSeconds x failureThreshold. The TCP probe
+    // passes when the port opens; the agent answers once attached, and that must
+    // come within minReadySeconds, or a rolling update would move on too early.
     let startup = &pod.container["startupProbe"];
     let budget = Duration::from_secs(
         startup["periodSeconds"].as_u64().expect("periodSeconds")
@@ -642,31 +1111,42 @@ fn daemonset_command_line_runs_with_exactly_the_containers_capabilities() {
                 .as_u64()
                 .expect("failureThreshold"),
     );
-    let probes = pod.probes();
+    let url = |path: &str| format!("https://{listen}{path}");
+    let auth = format!("{user}:{password}");
+    let trusted = ["--cacert", ca.as_str()];
+    let with_auth = ["--cacert", ca.as_str(), "-u", auth.as_str()];
     let start = Instant::now();
-    let (first, first_path, _) = &probes[0];
-    loop {
-        let got = ns
-            .enter(|| {
-                roce_agent::api::client::get_body(&listen, first_path, Duration::from_secs(1))
-            })
-            .expect("entering the namespace");
-        if got.is_ok() {
-            break;
-        }
-        if let Ok(Some(status)) = agent.0.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = agent.0.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            panic!("the agent exited ({status}) with {caps:?}:\n{err}");
+    while !tcp_opens(&ns, &listen) {
+        if let Some(why) = exited(&mut agent) {
+            panic!("{why}");
         }
         assert!(
             start.elapsed() < budget,
-            "{first} failed for {budget:?}: {got:?}"
+            "the port did not open in {budget:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let opened = Instant::now();
+    loop {
+        let (status, _) = curl(&ns, &url("/findings"), &with_auth);
+        if status == 200 {
+            break;
+        }
+        if let Some(why) = exited(&mut agent) {
+            panic!("{why}");
+        }
+        assert!(
+            start.elapsed() < budget,
+            "GET /findings: {status} after {budget:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let min_ready = Duration::from_secs(pod.daemonset["minReadySeconds"].as_u64().unwrap_or(0));
+    assert!(
+        opened.elapsed() < min_ready,
+        "the agent answered {:?} after its port opened, minReadySeconds is {min_ready:?}",
+        opened.elapsed()
+    );
     // Exactly the container's capabilities, and no way to gain more.
     let pid = agent.0.id();
     assert_eq!(status_field(pid, "CapEff"), capability_mask(&caps));
@@ -675,30 +1155,46 @@ fn daemonset_command_line_runs_with_exactly_the_containers_capabilities() {
     assert_eq!(status_field(pid, "NoNewPrivs"), 1);
     assert!(ns.ip_ok(&["link", "show", "va"]).contains(" xdp"));
 
-    // Every probe, and the scrape, as the kubelet and Prometheus ask: the node's IP.
-    for (name, path, _) in &probes {
-        let body = ns
-            .enter(|| roce_agent::api::client::get_body(&listen, path, Duration::from_secs(5)))
-            .expect("entering the namespace")
-            .unwrap_or_else(|e| panic!("{name} GET {path}: {e}"));
-        assert!(!body.is_empty(), "{name}");
+    // Every probe, as the kubelet makes it: a connection to the node's IP.
+    for (name, port) in pod.probes() {
+        assert!(tcp_opens(&ns, &format!("{node_ip}:{port}")), "{name}");
     }
-    let scrape = pod.template_annotations["prometheus.io/path"]
-        .as_str()
-        .expect("a scrape path")
-        .to_string();
-    let metrics = ns
-        .enter(|| roce_agent::api::client::get_body(&listen, &scrape, Duration::from_secs(5)))
-        .expect("entering the namespace")
-        .unwrap_or_else(|e| panic!("GET {scrape}: {e}"));
+    // Why the probes are not HTTP: without credentials every path is 401, and plain
+    // HTTP gets no answer to speak of.
+    assert_eq!(curl(&ns, &url("/findings"), &trusted).0, 401);
+    let wrong = format!("{user}:not-{password}");
+    assert_eq!(
+        curl(
+            &ns,
+            &url("/findings"),
+            &["--cacert", ca.as_str(), "-u", wrong.as_str()]
+        )
+        .0,
+        401
+    );
+    assert_ne!(
+        curl(
+            &ns,
+            &format!("http://{listen}/findings"),
+            &["-u", auth.as_str()]
+        )
+        .0,
+        200
+    );
+    // An untrusted certificate is refused by the client.
+    assert_eq!(curl(&ns, &url("/findings"), &["-u", auth.as_str()]).0, 0);
+    // The scrape, as Prometheus makes it (scheme https, the CA, basic auth).
+    let a = &pod.template_annotations;
+    assert_eq!(a["prometheus.io/scheme"], "https");
+    let scrape = a["prometheus.io/path"].as_str().expect("a scrape path");
+    let (status, metrics) = curl(&ns, &url(scrape), &with_auth);
+    assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&metrics).contains("roce_agent_build_info"));
     // Loopback is not where it listens.
-    let loopback = ns
-        .enter(|| {
-            roce_agent::api::client::get_body("127.0.0.1:9473", "/findings", Duration::from_secs(1))
-        })
-        .expect("entering the namespace");
-    assert!(loopback.is_err(), "the agent answered on loopback too");
+    assert!(
+        !tcp_opens(&ns, "127.0.0.1:9473"),
+        "the agent listens on loopback too"
+    );
 
     // SIGTERM, as the kubelet stops a pod: exit 0 within the grace period.
     let grace = Duration::from_secs(

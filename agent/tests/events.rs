@@ -1,10 +1,14 @@
 //! `GET /events` and `roce-agent events` against a real HTTP server of the agent's own
 //! router in this process, fed with events whose packets are real RoCE frames (the
 //! test kit's frame builder): human lines, JSON lines, kind filters, and pcapng that
-//! tshark decodes as RoCE.
+//! tshark decodes as RoCE. Then a real agent in a namespace pair (root): its events
+//! carry the frames' headers and none of their payload unless `events_payload_bytes`
+//! asks for some.
 
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
@@ -216,4 +220,243 @@ fn pcapng_opens_in_tshark_as_roce_with_the_kind_in_a_comment() {
         );
         assert_eq!(r.first(4), Some("eth1"));
     }
+}
+
+// ---------------------------------------------------------------------------------
+// A real agent: headers, not payload
+
+/// What the payload of every SEND and WRITE repeats: a byte of it in an event is a leak.
+const PATTERN: &str = "ROCEPAYLOADPATTERN";
+
+/// Payload bytes of the SENDs and WRITEs sent: their frames are longer than 128 bytes.
+const PAYLOAD: usize = 200;
+
+#[derive(clap::Parser)]
+struct GenCli {
+    #[command(flatten)]
+    gen: roce_testkit::gen::GenArgs,
+}
+
+/// Sends 10 SENDs and 10 WRITEs, all CE-marked (so each is an event), of [`PAYLOAD`]
+/// bytes of [`PATTERN`], from `vb` of `pair` to the agent's side.
+fn send_patterned(pair: &common::Pair) {
+    use clap::Parser as _;
+    let cli = GenCli::try_parse_from([
+        "roce-gen",
+        "--iface",
+        "vb",
+        "--via",
+        "udp",
+        "--dst",
+        "198.18.0.1",
+        "--ops",
+        "send,write",
+        "--count",
+        "20",
+        "--ce",
+        "20",
+        "--payload",
+        &PAYLOAD.to_string(),
+        "--payload-pattern",
+        PATTERN,
+        "--cpu",
+        "any",
+    ])
+    .expect("roce-gen arguments");
+    let report = pair
+        .b
+        .enter(move || {
+            roce_testkit::gen::run(&cli.gen, &std::sync::atomic::AtomicBool::new(false))
+                .map_err(|e| e.to_string())
+        })
+        .expect("enter the namespace")
+        .unwrap_or_else(|e| panic!("roce-gen: {e}"));
+    assert_eq!(report.packets, 20);
+}
+
+/// What three followers of the agent at `api` got while [`send_patterned`] sent: the
+/// body of `GET /events` (curl), `roce-agent events --json` and the pcapng file of
+/// `roce-agent events --pcapng`.
+struct Followed {
+    raw: String,
+    json: Vec<Event>,
+    pcapng: Vec<u8>,
+    path: roce_testkit::temp::TempFile,
+}
+
+fn follow_while_sending(pair: &common::Pair, agent: &common::Agent, api: &str) -> Followed {
+    let path = roce_testkit::temp::TempFile::new("events.pcapng", "");
+    let url = format!("http://{api}/events");
+    let spawn = |program: &str, args: &[&str]| {
+        pair.a
+            .cmd(program, args)
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{program}: {e}"))
+    };
+    let raw = spawn("curl", &["-sN", "--max-time", "4", &url]);
+    let json = spawn(
+        common::BIN,
+        &["events", "--api", api, "--json", "--duration", "4"],
+    );
+    let pcap = spawn(
+        common::BIN,
+        &[
+            "events",
+            "--api",
+            api,
+            "--pcapng",
+            path.arg(),
+            "--duration",
+            "4",
+        ],
+    );
+    // All three subscribed before the first packet.
+    std::thread::sleep(Duration::from_millis(1500));
+    send_patterned(pair);
+    let done = |child: std::process::Child, what: &str| {
+        let out = child.wait_with_output().expect("wait");
+        // curl ends at --max-time with 28: the stream never ends on its own.
+        assert!(
+            out.status.success() || out.status.code() == Some(28),
+            "{what}: {}\n{}",
+            common::text(&out.stderr),
+            agent.log()
+        );
+        common::text(&out.stdout)
+    };
+    let raw = done(raw, "curl GET /events");
+    let json = done(json, "roce-agent events --json")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    done(pcap, "roce-agent events --pcapng");
+    let pcapng = std::fs::read(path.path()).expect("the pcapng file");
+    Followed {
+        raw,
+        json,
+        pcapng,
+        path,
+    }
+}
+
+/// True when `needle` is somewhere in `hay`.
+fn holds(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `(captured, on the wire, opcode)` of each frame of a pcapng file, as tshark reads it.
+fn tshark_lengths(path: &std::path::Path) -> Vec<(usize, usize, u8)> {
+    let rows =
+        roce_testkit::tshark::Fields::new(&["frame.cap_len", "frame.len", "infiniband.bth.opcode"])
+            .run(path)
+            .expect("tshark reads the file");
+    rows.iter()
+        .map(|r| {
+            let n = |i: usize| r.first(i).unwrap_or_default().parse().unwrap_or(0);
+            (n(0), n(1), n(2) as u8)
+        })
+        .collect()
+}
+
+#[test]
+fn a_real_agents_events_carry_headers_and_payload_only_when_the_config_asks() {
+    require_root!();
+    if !roce_testkit::tshark::available() {
+        panic!("tshark is missing: `cargo xtask setup` installs it");
+    }
+    let pair = common::Pair::new("roce-ev-");
+    let api = "127.0.0.1:9483";
+    let config = roce_testkit::temp::TempFile::new("events.toml", "interfaces = [\"va\"]\n");
+    let mut agent = common::Agent::start(
+        &pair.a,
+        &[
+            "run",
+            "--config",
+            config.arg(),
+            "--listen",
+            api,
+            "--no-pin",
+            "--interval",
+            "0.2",
+        ],
+    );
+    agent.wait_ready(&pair.a, api);
+    let pattern_hex = hex(PATTERN.as_bytes());
+    // Ethernet 14, IPv4 20, UDP 8, BTH 12 (+ RETH 16 for a WRITE); payload; ICRC 4.
+    let headers = |opcode: u8| if opcode == 0x0A { 70 } else { 54 };
+    let wire = |opcode: u8| headers(opcode) + PAYLOAD + 4;
+
+    // By default: the headers, and not one byte of payload, anywhere.
+    let got = follow_while_sending(&pair, &agent, api);
+    assert_eq!(got.json.len(), 20, "{:?}\n{}", got.json, agent.log());
+    for ev in &got.json {
+        assert_eq!(ev.kind, EventKind::Ce);
+        let bytes = ev.packet_bytes().expect("hex");
+        assert_eq!(bytes.len(), headers(ev.opcode), "{ev:?}");
+        assert_eq!(ev.packet_len as usize, wire(ev.opcode), "{ev:?}");
+    }
+    let raw_lines = got.raw.lines().filter(|l| l.contains("\"kind\":\"ce\""));
+    assert_eq!(raw_lines.count(), 20, "GET /events:\n{}", got.raw);
+    for (what, text) in [
+        ("GET /events", got.raw.clone()),
+        (
+            "events --json",
+            got.json
+                .iter()
+                .map(|e| serde_json::to_string(e).unwrap())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+    ] {
+        assert!(
+            !text.contains(&pattern_hex) && !text.contains(PATTERN),
+            "{what} carries payload:\n{text}"
+        );
+    }
+    assert!(
+        !holds(&got.pcapng, PATTERN.as_bytes()),
+        "pcapng carries payload"
+    );
+    let frames = tshark_lengths(got.path.path());
+    assert_eq!(frames.len(), 20, "{frames:?}");
+    for (captured, len, opcode) in &frames {
+        assert!(matches!(opcode, 0x04 | 0x0A), "{frames:?}");
+        assert_eq!(
+            (*captured, *len),
+            (headers(*opcode), wire(*opcode)),
+            "opcode {opcode}: captured / on the wire"
+        );
+    }
+
+    // events_payload_bytes = 64, by a reload: 64 bytes of payload (within the 128).
+    std::fs::write(
+        config.path(),
+        "interfaces = [\"va\"]\nevents_payload_bytes = 64\n",
+    )
+    .expect("rewrite the config");
+    agent.signal(libc::SIGHUP);
+    agent.wait_for_log("configuration reloaded");
+    let got = follow_while_sending(&pair, &agent, api);
+    assert_eq!(got.json.len(), 20, "{:?}\n{}", got.json, agent.log());
+    for ev in &got.json {
+        let bytes = ev.packet_bytes().expect("hex");
+        assert_eq!(bytes.len(), (headers(ev.opcode) + 64).min(128), "{ev:?}");
+        assert!(holds(&bytes, PATTERN.as_bytes()), "{ev:?}");
+    }
+    assert!(got.raw.contains(&pattern_hex), "GET /events:\n{}", got.raw);
+    assert!(
+        holds(&got.pcapng, PATTERN.as_bytes()),
+        "pcapng without payload"
+    );
+    for (captured, len, opcode) in tshark_lengths(got.path.path()) {
+        assert_eq!(
+            (captured, len),
+            ((headers(opcode) + 64).min(128), wire(opcode)),
+            "opcode {opcode}"
+        );
+    }
+    assert!(agent.terminate().success(), "{}", agent.log());
 }

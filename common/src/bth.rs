@@ -9,6 +9,8 @@ pub const IETH_LEN: usize = 4;
 pub const ATOMIC_ETH_LEN: usize = 28;
 pub const ATOMIC_ACK_ETH_LEN: usize = 8;
 pub const XRCETH_LEN: usize = 4;
+/// Reliable Datagram Extended Transport Header: on every RD packet, first after the BTH.
+pub const RDETH_LEN: usize = 4;
 pub const ICRC_LEN: usize = 4;
 
 /// Transport bits (opcode 7:5).
@@ -42,6 +44,8 @@ pub mod op {
     pub const ATOMIC_ACKNOWLEDGE: u8 = 0x12;
     pub const COMPARE_SWAP: u8 = 0x13;
     pub const FETCH_ADD: u8 = 0x14;
+    /// RD only.
+    pub const RESYNC: u8 = 0x15;
     pub const SEND_LAST_INV: u8 = 0x16;
     pub const SEND_ONLY_INV: u8 = 0x17;
 }
@@ -151,22 +155,52 @@ pub fn is_first_or_middle(opcode: u8) -> bool {
     )
 }
 
-/// Bytes of extension headers between the BTH and the payload, for the opcodes we
-/// need payload sizes of (requests and responses of RC/UC/XRC/UD). CNPs: 16 reserved.
+/// True for the opcodes the InfiniBand spec defines (IBA 9.2, table 38; Annex A17 for
+/// the CNP): RC and XRC 0x00-0x14, 0x16, 0x17; UC 0x00-0x0B; RD 0x00-0x15; UD 0x04,
+/// 0x05; the CNP 0x81 (and 0x80). The others are reserved or vendor-specific: what
+/// follows their BTH is unknown.
+#[inline(always)]
+pub fn is_defined(opcode: u8) -> bool {
+    let o = opcode & 0x1F;
+    match opcode & 0xE0 {
+        TRANSPORT_RC | TRANSPORT_XRC => {
+            o <= op::FETCH_ADD || o == op::SEND_LAST_INV || o == op::SEND_ONLY_INV
+        }
+        TRANSPORT_UC => o <= op::WRITE_ONLY_IMM,
+        TRANSPORT_RD => o <= op::RESYNC,
+        TRANSPORT_UD => o == op::SEND_ONLY || o == op::SEND_ONLY_IMM,
+        _ => is_cnp(opcode),
+    }
+}
+
+/// Bytes of extension headers between the BTH and the payload of a defined opcode
+/// ([`is_defined`]; the others get what their low five bits would carry), in wire
+/// order: XRCETH (XRC requests), RDETH (RD) then DETH (RD requests, UD), then RETH,
+/// AtomicETH, AETH [+ AtomicAckETH], ImmDt or IETH as the operation says. A CNP: its 16
+/// reserved bytes.
 #[inline(always)]
 pub fn ext_headers_len(opcode: u8) -> usize {
     let t = opcode & 0xE0;
     if t == TRANSPORT_CNP {
         return 16;
     }
+    let o = opcode & 0x1F;
     // XRC requests carry an XRCETH; XRC responses do not.
     let xrc = if t == TRANSPORT_XRC && is_tracked_request(opcode) {
         XRCETH_LEN
     } else {
         0
     };
-    let deth = if t == TRANSPORT_UD { DETH_LEN } else { 0 };
-    let o = opcode & 0x1F;
+    // Every RD packet carries an RDETH, its requests (all but the READ responses and
+    // the acknowledgements) a DETH after it; UD packets a DETH.
+    let datagram = match t {
+        TRANSPORT_RD if (op::READ_RESPONSE_FIRST..=op::ATOMIC_ACKNOWLEDGE).contains(&o) => {
+            RDETH_LEN
+        }
+        TRANSPORT_RD => RDETH_LEN + DETH_LEN,
+        TRANSPORT_UD => DETH_LEN,
+        _ => 0,
+    };
     let ext = match o {
         op::SEND_LAST_IMM | op::SEND_ONLY_IMM | op::WRITE_LAST_IMM => IMMDT_LEN,
         op::WRITE_FIRST | op::WRITE_ONLY | op::READ_REQUEST => RETH_LEN,
@@ -180,7 +214,7 @@ pub fn ext_headers_len(opcode: u8) -> usize {
         op::SEND_LAST_INV | op::SEND_ONLY_INV => IETH_LEN,
         _ => 0,
     };
-    xrc + deth + ext
+    xrc + datagram + ext
 }
 
 /// True when a RETH follows the BTH (and XRCETH) directly.
@@ -285,6 +319,36 @@ mod tests {
         assert!(!is_tracked_request(0x11)); // ACK
         assert!(!is_tracked_request(0x10)); // READ response
         assert!(!is_tracked_request(0x81)); // CNP
+    }
+
+    #[test]
+    fn defined_opcodes_are_the_specs_per_transport() {
+        let defined = (0..=255u8).filter(|o| is_defined(*o)).count();
+        // RC and XRC 23 each, UC 12, RD 22, UD 2, CNP 2.
+        assert_eq!(defined, 23 + 23 + 12 + 22 + 2 + 2);
+        for o in [0x15, 0x18, 0x1F, 0x2C, 0x60, 0x66, 0x82, 0xB5, 0xC0, 0xFF] {
+            assert!(!is_defined(o), "{o:#x}");
+        }
+        for o in [0x00, 0x14, 0x17, 0x2B, 0x55, 0x64, 0x65, 0x80, 0x81, 0xB7] {
+            assert!(is_defined(o), "{o:#x}");
+        }
+    }
+
+    #[test]
+    fn rd_packets_carry_an_rdeth_and_rd_requests_a_deth() {
+        // SEND FIRST, WRITE ONLY, READ request, CmpSwap, RESYNC: RDETH + DETH + ...
+        assert_eq!(ext_headers_len(0x40), RDETH_LEN + DETH_LEN);
+        assert_eq!(ext_headers_len(0x4A), RDETH_LEN + DETH_LEN + RETH_LEN);
+        assert_eq!(ext_headers_len(0x4C), RDETH_LEN + DETH_LEN + RETH_LEN);
+        assert_eq!(ext_headers_len(0x53), RDETH_LEN + DETH_LEN + ATOMIC_ETH_LEN);
+        assert_eq!(ext_headers_len(0x55), RDETH_LEN + DETH_LEN);
+        // READ responses and acknowledgements: RDETH, no DETH.
+        assert_eq!(ext_headers_len(0x4E), RDETH_LEN);
+        assert_eq!(ext_headers_len(0x51), RDETH_LEN + AETH_LEN);
+        assert_eq!(
+            ext_headers_len(0x52),
+            RDETH_LEN + AETH_LEN + ATOMIC_ACK_ETH_LEN
+        );
     }
 
     #[test]

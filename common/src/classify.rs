@@ -3,8 +3,9 @@
 //!
 //! A pure function over any [`Packet`]. The XDP program calls [`classify_into`],
 //! which tells it of each frame that is not a flow where its walk ends;
-//! `tc_egress_flows` calls [`classify`]; the reference classifier, the tc policy and
-//! `analyze` call [`walk`], the decapsulation check [`tunnel_layers`]. [`Layers`] say
+//! `tc_egress_flows` calls [`classify`]; the reference classifier, the tc policy,
+//! `analyze` and `headers` (where a sampled frame's headers end) call [`walk`], the
+//! decapsulation check [`tunnel_layers`]. [`Layers`] say
 //! where each header the walk parsed lies, so nothing else reads headers on its own
 //! and the limits (VLAN tags, extension headers, parse depth, the lengths the headers
 //! declare) are the same everywhere.

@@ -24,6 +24,9 @@ pub mod policy;
 pub mod psn;
 pub mod wire;
 
+// The kernel programs need neither: the user side only.
+#[cfg(any(feature = "std", test))]
+pub mod headers;
 #[cfg(feature = "std")]
 pub mod reference;
 

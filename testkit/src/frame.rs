@@ -507,8 +507,10 @@ pub struct RoceMsg {
     pub ieth_rkey: u32,
     /// XRCETH: XRC shared receive queue (24 bits).
     pub xrc_srq: u32,
-    /// Payload bytes (a counting pattern 0, 1, 2, ...).
+    /// Payload bytes: `payload_pattern` repeated, or a counting pattern 0, 1, 2, ...
     pub payload_len: usize,
+    /// What the payload repeats (empty: the counting pattern).
+    pub payload_pattern: Vec<u8>,
     /// PadCnt and pad bytes; `None` pads the payload to a multiple of 4, as senders do.
     pub pad: Option<u8>,
 }
@@ -536,11 +538,17 @@ impl RoceMsg {
             ieth_rkey: 0,
             xrc_srq: 0,
             payload_len: 0,
+            payload_pattern: Vec::new(),
             pad: None,
         }
     }
     pub fn with_payload(mut self, len: usize) -> Self {
         self.payload_len = len;
+        self
+    }
+    /// A payload that repeats `pattern` (cut at `payload_len`) instead of counting.
+    pub fn with_payload_pattern(mut self, pattern: &[u8]) -> Self {
+        self.payload_pattern = pattern.to_vec();
         self
     }
     pub fn with_ack_req(mut self, ack_req: bool) -> Self {
@@ -661,7 +669,11 @@ impl RoceMsg {
                 ExtHeader::CnpReserved => b.extend([0u8; 16]),
             }
         }
-        b.extend((0..self.payload_len).map(|i| i as u8));
+        if self.payload_pattern.is_empty() {
+            b.extend((0..self.payload_len).map(|i| i as u8));
+        } else {
+            b.extend(self.payload_pattern.iter().cycle().take(self.payload_len));
+        }
         b.extend(std::iter::repeat_n(0u8, pad as usize));
         b
     }

@@ -189,6 +189,10 @@ pub struct GenArgs {
     /// Payload bytes of SEND and WRITE packets.
     #[arg(long, default_value_t = 256)]
     pub payload: usize,
+    /// Text the payload of SEND and WRITE packets repeats (cut at --payload bytes).
+    /// Default: a counting pattern 0, 1, 2, ...
+    #[arg(long, value_name = "TEXT")]
+    pub payload_pattern: Option<String>,
     /// DMA length of READ requests.
     #[arg(long, default_value_t = 4096)]
     pub read_len: u32,
@@ -542,8 +546,8 @@ fn plan_flow(a: &GenArgs, qp: u32) -> Result<Vec<Planned>, GenError> {
                 let psn = next_psn;
                 last_req_psn = psn;
                 let (msg, psns) = match op {
-                    Op::Send => (RoceMsg::send_only(qp, psn, a.payload), 1),
-                    Op::Write => (RoceMsg::write_only(qp, psn, a.payload), 1),
+                    Op::Send => (with_pattern(RoceMsg::send_only(qp, psn, a.payload), a), 1),
+                    Op::Write => (with_pattern(RoceMsg::write_only(qp, psn, a.payload), a), 1),
                     _ => (
                         RoceMsg::read_request(qp, psn, a.read_len),
                         a.read_len.div_ceil(pmtu).max(1),
@@ -636,6 +640,14 @@ fn find_interface(name: &str) -> Result<NetworkInterface, GenError> {
 
 fn first_addr(ifc: &NetworkInterface, v4: bool) -> Option<IpAddr> {
     ifc.ips.iter().map(|n| n.ip()).find(|ip| ip.is_ipv4() == v4)
+}
+
+/// `msg` with the payload `--payload-pattern` asks for.
+fn with_pattern(msg: RoceMsg, a: &GenArgs) -> RoceMsg {
+    match &a.payload_pattern {
+        Some(p) => msg.with_payload_pattern(p.as_bytes()),
+        None => msg,
+    }
 }
 
 fn set_tos(sock: &UdpSocket, v6: bool, tos: u8) -> Result<(), GenError> {
@@ -1108,6 +1120,39 @@ mod tests {
                 assert_eq!((0..n).filter(|k| spread(*k, m, n)).count() as u64, m);
             }
         }
+    }
+
+    #[test]
+    fn payload_pattern_fills_sends_and_writes() {
+        let a = args(&[
+            "--count",
+            "3",
+            "--ops",
+            "send,write,ack",
+            "--payload",
+            "20",
+            "--payload-pattern",
+            "ROCE",
+        ]);
+        let p = plan_flow(&a, 7).expect("plan");
+        let payloads: Vec<Vec<u8>> = p
+            .iter()
+            .map(|x| {
+                let b = x.msg.encode();
+                let headers = 12
+                    + frame::ext_headers(x.msg.opcode)
+                        .iter()
+                        .map(|e| e.len())
+                        .sum::<usize>();
+                b[headers..headers + x.msg.payload_len].to_vec()
+            })
+            .collect();
+        assert_eq!(payloads[0], b"ROCEROCEROCEROCEROCE");
+        assert_eq!(payloads[1], b"ROCEROCEROCEROCEROCE");
+        assert!(payloads[2].is_empty(), "an ACK has no payload");
+        // Without it: the counting pattern.
+        let p = plan_flow(&args(&["--count", "1", "--payload", "4"]), 7).expect("plan");
+        assert_eq!(&p[0].msg.encode()[12..16], &[0, 1, 2, 3]);
     }
 
     #[test]

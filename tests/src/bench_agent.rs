@@ -321,7 +321,8 @@ pub fn child(opts: &Options) -> Result<()> {
     // Then GET /flows once, read as it comes (the whole table is hundreds of MB of
     // JSON): what it costs and what it does to the agent's peak memory.
     let start = Instant::now();
-    let mut body = roce_agent::api::client::get_reader(&addr, "/flows", Duration::from_secs(120))
+    let mut body = roce_agent::api::client::Client::plain(&addr)
+        .and_then(|c| c.get_reader("/flows", Duration::from_secs(120)))
         .context("GET /flows")?;
     let flows_bytes = std::io::copy(&mut body, &mut std::io::sink()).context("GET /flows")?;
     let flows_get_ms = start.elapsed().as_secs_f64() * 1000.0;

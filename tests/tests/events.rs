@@ -417,7 +417,9 @@ fn run(
 fn the_reader_needs_a_runtime_and_takes_the_ring_once() {
     let mut h = harness();
     let resolve: roce_agent::telemetry::events_reader::Resolver = Arc::new(|_| None);
-    let err = roce_agent::telemetry::events_reader::spawn(h.loaded_mut(), resolve.clone()).err();
+    let keep = roce_agent::telemetry::events_reader::Keep::default();
+    let err =
+        roce_agent::telemetry::events_reader::spawn(h.loaded_mut(), resolve.clone(), keep).err();
     assert!(
         matches!(
             err,
@@ -434,7 +436,7 @@ fn the_reader_needs_a_runtime_and_takes_the_ring_once() {
     };
     // The harness took the ring already: a reader finds none.
     let err = rt.block_on(async {
-        roce_agent::telemetry::events_reader::spawn(h.loaded_mut(), resolve).err()
+        roce_agent::telemetry::events_reader::spawn(h.loaded_mut(), resolve, keep).err()
     });
     assert!(err.is_some_and(|e| e.to_string().contains("EVENTS")));
 }
@@ -465,6 +467,7 @@ async fn the_reader_publishes_ingress_and_egress_events_on_the_broadcast() {
     let tx = match roce_agent::telemetry::events_reader::spawn(
         &mut loaded,
         Arc::new(roce_agent::sys::netif::name_of),
+        roce_agent::telemetry::events_reader::Keep::default(),
     ) {
         Ok(spawned) => spawned.sender,
         Err(e) => panic!("spawning the reader: {e}"),
@@ -514,10 +517,8 @@ async fn the_reader_publishes_ingress_and_egress_events_on_the_broadcast() {
     assert!(v[0]["inner_ecn"].is_null() && v[0]["vni"].is_null());
     assert_eq!(v[0]["sample"], 1);
     assert_eq!(v[0]["packet_len"], ce.len());
-    assert_eq!(
-        events[0].packet_bytes().as_deref(),
-        Some(&ce[..EVENT_PACKET_BYTES])
-    );
+    // The headers only (Ethernet, IPv4, UDP, BTH, RETH): none of the WRITE's payload.
+    assert_eq!(events[0].packet_bytes().as_deref(), Some(&ce[..70]));
     assert!(events[0].time_unix_ns > 0);
     assert_eq!(
         (v[1]["kind"].as_str(), v[1]["opcode"].as_u64()),

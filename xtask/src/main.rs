@@ -8,6 +8,7 @@ mod fuzz;
 mod intruder;
 mod soak;
 mod test;
+mod vm;
 
 #[derive(Parser)]
 #[command(
@@ -21,12 +22,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what building and testing need: nightly rust-src, bpf-linker, clippy, Debian tools, kubernetes-validate.
+    /// Install what building and testing need: nightly rust-src, bpf-linker, clippy, cargo-deny, Debian tools, kubernetes-validate.
     Setup,
     /// Run the lint set, then every test: unit tests, BPF_PROG_TEST_RUN cases, namespace end-to-end runs.
     Test(test::Args),
     /// Check that no crate has an import cycle among its top-level modules, then run
-    /// clippy over the workspace (but the kernel crate) with warnings as errors.
+    /// clippy over the workspace (but the kernel crate) with warnings as errors, then
+    /// `cargo deny check licenses bans sources` (deny.toml).
     Lint(test::LintArgs),
     /// Build a namespace lab, run the agent and a traffic generator, show the flow table.
     Demo(demo::Args),
@@ -37,6 +39,9 @@ enum Cmd {
     /// Differential fuzzing: N random and mutated frames through the real XDP and tc
     /// programs and the reference (default 1,000,000); any disagreement fails.
     Fuzz(fuzz::Args),
+    /// The VM lab: real soft-RoCE (rdma_rxe, perftest) on Debian kernels under qemu,
+    /// the agent's flows against tshark per scenario.
+    Vm(vm::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,5 +53,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Soak(a) => soak::run(a),
         Cmd::Fuzz(a) => fuzz::run(a),
+        Cmd::Vm(a) => vm::run(a),
     }
 }

@@ -1,6 +1,6 @@
-//! Makes a fresh machine ready: nightly rust-src, bpf-linker, clippy, the Debian tools
-//! that tests, demo and bench use, and kubernetes-validate (PyPI). Each step says what
-//! it does; nothing is done twice.
+//! Makes a fresh machine ready: nightly rust-src, bpf-linker, clippy, cargo-deny, the
+//! Debian tools that tests, demo and bench use, and kubernetes-validate (PyPI). Each
+//! step says what it does; nothing is done twice.
 
 use std::process::{Command, Stdio};
 
@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 pub const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages and a command each provides, to tell whether it is installed.
-const DEBIAN_TOOLS: [(&str, &str); 10] = [
+const DEBIAN_TOOLS: [(&str, &str); 12] = [
     ("tshark", "tshark"),
     // The tests scrape `GET /metrics` with it.
     ("curl", "curl"),
@@ -24,6 +24,9 @@ const DEBIAN_TOOLS: [(&str, &str); 10] = [
     ("tmux", "tmux"),
     // promtool (`check metrics`, `check rules`, `test rules`) comes with the server.
     ("promtool", "prometheus"),
+    // The VM lab (`cargo xtask vm`): its image is built with debootstrap, booted with qemu.
+    ("qemu-system-x86_64", "qemu-system-x86"),
+    ("debootstrap", "debootstrap"),
 ];
 
 fn say(msg: &str) {
@@ -80,9 +83,14 @@ fn output(cmd: &mut Command) -> Result<String> {
 /// manifest with (it ships the schemas: no cluster or network needed).
 pub const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
+/// The cargo-deny release `cargo xtask lint` checks deny.toml with (0.20 needs rustc
+/// 1.88; it builds here with `--locked` in about two and a half minutes, 2 cores).
+pub const CARGO_DENY_VERSION: &str = "0.20.2";
+
 /// Everything at once: the Rust side, the Debian tools, then the Python ones.
 pub fn ensure_all() -> Result<()> {
     ensure_rust()?;
+    ensure_cargo_deny()?;
     ensure_debian_tools()?;
     ensure_python_tools()
 }
@@ -133,6 +141,46 @@ pub fn ensure_clippy() -> Result<()> {
         cmd
     })
     .context("adding clippy (rustup component add clippy)")
+}
+
+/// The installed cargo-deny's version ("0.20.2"), if `cargo deny` runs.
+pub fn cargo_deny_version() -> Option<String> {
+    let out = Command::new(env!("CARGO"))
+        .args(["deny", "--version"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    // "cargo-deny 0.20.2"
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .map(str::to_string)
+}
+
+/// cargo-deny [`CARGO_DENY_VERSION`] from crates.io, for `cargo xtask lint`'s
+/// licence, ban and source check (deny.toml). It has no optional features to trim:
+/// since 0.19.1 it fetches advisory databases with the `git` program, not a Git library.
+pub fn ensure_cargo_deny() -> Result<()> {
+    if cargo_deny_version().as_deref() == Some(CARGO_DENY_VERSION) {
+        return Ok(());
+    }
+    say(&format!(
+        "installing cargo-deny {CARGO_DENY_VERSION} (about two and a half minutes)"
+    ));
+    run_retrying("cargo install cargo-deny", || {
+        let mut cmd = Command::new("cargo");
+        cmd.args([
+            "install",
+            &format!("cargo-deny@{CARGO_DENY_VERSION}"),
+            "--locked",
+            "--force",
+        ]);
+        cmd
+    })
+    .context("installing cargo-deny")
 }
 
 /// nightly with rust-src (for `-Z build-std=core`), bpf-linker, and clippy.
@@ -192,7 +240,7 @@ pub fn ensure_rust() -> Result<()> {
 }
 
 /// tshark, curl, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool, tmux, prometheus
-/// (promtool) from Debian.
+/// (promtool), qemu-system-x86 and debootstrap from Debian.
 pub fn ensure_debian_tools() -> Result<()> {
     let missing: Vec<&str> = DEBIAN_TOOLS
         .iter()

@@ -1,8 +1,10 @@
 //! `cargo xtask test`: set-up, the lint set (no import cycle among a crate's
-//! top-level modules, clippy with warnings as errors), then every
+//! top-level modules, clippy with warnings as errors, cargo-deny's licence, ban and
+//! source check of deny.toml), then every
 //! test of the workspace (unit tests, kernel tests through BPF_PROG_TEST_RUN,
-//! namespace end-to-end runs), the demo (as the README runs it), then a check that
-//! nothing was left behind. `cargo xtask lint` runs the lint set alone.
+//! namespace end-to-end runs), the demo (as the README runs it), the VM lab on the
+//! default kernel (`cargo xtask vm`), then a check that nothing was left behind.
+//! `cargo xtask lint` runs the lint set alone.
 
 use std::process::Command;
 
@@ -58,6 +60,11 @@ pub fn run(args: Args) -> Result<()> {
     if result.is_ok() && args.filter.is_none() {
         result = demo();
     }
+    // Last, the VM lab on the default kernel: real soft-RoCE, minutes (its image is
+    // cached in target/vm); skipped with a note where qemu is missing outside CI.
+    if result.is_ok() && args.filter.is_none() {
+        result = crate::vm::test_step();
+    }
     let after = namespaces();
     let new: Vec<_> = after.iter().filter(|x| !before.contains(x)).collect();
     let mounts: Vec<String> = test_bpffs_mounts()
@@ -87,7 +94,7 @@ fn test_bpffs_mounts() -> Vec<String> {
 /// a crate's top-level modules), then clippy over every crate but the kernel one,
 /// warnings as errors: the workspace's lint set (no unwrap, expect or panic outside
 /// tests in agent/ and common/, see [workspace.lints] in Cargo.toml) and clippy's
-/// defaults everywhere.
+/// defaults everywhere; then cargo-deny over the dependency graph (deny.toml).
 pub fn lint(args: &LintArgs) -> Result<()> {
     let root = roce_testkit::lab::bins::workspace_root();
     let summary = xtask::cycles::check(&root, xtask::cycles::CHECKED)?;
@@ -106,7 +113,25 @@ pub fn lint(args: &LintArgs) -> Result<()> {
         "--",
         "-D",
         "warnings",
-    ])
+    ])?;
+    deny()
+}
+
+/// `cargo deny check licenses bans sources`: accepted licences, no second TLS stack
+/// nor duplicate crate versions beyond deny.toml's list, crates.io as the only source.
+/// Not `advisories`: that needs the RustSec database from the network. After clippy,
+/// every crate it reads is already downloaded: no network needed.
+fn deny() -> Result<()> {
+    let want = xtask::setup::CARGO_DENY_VERSION;
+    match xtask::setup::cargo_deny_version() {
+        Some(v) if v == want => {}
+        Some(v) => bail!(
+            "cargo-deny {v} is installed, deny.toml is checked with {want}: run cargo xtask setup"
+        ),
+        None => bail!("cargo-deny is not installed: run cargo xtask setup"),
+    }
+    cargo(&["deny", "check", "licenses", "bans", "sources"])
+        .context("cargo deny found a dependency deny.toml does not accept (see above)")
 }
 
 /// Runs `cargo test ...` with every test binary run (`--no-fail-fast`), its output

@@ -7,13 +7,32 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 
-use crate::config::{ConfigError, DEFAULT_LISTEN};
+use super::api_args::{api_help, ApiClientArgs};
+use crate::config::ConfigError;
+
+/// The text after `roce-agent events --help`'s options.
+pub const AFTER_HELP: &str = concat!(
+    "Examples:\n  \
+    roce-agent events                                  # human lines until Ctrl-C\n  \
+    roce-agent events --kind ce,cnp --duration 60\n  \
+    roce-agent events --json | jq 'select(.kind == \"nak\")'\n  \
+    roce-agent events --pcapng ce.pcapng --kind ce --duration 30 && wireshark ce.pcapng\n  \
+    roce-agent events --api https://agent1:9473 --ca-file ca.pem --cert-file me.crt --key-file me.key\n\n\
+    Follows GET /events of the agent at --api. The agent samples 1 in N events of each \
+    kind (run --events-sample N) and rate-limits them per CPU; each event carries its \
+    packet's headers up to the last transport header (BTH and its extended headers; \
+    the inner ones in VXLAN), without payload unless the agent's config sets \
+    events_payload_bytes. With --pcapng the packets go to the file (one \
+    interface block per interface, nanosecond timestamps, a comment naming the kind) \
+    and a count to stderr. A reader too slow for the event rate loses the oldest events \
+    and is told how many.\n\n",
+    api_help!()
+);
 
 #[derive(Debug, Args)]
 pub struct EventsArgs {
-    /// Address of the running agent's API (its --listen); :PORT is the agent on this host (127.0.0.1:PORT)
-    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN, value_parser = crate::api::client::parse_address)]
-    pub api: String,
+    #[command(flatten)]
+    pub api: ApiClientArgs,
     /// Print each event as a JSON line, as GET /events serves it
     #[arg(long, conflicts_with = "pcapng")]
     pub json: bool,
@@ -41,7 +60,7 @@ fn parse_kind(s: &str) -> Result<crate::doc::event::EventKind, String> {
 
 /// `roce-agent events`.
 pub fn events(args: EventsArgs) -> anyhow::Result<()> {
-    use crate::api::client::{follow, Line};
+    use crate::api::client::Line;
     use crate::doc::event;
     use std::io::Write as _;
 
@@ -58,6 +77,7 @@ pub fn events(args: EventsArgs) -> anyhow::Result<()> {
         }
     };
     let kinds = args.kind;
+    let client = args.api.client()?;
     let mut pcap = match &args.pcapng {
         Some(path) => {
             let file = std::fs::File::create(path)
@@ -72,7 +92,7 @@ pub fn events(args: EventsArgs) -> anyhow::Result<()> {
     let mut written = 0u64;
     let mut lost = 0u64;
     let mut failure: Option<anyhow::Error> = None;
-    follow(&args.api, &kinds, duration, |line| {
+    client.follow(&kinds, duration, |line| {
         let result = match line {
             Line::Lagged(n) => {
                 lost += n;

@@ -5,13 +5,30 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 
-use crate::api;
-use crate::config::DEFAULT_LISTEN;
+use super::api_args::{api_help, ApiClientArgs};
 use crate::doc::table;
 use crate::doc::Document;
 
 /// How long `flows` waits for the agent.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The text after `roce-agent flows --help`'s options.
+pub const AFTER_HELP: &str = concat!(
+    "Examples:\n  \
+    roce-agent flows\n  \
+    roce-agent flows --json | jq '.flows[] | select(.ecn.ce > 0)'\n  \
+    roce-agent flows --json --pretty\n  \
+    roce-agent flows --api 127.0.0.1:9473\n  \
+    roce-agent flows --api :9474                        # the agent on this host, port 9474\n  \
+    roce-agent flows --api https://agent1:9473 --ca-file ca.pem\n  \
+    ROCE_AGENT_AUTH=ops:secret roce-agent flows --api https://agent1:9473 --ca-file ca.pem\n\n\
+    --json prints the document as the agent served it, on one line; --pretty indents it. ",
+    api_help!(),
+    "\n\n\
+    Exit status: 0 success, 1 no agent answers (or its answer is not a flow table, or it \
+    refuses the request), 2 usage error (an --api that is not an address, an unreadable \
+    or invalid --ca-file, --cert-file, --key-file or --auth-file)."
+);
 
 #[derive(Debug, Args)]
 pub struct FlowsArgs {
@@ -21,18 +38,18 @@ pub struct FlowsArgs {
     /// With --json: indent the document (two spaces a level, keys in the agent's order)
     #[arg(long, requires = "json")]
     pub pretty: bool,
-    /// Address of the running agent's API (its --listen); :PORT is the agent on this host (127.0.0.1:PORT)
-    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN, value_parser = crate::api::client::parse_address)]
-    pub api: String,
+    #[command(flatten)]
+    pub api: ApiClientArgs,
 }
 
 /// `roce-agent flows`.
 pub fn flows(args: FlowsArgs) -> anyhow::Result<()> {
-    let body = api::client::get_body(&args.api, "/flows", CLIENT_TIMEOUT)?;
+    let client = args.api.client()?;
+    let body = client.get_body("/flows", CLIENT_TIMEOUT)?;
     let doc: Document = serde_json::from_slice(&body).with_context(|| {
         format!(
             "the answer of {} is not a roce-agent flow document",
-            args.api
+            client.addr()
         )
     })?;
     let mut out = std::io::stdout().lock();

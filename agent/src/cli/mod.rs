@@ -10,6 +10,7 @@
 //! May import every module of the crate; nothing imports it.
 
 pub mod analyze;
+pub mod api_args;
 pub mod check;
 pub mod detach;
 pub mod events;
@@ -95,16 +96,7 @@ pub enum Command {
         was pinned.")]
     Detach(DetachArgs),
     /// Print the flow table of a running agent (GET /flows)
-    #[command(after_help = "Examples:\n  \
-        roce-agent flows\n  \
-        roce-agent flows --json | jq '.flows[] | select(.ecn.ce > 0)'\n  \
-        roce-agent flows --json --pretty\n  \
-        roce-agent flows --api 127.0.0.1:9473\n  \
-        roce-agent flows --api :9474                        # the agent on this host, port 9474\n\n\
-        --json prints the document as the agent served it, on one line; --pretty indents it. \
-        --api takes HOST:PORT, [IPV6]:PORT, http://HOST:PORT, or :PORT for 127.0.0.1:PORT.\n\n\
-        Exit status: 0 success, 1 no agent answers (or its answer is not a flow table), \
-        2 usage error (an --api that is not an address).")]
+    #[command(after_help = flows::AFTER_HELP)]
     Flows(FlowsArgs),
     /// Analyze a pcap or pcapng capture: the flow table, ICRC checks and findings
     #[command(after_help = "Examples:\n  \
@@ -146,17 +138,7 @@ pub enum Command {
         or a usage error (--fix without named interfaces included).")]
     Check(CheckArgs),
     /// Follow a running agent's sampled events (CE, CNP, NAK, RNR NAK, PSN gap): lines, JSON lines or pcapng
-    #[command(after_help = "Examples:\n  \
-        roce-agent events                                  # human lines until Ctrl-C\n  \
-        roce-agent events --kind ce,cnp --duration 60\n  \
-        roce-agent events --json | jq 'select(.kind == \"nak\")'\n  \
-        roce-agent events --pcapng ce.pcapng --kind ce --duration 30 && wireshark ce.pcapng\n\n\
-        Follows GET /events of the agent at --api. The agent samples 1 in N events of each \
-        kind (run --events-sample N) and rate-limits them per CPU; each event carries the \
-        first 128 bytes of its packet. With --pcapng the packets go to the file (one \
-        interface block per interface, nanosecond timestamps, a comment naming the kind) \
-        and a count to stderr. A reader too slow for the event rate loses the oldest events \
-        and is told how many.")]
+    #[command(after_help = events::AFTER_HELP)]
     Events(EventsArgs),
     /// Live view of a running agent's flows, worst first, refreshed every interval (like top)
     #[command(after_help = top::AFTER_HELP)]
@@ -171,7 +153,8 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
         c.downcast_ref::<ConfigError>().is_some()
             || c.downcast_ref::<crate::audit::AuditError>().is_some()
             || matches!(c.downcast_ref(), Some(RunError::NoInterface(_)))
-            || matches!(c.downcast_ref(), Some(ClientError::Address { .. }))
+            || c.downcast_ref::<ClientError>()
+                .is_some_and(ClientError::is_usage)
     });
     if usage {
         EXIT_USAGE
@@ -227,7 +210,7 @@ mod tests {
         let cli = Cli::try_parse_from(["roce-agent", "top"]).unwrap();
         match cli.command {
             Command::Top(t) => {
-                assert_eq!(t.api, "127.0.0.1:9473");
+                assert_eq!(t.api.addr, "127.0.0.1:9473");
                 assert_eq!(t.interval, 1.0);
             }
             other => panic!("{other:?}"),
@@ -271,7 +254,7 @@ mod tests {
         let cli = Cli::try_parse_from(["roce-agent", "flows"]).unwrap();
         match cli.command {
             Command::Flows(f) => {
-                assert_eq!(f.api, "127.0.0.1:9473");
+                assert_eq!(f.api.addr, "127.0.0.1:9473");
                 assert!(!f.json);
             }
             other => panic!("{other:?}"),
@@ -307,7 +290,7 @@ mod tests {
     fn client_addresses_are_checked_when_parsed_and_colon_port_is_this_host() {
         let cli = Cli::try_parse_from(["roce-agent", "flows", "--api", ":9474"]).unwrap();
         match cli.command {
-            Command::Flows(f) => assert_eq!(f.api, "127.0.0.1:9474"),
+            Command::Flows(f) => assert_eq!(f.api.addr, "127.0.0.1:9474"),
             other => panic!("{other:?}"),
         }
         for sub in ["flows", "events", "top"] {

@@ -2,16 +2,18 @@
 
 use std::time::Duration;
 
-use crate::config::DEFAULT_LISTEN;
+use super::api_args::{api_help, ApiClientArgs};
 
 /// Shortest and longest refresh interval accepted.
 const MIN_INTERVAL_S: f64 = 0.1;
 const MAX_INTERVAL_S: f64 = 3600.0;
 
 /// The text after `roce-agent top --help`'s options.
-pub const AFTER_HELP: &str = "Examples:\n  \
+pub const AFTER_HELP: &str = concat!(
+    "Examples:\n  \
     roce-agent top\n  \
-    roce-agent top --api 127.0.0.1:9473 --interval 2\n\n\
+    roce-agent top --api 127.0.0.1:9473 --interval 2\n  \
+    roce-agent top --api https://agent1:9473 --ca-file ca.pem --auth-file ~/.roce-agent-auth\n\n\
     Keys:\n  \
     p            sort by problems: CE + CNPs + NAKs + RNR NAKs + PSN gaps (default)\n  \
     c            sort by CE ratio\n  \
@@ -26,15 +28,18 @@ pub const AFTER_HELP: &str = "Examples:\n  \
     Every sort looks at the rates over the agent's last interval first and then at the \
     totals since the flow was first seen, so flows with problems now come first. A rate \
     the agent has not computed (yet) shows as \"-\". When the agent stops answering, the \
-    header says so and the last answer stays on screen; the view keeps trying.\n\n\
-    Exit status: 0 on quit, 1 when stdout is not a terminal or the terminal fails.";
+    header says so and the last answer stays on screen; the view keeps trying.\n\n",
+    api_help!(),
+    "\n\n\
+    Exit status: 0 on quit, 1 when stdout is not a terminal or the terminal fails, 2 usage \
+    error (an unreadable or invalid --ca-file, --cert-file, --key-file or --auth-file)."
+);
 
 /// `roce-agent top`'s options.
 #[derive(Debug, clap::Args)]
 pub struct TopArgs {
-    /// Address of the running agent's API (its --listen); :PORT is the agent on this host (127.0.0.1:PORT)
-    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN, value_parser = crate::api::client::parse_address)]
-    pub api: String,
+    #[command(flatten)]
+    pub api: ApiClientArgs,
     /// Seconds between two refreshes
     #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = parse_interval)]
     pub interval: f64,
@@ -55,7 +60,7 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 
 /// `roce-agent top`.
 pub fn top(args: TopArgs) -> anyhow::Result<()> {
-    crate::top::top(args.api, Duration::from_secs_f64(args.interval))
+    crate::top::top(args.api.client()?, Duration::from_secs_f64(args.interval))
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@
 //! top_flows = 10                 # GET /metrics: the flows with the most problems get roce_top_flow_* series (0 to 1000)
 //! events_sample = 1              # sampled events: 1 in N of each kind per CPU, rate-limited; 0 emits none (flag: --events-sample)
 //! log_format = "text"            # the log on stderr: "text" | "json" (a JSON object a line) | "logfmt" (flag: --log-format)
-//! events_payload_bytes = 0       # sampled events keep the headers only; N keeps N bytes of payload after them (0 to 128)
+//! events_payload_bytes = 0       # sampled events keep the frame's headers up to the last transport header (BTH and its extension headers) only; N keeps N bytes of payload after them (0 to 128)
 //! web_config_file = "web.yml"    # TLS, basic auth and headers of the API, as Prometheus exporters' --web.config.file (flag: --web-config-file)
 //!
 //! [qos]                          # the host DSCP policy (all keys optional)

@@ -995,6 +995,33 @@ mod tests {
     }
 
     #[test]
+    fn events_payload_bytes_defaults_to_headers_only_and_is_bounded_by_the_sample() {
+        let s = resolve("", &iface("e")).unwrap();
+        assert_eq!(s.events_payload_bytes, 0);
+        let s = resolve("events_payload_bytes = 64\n", &iface("e")).unwrap();
+        assert_eq!(s.events_payload_bytes, 64);
+        let s = resolve("events_payload_bytes = 128\n", &iface("e")).unwrap();
+        assert_eq!(s.events_payload_bytes, 128);
+        // The kernel programs are not told: what an event keeps is the agent's business.
+        assert_eq!(
+            s.runtime_config(),
+            resolve("", &iface("e")).unwrap().runtime_config()
+        );
+        let e = resolve("interval = 1\nevents_payload_bytes = 129\n", &iface("e")).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.starts_with("t.toml:2:24: events_payload_bytes: 129 is out of range (0 to 128"),
+            "{e}"
+        );
+        let e = resolve("events_payload_bytes = -1\n", &iface("e")).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.starts_with("t.toml:1:24: ") && e.contains("events_payload_bytes"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn top_flows_defaults_to_ten_and_is_bounded() {
         let s = Settings::resolve(None, &iface("eth1"), true).unwrap();
         assert_eq!(s.top_flows, 10);
@@ -1075,6 +1102,11 @@ mod tests {
             ("listen = \"nonsense\"\n", "1:10", "listen"),
             ("top_flows = 1001\n", "1:13", "top_flows"),
             ("events_sample = -1\n", "1:17", "events_sample"),
+            (
+                "events_payload_bytes = 129\n",
+                "1:24",
+                "events_payload_bytes",
+            ),
             ("peers = [\"not a host!\"]\n", "1:", "peers"),
         ];
         let mut wrong = Vec::new();

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::config::{ConfigError, ConfigFile, Settings};
+use crate::api::web_config::WebConfig;
+use crate::config::{ConfigError, ConfigFile, Origin, Settings};
 use crate::datapath::loader;
 use crate::sys::netif;
 
@@ -53,6 +54,29 @@ impl Launch {
             .into());
         }
         Err(RunError::NoInterface(missing).into())
+    }
+
+    /// The web configuration `settings` name (`web_config_file`): TLS, users and
+    /// headers of the API; plain HTTP without authentication when there is none. A
+    /// refusal is a configuration error (exit 2) that names the flag or key, the file
+    /// and the cause.
+    pub(super) fn web_config(&self, settings: &Settings) -> anyhow::Result<WebConfig> {
+        let Some(path) = settings.web_config_file.as_deref() else {
+            return Ok(WebConfig::plain());
+        };
+        WebConfig::load(path).map_err(|e| {
+            let origin = if self.flags.web_config_file.is_some() {
+                Origin::Flag("--web-config-file")
+            } else {
+                Origin::Missing
+            };
+            ConfigError::Invalid {
+                origin,
+                field: "web_config_file",
+                message: e.to_string(),
+            }
+            .into()
+        })
     }
 
     /// The host audit as `settings` asks for it: at start and every interval, in its
@@ -148,15 +172,19 @@ pub(super) fn remove_fresh_datapath(fresh: bool, pin_dir: Option<&Path>) {
 }
 
 /// Starts the reader of the kernel's sampled events, also while `events_sample` is 0
-/// (the kernel then writes none), so that a reload can turn them on. None when the
-/// reader cannot start: flows, QoS and the audit go on without events.
+/// (the kernel then writes none), so that a reload can turn them on. Each event keeps
+/// its frame's headers and `events_payload_bytes` of payload; the returned
+/// `Spawned::keep` is how a reload changes that. None when the reader cannot start:
+/// flows, QoS and the audit go on without events.
 pub(super) fn start_events(
     loaded: &mut loader::Loaded,
     settings: &Settings,
 ) -> Option<crate::telemetry::events_reader::Spawned> {
+    use crate::telemetry::events_reader::{self, Keep, Resolver};
     let sample = settings.events_sample;
-    let resolve: crate::telemetry::events_reader::Resolver = Arc::new(netif::name_of);
-    match crate::telemetry::events_reader::spawn(loaded, resolve) {
+    let keep = Keep::for_settings(settings);
+    let resolve: Resolver = Arc::new(netif::name_of);
+    match events_reader::spawn(loaded, resolve, keep) {
         Ok(spawned) => {
             if sample == roce_common::event::EVENTS_OFF {
                 tracing::info!("events_sample is 0: no sampled events until a reload sets it");
@@ -164,7 +192,8 @@ pub(super) fn start_events(
                 tracing::info!(
                     sample,
                     per_cpu_per_100ms = roce_common::event::EVENTS_PER_CPU_PER_WINDOW,
-                    "sampled events: reading the EVENTS ring buffer"
+                    payload_bytes = keep.payload_bytes,
+                    "sampled events: reading the EVENTS ring buffer (each keeps its frame's headers and payload_bytes of payload)"
                 );
             }
             Some(spawned)

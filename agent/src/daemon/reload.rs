@@ -1,8 +1,13 @@
 //! SIGHUP: the configuration read again, validated in full, applied in one step or
-//! not at all.
+//! not at all; and the web configuration (certificates, users, headers) read again,
+//! with or without a configuration file.
+
+use std::sync::Arc;
 
 use anyhow::anyhow;
+use tokio::sync::watch;
 
+use crate::api::web_config::WebConfig;
 use crate::config::Settings;
 use crate::datapath::attach::Attachments;
 use crate::datapath::loader;
@@ -31,7 +36,9 @@ pub(super) fn reload(
     loaded: &mut loader::Loaded,
 ) -> Reload {
     let Some(path) = launch.config.as_deref() else {
-        tracing::info!("SIGHUP: the agent runs without --config: nothing to reload");
+        if launch.flags.web_config_file.is_none() {
+            tracing::info!("SIGHUP: the agent runs without --config: nothing to reload");
+        }
         return Reload::NoFile;
     };
     let new = match launch.settings() {
@@ -78,6 +85,36 @@ pub(super) fn reload(
                 tracing::error!(error = %error_text(&anyhow!(back)), "restoring the configuration in force failed");
             }
             Reload::Refused
+        }
+    }
+}
+
+/// SIGHUP for the web configuration: the `web_config_file` of `settings` (those in
+/// force after the configuration's own reload) read again and sent to the listener:
+/// certificates for the connections accepted from now on, users and headers for the
+/// next request. A refused file changes nothing: the one in force stays, and the log
+/// says why. Some(true) when it was read (or dropped: no `web_config_file` any more),
+/// Some(false) when refused, None when there is none before or after.
+pub(super) fn reload_web(
+    launch: &Launch,
+    settings: &Settings,
+    web: &watch::Sender<Arc<WebConfig>>,
+) -> Option<bool> {
+    let Some(path) = settings.web_config_file.as_deref() else {
+        let before = web.borrow().source.clone()?;
+        web.send_replace(Arc::new(WebConfig::plain()));
+        tracing::warn!(before = %before.display(), "SIGHUP: no web_config_file any more: the API is served over plain HTTP without authentication");
+        return Some(true);
+    };
+    match tokio::task::block_in_place(|| launch.web_config(settings)) {
+        Ok(new) => {
+            tracing::info!(file = %path.display(), web = %new.summary(), "SIGHUP: web_config_file reloaded");
+            web.send_replace(Arc::new(new));
+            Some(true)
+        }
+        Err(e) => {
+            tracing::error!(file = %path.display(), error = %error_text(&e), "SIGHUP: web_config_file refused; the web configuration in force stays");
+            Some(false)
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::sys::netif;
 use crate::telemetry::collector::Collector;
 
 use super::launch::{load_datapath, remove_fresh_datapath, start_events};
-use super::reload::{reload, Reload};
+use super::reload::{reload, reload_web, Reload};
 use super::{error_text, Launch};
 
 /// How long a shutdown waits for open API connections.
@@ -27,14 +27,16 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
     let mut sigint = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
 
-    // Claim the API address before attaching anything, so a busy port changes nothing.
+    // The web configuration is read, and the API address claimed, before anything is
+    // attached, so that a bad file or a busy port changes nothing.
+    let web = launch.web_config(&settings)?;
+    let limits = api_limits();
     let listener = bind(&settings.listen).await?;
     let local = listener
         .local_addr()
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    if !local.ip().is_loopback() {
-        tracing::warn!(listen = %local, "the API (flows, findings, metrics, events) is reachable from other hosts: it has no authentication; bind it to loopback unless a firewall or a scraper needs it");
-    }
+    warn_if_open(local, &web);
+    let (web_tx, web_rx) = watch::channel(Arc::new(web));
 
     let pin_dir = launch.pin_dir.as_deref();
     // A datapath pinned earlier is adopted; one made now is removed again should the
@@ -96,6 +98,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
 
     // Sampled events from the kernel programs; GET /events subscribes here.
     let events = start_events(collector.loaded_mut(), &settings);
+    let events_keep = events.as_ref().map(|e| e.keep.clone());
     let events_sample = Arc::new(std::sync::atomic::AtomicU32::new(settings.events_sample));
     let reloads = Arc::new(crate::telemetry::metrics::ReloadCounts::default());
     let exporter = Arc::new(crate::telemetry::metrics::Exporter {
@@ -116,14 +119,18 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
     );
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(async move {
-        axum::serve(listener, routes)
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
-    tracing::info!(listen = %local, interval_s = settings.interval.as_secs_f64(), required_mtu = settings.required_mtu(), "serving GET /flows, GET /findings and GET /metrics");
+    let web_summary = web_rx.borrow().summary();
+    let max_connections = limits.max_connections;
+    let mut server = tokio::spawn(api::listen::serve(
+        listener,
+        routes,
+        web_rx,
+        limits,
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    tracing::info!(listen = %local, web = %web_summary, max_connections, interval_s = settings.interval.as_secs_f64(), required_mtu = settings.required_mtu(), "serving GET /flows, GET /findings and GET /metrics");
 
     let mut ticker = new_ticker(settings.interval).await;
     // Link changes wake the loop at once; the interval check catches what they miss.
@@ -169,11 +176,23 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
                 let reloaded = tokio::task::block_in_place(|| {
                     reload(&launch, &settings, &mut attachments, collector.loaded_mut())
                 });
-                match &reloaded {
-                    Reload::Applied(_) => reloads.record(true),
-                    Reload::Refused => reloads.record(false),
-                    // Nothing was asked of a file: neither a success nor a failure.
-                    Reload::NoFile => {}
+                let config_ok = match &reloaded {
+                    Reload::Applied(_) => Some(true),
+                    Reload::Refused => Some(false),
+                    Reload::NoFile => None,
+                };
+                // The web configuration of the settings now in force.
+                let web_ok = match &reloaded {
+                    Reload::Applied(new) => reload_web(&launch, new, &web_tx),
+                    Reload::Refused | Reload::NoFile => reload_web(&launch, &settings, &web_tx),
+                };
+                if web_ok == Some(true) {
+                    warn_if_open(local, &web_tx.borrow());
+                }
+                // One reload of one or both files; nothing asked of any file is neither
+                // a success nor a failure.
+                if config_ok.is_some() || web_ok.is_some() {
+                    reloads.record(config_ok != Some(false) && web_ok != Some(false));
                 }
                 if let Reload::Applied(new) = reloaded {
                     if new.interval != settings.interval {
@@ -187,6 +206,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
                         findings_tx.clone(),
                     ));
                     events_sample.store(new.events_sample, std::sync::atomic::Ordering::Relaxed);
+                    if let Some(k) = &events_keep { k.set(&new); }
                     exporter.set_interfaces(new.tc_interfaces());
                     settings = *new;
                 }
@@ -206,12 +226,12 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
         None => tracing::info!(interfaces = %settings.interfaces.join(","), "detached"),
     }
     match server_done {
-        Some(Ok(Ok(()))) => Err(anyhow!("the API server stopped unexpectedly")),
-        Some(Ok(Err(e))) => Err(anyhow!(e).context("the API server failed")),
+        Some(Ok(())) => Err(anyhow!("the API server stopped unexpectedly")),
         Some(Err(e)) => Err(anyhow!(e).context("the API server task failed")),
         None => {
             let _ = stop_tx.send(());
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+            // The server cuts what is open after the grace; this is the backstop.
+            if tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(1), &mut server)
                 .await
                 .is_err()
             {
@@ -238,6 +258,34 @@ fn follow_interfaces(
         if let Some(left_out) = throttle.allow("interfaces", std::time::Instant::now()) {
             tracing::warn!(error = %error_text(&anyhow!(e)), left_out, "attaching to an interface that changed failed; trying again at the next check");
         }
+    }
+}
+
+/// The bounds of the API's HTTP surface, with the soft open-files limit raised to the
+/// hard one first (a service manager's 1,024 would refuse connections long before the
+/// cap).
+fn api_limits() -> api::listen::Limits {
+    let limits = api::listen::Limits::from_env();
+    let limits = api::listen::Limits {
+        shutdown_grace: SHUTDOWN_GRACE,
+        ..limits
+    };
+    match api::listen::raise_open_files_limit() {
+        Ok((soft, hard)) => {
+            tracing::debug!(soft, hard, "open files limit");
+            limits.within(soft)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "raising the open files limit failed");
+            limits.within(1024)
+        }
+    }
+}
+
+/// Warns when the API on `local` answers other hosts with no TLS and no users.
+fn warn_if_open(local: std::net::SocketAddr, web: &api::web_config::WebConfig) {
+    if !local.ip().is_loopback() && web.tls.is_none() && web.users.is_empty() {
+        tracing::warn!(listen = %local, "the API (flows, findings, metrics, events) is reachable from other hosts without authentication: bind it to loopback, or serve it with TLS and users (--web-config-file), unless a firewall or a scraper needs it");
     }
 }
 

@@ -86,7 +86,10 @@ pub struct Event {
     pub sample: u32,
     /// Added: the frame's length on the wire (Ethernet header on, no FCS).
     pub packet_len: u32,
-    /// Added: the first bytes of the frame (at most 128), as lowercase hex.
+    /// Added: the frame's bytes up to the end of its last transport header (Ethernet,
+    /// IP, UDP [, VXLAN and the inner Ethernet, IP and UDP], BTH and the extension
+    /// headers of its opcode), plus `events_payload_bytes` of payload (0 by default: no
+    /// application data), of the first 128 bytes of the frame; as lowercase hex.
     pub packet: String,
     /// Added: `ts_ns` on the wall clock (ns since the Unix epoch), for pcapng; 0 when
     /// unknown.
@@ -95,7 +98,7 @@ pub struct Event {
 }
 
 impl Event {
-    /// The captured bytes (`packet` decoded; None when it is not even-length hex).
+    /// The kept bytes (`packet` decoded; None when it is not even-length hex).
     pub fn packet_bytes(&self) -> Option<Vec<u8>> {
         let hex = self.packet.as_bytes();
         if !hex.len().is_multiple_of(2) {

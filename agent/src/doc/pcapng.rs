@@ -1,7 +1,9 @@
 //! Sampled events as a pcapng file: one interface block per interface (nanosecond
-//! timestamps), one enhanced packet block per event with the captured bytes, the
-//! frame's real length and a comment naming the kind. Wireshark and tshark open it
-//! and decode the frames as RoCE.
+//! timestamps), one enhanced packet block per event with the bytes the event kept (its
+//! headers, and payload only as `events_payload_bytes` allows) as the captured length,
+//! the frame's real length as the original length (Wireshark: "captured N of M
+//! bytes"), and a comment naming the kind. Wireshark and tshark open it and decode the
+//! frames as RoCE.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -17,7 +19,7 @@ use pcap_file::DataLink;
 
 use crate::doc::event::Event;
 
-/// Bytes the agent captures of each frame (the events' `packet`).
+/// Most bytes an event holds of a frame (the events' `packet`).
 pub const SNAPLEN: u32 = 128;
 
 /// Why an event could not be written.

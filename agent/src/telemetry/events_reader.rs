@@ -4,6 +4,11 @@
 //! subscribes to. The reader never waits for a subscriber: a slow one loses the oldest
 //! events (the broadcast drops them and the subscriber learns how many), an absent one
 //! costs nothing.
+//!
+//! An event keeps the frame's bytes up to the end of its last transport header
+//! (`roce_common::headers`) and `events_payload_bytes` of what follows ([`Keep`]): by
+//! default no application data leaves the host. A reload changes it
+//! ([`KeepHandle::set`]).
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
@@ -11,12 +16,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
+use roce_common::config::RuntimeConfig;
 use roce_common::event::EventRecord;
+use roce_common::headers::transport_headers_end;
 use roce_common::key::FlowKey;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
+use crate::config::Settings;
 use crate::datapath::loader::{LoadError, Loaded};
 use crate::doc::event::{ecn_name, hex, monotonic_to_unix_offset_ns, Event, EventKind};
 use crate::doc::{key_addr, Direction, Family};
@@ -42,20 +50,85 @@ pub enum EventsError {
     Register(#[source] std::io::Error),
 }
 
-/// A started reader: where its events are published, and the ring's positions.
+/// What of a sampled frame an event keeps: the bytes up to the end of its last
+/// transport header, as the classifier reads the frame with these ports, and
+/// `payload_bytes` of what follows (never more than the record holds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keep {
+    pub roce_port: u16,
+    pub vxlan_port: u16,
+    /// `events_payload_bytes`.
+    pub payload_bytes: u32,
+}
+
+impl Default for Keep {
+    /// Headers only, on the default ports.
+    fn default() -> Self {
+        let cfg = RuntimeConfig::default();
+        Keep {
+            roce_port: cfg.roce_port,
+            vxlan_port: cfg.vxlan_port,
+            payload_bytes: 0,
+        }
+    }
+}
+
+impl Keep {
+    /// What `settings` ask for: their ports and `events_payload_bytes`.
+    pub fn for_settings(settings: &Settings) -> Keep {
+        Keep {
+            roce_port: settings.runtime.roce_port,
+            vxlan_port: settings.runtime.vxlan_port,
+            payload_bytes: settings.events_payload_bytes,
+        }
+    }
+
+    /// The bytes of `packet` (a frame from its Ethernet header, cut at the record's
+    /// 128 bytes) that an event keeps.
+    pub fn kept<'a>(&self, packet: &'a [u8]) -> &'a [u8] {
+        let cfg = RuntimeConfig {
+            roce_port: self.roce_port,
+            vxlan_port: self.vxlan_port,
+            ..RuntimeConfig::default()
+        };
+        let end = transport_headers_end(packet, &cfg).saturating_add(self.payload_bytes as usize);
+        &packet[..end.min(packet.len())]
+    }
+}
+
+/// Changes what the running reader keeps (a reload's `events_payload_bytes` and ports).
+#[derive(Clone, Debug)]
+pub struct KeepHandle(Arc<watch::Sender<Keep>>);
+
+impl KeepHandle {
+    /// What `settings` ask for, from the next record on.
+    pub fn set(&self, settings: &Settings) {
+        self.0.send_replace(Keep::for_settings(settings));
+    }
+
+    /// What the reader keeps now.
+    pub fn get(&self) -> Keep {
+        *self.0.borrow()
+    }
+}
+
+/// A started reader: where its events are published, the ring's positions, and what
+/// it keeps of each frame.
 pub struct Spawned {
     /// Subscribe to it (`Sender::subscribe`) to receive the events.
     pub sender: broadcast::Sender<Arc<Event>>,
     /// Records written into and read out of the ring (None when its pages could not
     /// be mapped: the events flow all the same).
     pub progress: Option<Arc<RingProgress>>,
+    /// What the reader keeps of each frame; a reload sets it.
+    pub keep: KeepHandle,
 }
 
 /// Takes the EVENTS ring buffer out of `loaded` and starts a task that turns its
-/// records into [`Event`]s. Must be called inside a tokio runtime; the task lives as
-/// long as the runtime. A ring of a pinned datapath may hold records written while no
-/// agent ran: they are read first.
-pub fn spawn(loaded: &mut Loaded, resolve: Resolver) -> Result<Spawned, EventsError> {
+/// records into [`Event`]s, each keeping what `keep` says of its frame. Must be called
+/// inside a tokio runtime; the task lives as long as the runtime. A ring of a pinned
+/// datapath may hold records written while no agent ran: they are read first.
+pub fn spawn(loaded: &mut Loaded, resolve: Resolver, keep: Keep) -> Result<Spawned, EventsError> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(EventsError::NoRuntime);
     }
@@ -74,9 +147,11 @@ pub fn spawn(loaded: &mut Loaded, resolve: Resolver) -> Result<Spawned, EventsEr
     let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .map_err(|e| EventsError::Register(e.into_parts().1))?;
     let (tx, _) = broadcast::channel(EVENTS_CHANNEL_CAPACITY);
+    let (keep_tx, keep_rx) = watch::channel(keep);
     let reader = Reader {
         names: IfnameCache::new(resolve),
         tx: tx.clone(),
+        keep: keep_rx,
         read: 0,
         malformed: 0,
     };
@@ -84,6 +159,7 @@ pub fn spawn(loaded: &mut Loaded, resolve: Resolver) -> Result<Spawned, EventsEr
     Ok(Spawned {
         sender: tx,
         progress,
+        keep: KeepHandle(Arc::new(keep_tx)),
     })
 }
 
@@ -97,10 +173,15 @@ pub fn decode(bytes: &[u8]) -> Option<EventRecord> {
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<EventRecord>()) })
 }
 
-/// The event of one record, seen on `ifname`; None for a kind this agent does not know.
-/// `unix_offset_ns` is the wall clock minus the monotonic clock (0: `time_unix_ns`
-/// unknown).
-pub fn event_from_record(rec: &EventRecord, ifname: String, unix_offset_ns: i128) -> Option<Event> {
+/// The event of one record, seen on `ifname`, with what `keep` says of its frame; None
+/// for a kind this agent does not know. `unix_offset_ns` is the wall clock minus the
+/// monotonic clock (0: `time_unix_ns` unknown).
+pub fn event_from_record(
+    rec: &EventRecord,
+    ifname: String,
+    unix_offset_ns: i128,
+    keep: &Keep,
+) -> Option<Event> {
     let kind = *EventKind::ALL.get(rec.kind as usize)?;
     let key: &FlowKey = &rec.key;
     let tunnelled = key.tunnelled();
@@ -131,7 +212,7 @@ pub fn event_from_record(rec: &EventRecord, ifname: String, unix_offset_ns: i128
         inner_ecn: tunnelled.then(|| ecn_name(rec.inner_ecn()).to_string()),
         sample: rec.sample,
         packet_len: rec.frame_len,
-        packet: hex(rec.packet()),
+        packet: hex(keep.kept(rec.packet())),
         time_unix_ns,
     })
 }
@@ -140,6 +221,8 @@ pub fn event_from_record(rec: &EventRecord, ifname: String, unix_offset_ns: i128
 struct Reader {
     names: IfnameCache,
     tx: broadcast::Sender<Arc<Event>>,
+    /// What an event keeps of its frame (a reload changes it).
+    keep: watch::Receiver<Keep>,
     /// Records read, and those that were not events (short, unknown kind).
     read: u64,
     malformed: u64,
@@ -165,6 +248,7 @@ impl Reader {
     /// Reads every record in the ring now; returns how many.
     fn drain(&mut self, ring: &mut RingBuf<MapData>) -> usize {
         let offset = monotonic_to_unix_offset_ns();
+        let keep = *self.keep.borrow_and_update();
         let mut n = 0;
         while let Some(item) = ring.next() {
             n += 1;
@@ -174,7 +258,7 @@ impl Reader {
             };
             drop(item);
             let ifname = self.names.name(rec.ifindex());
-            match event_from_record(&rec, ifname, offset) {
+            match event_from_record(&rec, ifname, offset, &keep) {
                 // An error only says that nobody subscribes right now.
                 Some(ev) => {
                     let _ = self.tx.send(Arc::new(ev));
@@ -230,15 +314,29 @@ mod tests {
     use roce_common::counters::STAT_NAMES_EVENTS;
     use roce_common::event::{EVENT_CE, EVENT_PACKET_BYTES, EVENT_PSN_GAP};
     use roce_common::key::{addr_v4_mapped, KEY_EGRESS, KEY_INNER_V6, KEY_TUNNELLED};
+    use roce_testkit::frame::{roce_frame, Eth, RoceMsg, L3};
+    use std::net::Ipv4Addr;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     fn v4(a: [u8; 4]) -> [u32; 4] {
         addr_v4_mapped(u32::from_ne_bytes(a))
     }
 
+    const PATTERN: &[u8] = b"ROCEPAYLOADPATTERN";
+
+    /// An RC WRITE ONLY of 200 bytes of [`PATTERN`]: 70 bytes of headers (Ethernet,
+    /// IPv4, UDP, BTH, RETH), the payload, the ICRC.
+    fn write_frame() -> Vec<u8> {
+        let l3 = L3::v4(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
+        let msg = RoceMsg::write_only(0x1234, 42, 200).with_payload_pattern(PATTERN);
+        roce_frame(&Eth::default(), &l3, 49152, &msg)
+    }
+
+    /// A record of `kind` whose packet is the first 128 bytes of [`write_frame`].
     fn record(kind: u8) -> EventRecord {
+        let frame = write_frame();
         let mut packet = [0u8; EVENT_PACKET_BYTES];
-        packet[..4].copy_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+        packet.copy_from_slice(&frame[..EVENT_PACKET_BYTES]);
         EventRecord {
             ts_ns: 1_000,
             key: FlowKey {
@@ -249,14 +347,14 @@ mod tests {
                 ..FlowKey::default()
             },
             psn: 42,
-            frame_len: 4,
+            frame_len: frame.len() as u32,
             sample: 10,
             sport: 49152,
             kind,
             opcode: 0x0a,
             outer_tos: (26 << 2) | 3,
             inner_tos: 0,
-            captured: 4,
+            captured: EVENT_PACKET_BYTES as u8,
             _pad: [0; 5],
             packet,
         }
@@ -271,7 +369,7 @@ mod tests {
 
     #[test]
     fn a_plain_ce_record_becomes_the_documented_event() {
-        let ev = event_from_record(&record(EVENT_CE), "eth1".into(), 5).unwrap();
+        let ev = event_from_record(&record(EVENT_CE), "eth1".into(), 5, &Keep::default()).unwrap();
         let v = serde_json::to_value(&ev).unwrap();
         assert_eq!(v["ts_ns"], 1000);
         assert_eq!(v["time_unix_ns"], 1005);
@@ -289,8 +387,69 @@ mod tests {
         assert_eq!(v["dscp"], 26);
         assert_eq!(v["ecn"], "ce");
         assert_eq!(v["sample"], 10);
-        assert_eq!(v["packet_len"], 4);
-        assert_eq!(v["packet"], "deadbeef");
+        assert_eq!(v["packet_len"], 42 + 12 + 16 + 200 + 4);
+        assert_eq!(v["packet"], hex(&write_frame()[..70]), "the headers only");
+    }
+
+    /// Hex of the part of `frame` that `payload_bytes` keeps, on the default ports.
+    fn kept(frame: &[u8], payload_bytes: u32) -> Vec<u8> {
+        let keep = Keep {
+            payload_bytes,
+            ..Keep::default()
+        };
+        keep.kept(frame).to_vec()
+    }
+
+    #[test]
+    fn an_event_keeps_its_headers_and_the_payload_bytes_asked_for() {
+        let frame = write_frame();
+        let sample = &frame[..EVENT_PACKET_BYTES];
+        assert_eq!(kept(sample, 0), &frame[..70]);
+        assert_eq!(kept(sample, 18), &frame[..88]);
+        assert_eq!(&kept(sample, 18)[70..], PATTERN);
+        // Never more than the record holds.
+        assert_eq!(kept(sample, 128), sample);
+        // A frame that is not RoCE on these ports: up to its UDP header.
+        let other = Keep {
+            roce_port: 4792,
+            ..Keep::default()
+        };
+        assert_eq!(other.kept(sample), &frame[..42]);
+        assert_eq!(kept(&[], 64), b"");
+        // Each record as the keep in force says, from the next on.
+        let rec = record(EVENT_CE);
+        let ev = |keep: &Keep| event_from_record(&rec, "e".into(), 0, keep).unwrap();
+        let more = Keep {
+            payload_bytes: 64,
+            ..Keep::default()
+        };
+        assert_eq!(ev(&Keep::default()).packet_bytes().unwrap(), &frame[..70]);
+        assert_eq!(ev(&more).packet_bytes().unwrap(), &frame[..128]);
+        assert_eq!(ev(&more).packet_len, frame.len() as u32);
+    }
+
+    #[test]
+    fn keep_follows_the_settings_and_its_handle() {
+        let settings = Settings {
+            events_payload_bytes: 32,
+            runtime: RuntimeConfig {
+                roce_port: 4792,
+                ..RuntimeConfig::default()
+            },
+            ..Settings::default()
+        };
+        let keep = Keep::for_settings(&settings);
+        assert_eq!(
+            (keep.roce_port, keep.vxlan_port, keep.payload_bytes),
+            (4792, 4789, 32)
+        );
+        assert_eq!(Keep::for_settings(&Settings::default()), Keep::default());
+        let (tx, mut rx) = watch::channel(Keep::default());
+        let handle = KeepHandle(Arc::new(tx));
+        handle.set(&settings);
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), keep);
+        assert_eq!(handle.get(), keep);
     }
 
     #[test]
@@ -305,7 +464,7 @@ mod tests {
             1u32.to_be(),
         ];
         rec.inner_tos = 2;
-        let ev = event_from_record(&rec, "eth0".into(), 0).unwrap();
+        let ev = event_from_record(&rec, "eth0".into(), 0, &Keep::default()).unwrap();
         assert_eq!(ev.kind, EventKind::PsnGap);
         assert_eq!(ev.direction, Direction::Egress);
         assert_eq!(ev.vni, Some(5001));
@@ -320,7 +479,7 @@ mod tests {
 
     #[test]
     fn unknown_kinds_and_short_items_are_no_events() {
-        assert!(event_from_record(&record(9), "x".into(), 0).is_none());
+        assert!(event_from_record(&record(9), "x".into(), 0, &Keep::default()).is_none());
         assert!(decode(&[0u8; 16]).is_none());
         let rec = record(EVENT_CE);
         // SAFETY: the bytes of a plain-integer struct.

@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::api::client::{self, ClientError};
+use crate::api::client::{Client, ClientError};
 use crate::doc::finding::Findings;
 use crate::doc::Document;
 
@@ -24,9 +24,10 @@ pub struct Snapshot {
     pub findings: Result<Findings, String>,
 }
 
-/// Asks the agent at `addr` for `/flows` and `/findings`.
-pub fn fetch(addr: &str, timeout: Duration) -> Snapshot {
-    let flows = client::get_body(addr, "/flows", timeout)
+/// Asks the agent of `client` for `/flows` and `/findings`.
+pub fn fetch(client: &Client, timeout: Duration) -> Snapshot {
+    let flows = client
+        .get_body("/flows", timeout)
         .map_err(|e| short_error(&e, timeout))
         .and_then(|body| {
             serde_json::from_slice::<Document>(&body)
@@ -34,7 +35,8 @@ pub fn fetch(addr: &str, timeout: Duration) -> Snapshot {
         });
     // A dead agent fails the same way twice: do not wait for it twice.
     let findings = match &flows {
-        Ok(_) => client::get_body(addr, "/findings", timeout)
+        Ok(_) => client
+            .get_body("/findings", timeout)
             .map_err(|e| short_error(&e, timeout))
             .and_then(|body| {
                 serde_json::from_slice::<Findings>(&body)
@@ -67,7 +69,7 @@ fn short_error(e: &ClientError, timeout: Duration) -> String {
 /// Asks the agent every `interval` on its own thread, so a slow or dead agent never
 /// holds up keys or drawing. Ends when the view has gone (the receiver is dropped).
 pub fn spawn_fetcher(
-    addr: String,
+    client: Client,
     interval: Duration,
     answers: mpsc::Sender<Snapshot>,
 ) -> std::io::Result<()> {
@@ -75,7 +77,7 @@ pub fn spawn_fetcher(
         .name("top-fetch".into())
         .spawn(move || loop {
             let started = Instant::now();
-            if answers.send(fetch(&addr, FETCH_TIMEOUT)).is_err() {
+            if answers.send(fetch(&client, FETCH_TIMEOUT)).is_err() {
                 return;
             }
             std::thread::sleep(interval.saturating_sub(started.elapsed()));
@@ -91,12 +93,14 @@ mod tests {
     fn a_silent_agent_is_a_timeout_and_no_agent_a_refusal() {
         // Bound but never accepting: the connection is made, no answer comes.
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = silent.local_addr().unwrap().to_string();
-        let snap = fetch(&addr, Duration::from_millis(200));
+        let client = Client::plain(&silent.local_addr().unwrap().to_string()).unwrap();
+        let snap = fetch(&client, Duration::from_millis(200));
         assert_eq!(snap.flows.unwrap_err(), "no answer within 0.2s");
         assert_eq!(snap.findings.unwrap_err(), "no answer within 0.2s");
         drop(silent);
-        let e = fetch(&addr, Duration::from_millis(200)).flows.unwrap_err();
+        let e = fetch(&client, Duration::from_millis(200))
+            .flows
+            .unwrap_err();
         assert!(e.contains("refused"), "{e}");
     }
 }

@@ -29,6 +29,7 @@ use crossterm::event::{self, Event};
 use ratatui::backend::CrosstermBackend;
 use ratatui::Terminal;
 
+use crate::api::client::Client;
 use fetch::Snapshot;
 use input::{Action, Keyboard};
 use state::TopState;
@@ -36,14 +37,15 @@ use terminal::{stop_on_signals, stop_requested, TerminalGuard};
 
 /// How often the view looks for keys, answers and signals.
 const TICK: Duration = Duration::from_millis(100);
-/// Runs the view of the agent at `api` (`HOST:PORT`), asking it every `interval`,
-/// until `q`, a signal or a hang-up.
-pub fn top(api: String, interval: Duration) -> anyhow::Result<()> {
+/// Runs the view of the agent of `client`, asking it every `interval`, until `q`, a
+/// signal or a hang-up.
+pub fn top(client: Client, interval: Duration) -> anyhow::Result<()> {
     if !std::io::stdout().is_terminal() {
         bail!("top draws on a terminal and stdout is not one; `roce-agent flows` prints the table once");
     }
     let (tx, answers) = mpsc::channel();
-    fetch::spawn_fetcher(api.clone(), interval, tx).context("starting the fetch thread")?;
+    let api = client.addr().to_string();
+    fetch::spawn_fetcher(client, interval, tx).context("starting the fetch thread")?;
     let mut state = TopState::new(api, interval);
     stop_on_signals();
 
