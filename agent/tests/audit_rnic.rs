@@ -4,13 +4,15 @@
 // Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::BTreeMap;
 use std::fs;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use roce_agent::audit::rnic::{
-    audit, fix, plan_fix, read_ecn_knobs, read_rnic_ports, roce_netdevs, RnicError, RnicPort,
-    RoceTos,
+    fix, gid, plan_fix, read_ecn_knobs, read_rnic_ports, roce_netdevs, GidEntry, GidType,
+    RnicError, RnicPort, RoceMode, RoceTos,
 };
 use roce_agent::audit::{finding, Change, Finding, Severity};
 use roce_common::policy::Policy;
@@ -19,6 +21,11 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/sysfs")
         .join(name)
+}
+
+/// The RNIC audit with no netdev address known (the GID part has nothing to look up).
+fn audit(root: &Path, interfaces: &[String], policy: &Policy) -> Vec<Finding> {
+    roce_agent::audit::rnic::audit(root, interfaces, policy, &BTreeMap::new())
 }
 
 fn eth1() -> Vec<String> {
@@ -106,11 +113,19 @@ fn fixtures_read_as_one_mlx5_port_with_eth1() {
             link_layer: Some("Ethernet".to_string()),
             // Four GID entries name eth1; the empty slots name nothing.
             netdevs: eth1(),
+            gids: vec![
+                gid_entry(0, "fe80::ba59:9fff:fe1a:2b3c", GidType::RoceV1, "eth1"),
+                gid_entry(1, "fe80::ba59:9fff:fe1a:2b3c", GidType::RoceV2, "eth1"),
+                gid_entry(2, "::ffff:198.18.0.1", GidType::RoceV1, "eth1"),
+                gid_entry(3, "::ffff:198.18.0.1", GidType::RoceV2, "eth1"),
+            ],
             default_roce_tos: Ok(RoceTos::Set(106)),
+            default_roce_mode: Ok(RoceMode::Set(GidType::RoceV2)),
         }]
     );
     let bad = read_rnic_ports(&fixture("mlx5-bad")).expect("read bad fixture");
     assert_eq!(bad[0].default_roce_tos, Ok(RoceTos::Unset));
+    assert_eq!(bad[0].default_roce_mode, Ok(RoceMode::Unset));
     for tree in ["mlx5-good", "mlx5-bad"] {
         assert_eq!(roce_netdevs(&fixture(tree)), Ok(eth1()));
     }
@@ -163,7 +178,8 @@ fn the_bad_fixture_gives_one_finding_per_wrong_knob_with_its_fix() {
                 Some("eth1"),
                 Severity::Error,
                 "default_roce_tos 0 (DSCP 0, Not-ECT): rdma_cm's default, \
-                 /sys/kernel/config/rdma_cm/mlx5_0 does not exist",
+                 /sys/kernel/config/rdma_cm/mlx5_0 does not exist (a ToS set before the \
+                 group was removed still applies: make it to read the ToS in use)",
                 "106 (DSCP 26, ECT(0))",
                 TOS_FIX,
             ),
@@ -513,4 +529,160 @@ fn the_dry_run_commands_are_the_findings_fixes_and_write_nothing() {
     }
     // Planning read the tree and wrote nothing.
     assert!(!root.join("kernel/config/rdma_cm/mlx5_0").exists());
+}
+
+fn gid_entry(index: u32, gid: &str, gid_type: GidType, netdev: &str) -> GidEntry {
+    GidEntry {
+        index,
+        gid: gid.parse().expect("a GID"),
+        gid_type,
+        netdev: netdev.to_string(),
+    }
+}
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().expect("an address")
+}
+
+/// The lab's addresses: 198.18.0.1 on veth0 (rxe0), 198.18.0.2 on veth1 (rxe1).
+fn lab_addresses() -> BTreeMap<String, Vec<IpAddr>> {
+    [
+        ("veth0".to_string(), vec![ip("198.18.0.1")]),
+        ("veth1".to_string(), vec![ip("198.18.0.2")]),
+    ]
+    .into()
+}
+
+/// The `roce_gid` findings on the tree at `root`.
+fn gid_audit(
+    root: &Path,
+    interfaces: &[String],
+    addresses: &BTreeMap<String, Vec<IpAddr>>,
+) -> Vec<Finding> {
+    let ports = read_rnic_ports(root).expect("read the tree's RDMA ports");
+    let names: Vec<&str> = interfaces.iter().map(String::as_str).collect();
+    gid::audit(&ports, &names, addresses)
+}
+
+fn veths() -> Vec<String> {
+    vec!["veth0".to_string(), "veth1".to_string()]
+}
+
+const RXE1_TYPE1: &str = "devices/virtual/infiniband/rxe1/ports/1/gid_attrs/types/1";
+const RXE1_MODE: &str = "kernel/config/rdma_cm/rxe1/ports/1/default_roce_mode";
+
+#[test]
+fn the_rxe_fixture_reads_as_two_roce_v2_ports_behind_veth0_and_veth1() {
+    let ports = read_rnic_ports(&fixture("rxe")).expect("read rxe fixture");
+    let got: Vec<(&str, &[String], usize)> = ports
+        .iter()
+        .map(|p| (p.device.as_str(), p.netdevs.as_slice(), p.gids.len()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("rxe0", &["veth0".to_string()][..], 2),
+            ("rxe1", &["veth1".to_string()][..], 2)
+        ]
+    );
+    // rxe (6.1) offers RoCE v2 only: the MAC's link-local GID, then the IPv4 one.
+    assert_eq!(
+        ports[1].gids,
+        [
+            gid_entry(0, "fe80::ec77:2fff:feb2:aa9c", GidType::RoceV2, "veth1"),
+            gid_entry(1, "::ffff:198.18.0.2", GidType::RoceV2, "veth1"),
+        ]
+    );
+    assert_eq!(
+        ports[1].default_roce_mode,
+        Ok(RoceMode::Set(GidType::RoceV2))
+    );
+    assert_eq!(ports[1].default_roce_tos, Ok(RoceTos::Set(106)));
+    assert_eq!(roce_netdevs(&fixture("rxe")), Ok(veths()));
+}
+
+#[test]
+fn roce_gid_finds_nothing_where_every_address_has_a_roce_v2_gid() {
+    assert!(gid_audit(&fixture("rxe"), &veths(), &lab_addresses()).is_empty());
+    // mlx5 offers both versions: 198.18.0.1 has its v2 GID at index 3.
+    let eth1_addr = [("eth1".to_string(), vec![ip("198.18.0.1")])].into();
+    assert!(gid_audit(&fixture("mlx5-good"), &eth1(), &eth1_addr).is_empty());
+    // Link-local IPv6 addresses are not looked up.
+    let link_local = [("veth0".to_string(), vec![ip("fe80::1")])].into();
+    assert!(gid_audit(&fixture("rxe"), &veths(), &link_local).is_empty());
+}
+
+#[test]
+fn an_address_whose_gid_is_roce_v1_only_is_a_roce_gid_warning() {
+    let tree = Scratch::copy_of("rxe");
+    tree.write(RXE1_TYPE1, "IB/RoCE v1\n");
+    let findings = gid_audit(tree.root(), &veths(), &lab_addresses());
+    assert_eq!(
+        findings,
+        [finding(
+            "roce_gid",
+            Some("veth1"),
+            Severity::Warning,
+            "198.18.0.2 has no RoCE v2 GID in rxe1 port 1 (only IB/RoCE v1 at index 1): RoCE v1 \
+             is neither routed nor UDP 4791, so the agent and the fabric's DSCP QoS never see its traffic",
+            "a RoCE v2 GID for 198.18.0.2",
+            "enable RoCE v2 in the driver or firmware of rxe1 (a device that offers only RoCE v1 \
+             cannot carry routable RoCE); the GID types are in \
+             /sys/class/infiniband/rxe1/ports/1/gid_attrs/types",
+        )]
+    );
+}
+
+#[test]
+fn an_address_missing_from_the_gid_table_and_a_netdev_not_audited() {
+    let mut addresses = lab_addresses();
+    addresses.insert(
+        "veth0".to_string(),
+        vec![ip("198.18.0.9"), ip("198.18.0.1")],
+    );
+    let findings = gid_audit(&fixture("rxe"), &veths(), &addresses);
+    assert_eq!(
+        findings
+            .iter()
+            .map(|f| f.found.as_str())
+            .collect::<Vec<_>>(),
+        ["no GID for 198.18.0.9 in the GID table of rxe0 port 1: RoCE cannot use this address"]
+    );
+    // veth0 not audited: its addresses are not looked at.
+    let only_veth1 = vec!["veth1".to_string()];
+    assert!(gid_audit(&fixture("rxe"), &only_veth1, &addresses).is_empty());
+}
+
+#[test]
+fn rdma_cm_in_roce_v1_mode_or_another_is_a_roce_gid_warning() {
+    let tree = Scratch::copy_of("rxe");
+    tree.write(RXE1_MODE, "IB/RoCE v1\n");
+    let findings = gid_audit(tree.root(), &veths(), &lab_addresses());
+    assert_eq!(
+        findings
+            .iter()
+            .map(|f| (f.interface.as_deref(), f.fix.as_str()))
+            .collect::<Vec<_>>(),
+        [(
+            Some("veth1"),
+            "echo \"RoCE v2\" > /sys/kernel/config/rdma_cm/rxe1/ports/1/default_roce_mode   \
+             # MLNX_OFED's cma_roce_mode -d rxe1 -p 1 -m 2 does the same"
+        )]
+    );
+    // A mode that does not read is a warning naming the file; a group without the file
+    // (a fixture's) says nothing.
+    tree.write(RXE1_MODE, "");
+    let findings = gid_audit(tree.root(), &veths(), &lab_addresses());
+    assert_eq!(
+        findings
+            .iter()
+            .map(|f| f.found.as_str())
+            .collect::<Vec<_>>(),
+        ["rdma_cm's default RoCE mode on rxe1 port 1 reads '', not RoCE v2"]
+    );
+    fs::remove_file(tree.file(RXE1_MODE)).expect("remove default_roce_mode");
+    assert!(gid_audit(tree.root(), &veths(), &lab_addresses()).is_empty());
+    // Without the group, rdma_cm prefers v2: nothing to say.
+    fs::remove_dir_all(tree.file("kernel/config/rdma_cm/rxe1")).expect("remove group");
+    assert!(gid_audit(tree.root(), &veths(), &lab_addresses()).is_empty());
 }

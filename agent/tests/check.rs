@@ -395,7 +395,7 @@ fn rnic_knobs_from_a_sysfs_fixture_one_finding_each_with_its_fix() {
             ("ecn_np", "ECN notification point off on priority 3", "on for priority 3", "echo 1 > /sys/class/net/eth1/ecn/roce_np/enable/3"),
             (
                 "roce_tos",
-                "default_roce_tos 0 (DSCP 0, Not-ECT): rdma_cm's default, /sys/kernel/config/rdma_cm/mlx5_0 does not exist",
+                "default_roce_tos 0 (DSCP 0, Not-ECT): rdma_cm's default, /sys/kernel/config/rdma_cm/mlx5_0 does not exist (a ToS set before the group was removed still applies: make it to read the ToS in use)",
                 "106 (DSCP 26, ECT(0))",
                 "mkdir -p /sys/kernel/config/rdma_cm/mlx5_0 && echo 106 > /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos"
             ),

@@ -265,13 +265,13 @@ fn detach_json_is_one_line_and_pretty_indents_it() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
-        "{\"links\":[],\"programs\":[],\"maps\":[]}\n"
+        "{\"links\":[],\"filters\":[],\"qdiscs\":[],\"programs\":[],\"maps\":[]}\n"
     );
     let out = agent(&["detach", "--pin-dir", dir, "--json", "--pretty"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
-        "{\n  \"links\": [],\n  \"programs\": [],\n  \"maps\": []\n}\n"
+        "{\n  \"links\": [],\n  \"filters\": [],\n  \"qdiscs\": [],\n  \"programs\": [],\n  \"maps\": []\n}\n"
     );
 }
 

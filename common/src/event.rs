@@ -32,7 +32,8 @@ pub const EVENTS_OFF: u32 = 0;
 /// storm of CE marks floods neither the ring nor the agent. Events above it are counted
 /// as `events_dropped.rate_limit`.
 pub const EVENTS_PER_CPU_PER_WINDOW: u32 = 100;
-/// The rate limit's window: 100 ms of the coarse monotonic clock.
+/// The rate limit's window: 100 ms of the monotonic clock (the coarse one where the
+/// kernel has it: `ebpf/src/kernel.rs`).
 pub const EVENT_WINDOW_NS: u64 = 100_000_000;
 
 /// Bytes of the EVENTS ring buffer unless the loader says otherwise: about 4,200

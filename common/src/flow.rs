@@ -87,8 +87,10 @@ impl FlowStats {
     ///
     /// `tick` is a cheap clock (the kernel's jiffies) and `now_ns` reads the clock that
     /// first/last seen are kept in; it is called only for a flow's first packet and when
-    /// the tick changed since the flow's last one. The coarse clock it stands for moves
-    /// only once a tick, so this saves its helper call on all other packets.
+    /// the tick changed since the flow's last one. The kernel's coarse clock moves only
+    /// once a tick, so this saves its helper call on all other packets; where the kernel
+    /// lacks it (before 5.11) `now_ns` reads the monotonic clock at full resolution,
+    /// and first/last seen keep the same one-tick resolution.
     #[inline(always)]
     pub fn record(
         &mut self,

@@ -1,7 +1,8 @@
-//! The names of the kernel object's maps and programs, declared once: the kernel side
-//! names its statics the same (aya names a map or program after its static or
-//! function), the agent finds them by these constants, and a test checks that every
-//! name here is in the object and every map of the object is here.
+//! The names of the kernel object's maps, programs and globals, declared once: the
+//! kernel side names its statics the same (aya names a map or program after its static
+//! or function), the agent finds them by these constants, and a test checks that every
+//! name here is in the object and every map of the object is here (the loader refuses
+//! an object without one of the globals).
 
 /// Map names (`ebpf/src/maps.rs`).
 pub mod map {
@@ -88,6 +89,16 @@ pub mod program {
         TC_INGRESS,
         TC_BASELINE,
     ];
+}
+
+/// Read-only globals of the object (`ebpf/src/kernel.rs`, in `.rodata`), each a u32
+/// the agent writes before loading: 1 when the kernel has a helper newer than the
+/// oldest kernel the agent runs on (5.10), 0 when the programs must do without.
+pub mod global {
+    /// bpf_ktime_get_coarse_ns (Linux 5.11).
+    pub const HAS_KTIME_COARSE: &str = "HAS_KTIME_COARSE";
+    /// bpf_xdp_load_bytes (Linux 5.18).
+    pub const HAS_XDP_LOAD_BYTES: &str = "HAS_XDP_LOAD_BYTES";
 }
 
 /// Slots of the TC_TAIL program array.

@@ -4,8 +4,8 @@
 //! into reserved ring memory (no record on the stack). The clean path costs one test
 //! of `Trouble` in `flow.rs`.
 
+use aya_ebpf::helpers::bpf_ktime_get_ns;
 use aya_ebpf::helpers::generated::{bpf_skb_load_bytes, bpf_xdp_load_bytes};
-use aya_ebpf::helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns};
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{PerCpuArray, RingBuf};
 use aya_ebpf::programs::{TcContext, XdpContext};
@@ -19,7 +19,9 @@ use roce_common::event::{
 use roce_common::key::FlowKey;
 use roce_common::parsed::Parsed;
 
+use crate::kernel::{coarse_ns, has_xdp_load_bytes};
 use crate::maps::bump;
+use crate::packet::KernelPacket;
 
 /// Sampled events for the agent. The agent sizes it before loading.
 #[map]
@@ -36,7 +38,7 @@ pub struct EventBudget {
     skip: [u32; EVENT_KIND_COUNT],
     /// Events kept in the current window.
     window_count: u32,
-    /// Start of the current window (coarse clock).
+    /// Start of the current window (`kernel::coarse_ns`).
     window_start_ns: u64,
 }
 
@@ -49,6 +51,11 @@ pub trait FrameHead {
 impl FrameHead for XdpContext {
     #[inline(always)]
     fn copy_head(&self, to: *mut u8, len: u32) -> bool {
+        if !has_xdp_load_bytes() {
+            // Before 5.18: from packet memory, which holds the whole frame (the program
+            // is not multi-buffer aware).
+            return KernelPacket::new(self.data(), self.data_end()).copy_head(to, len as usize);
+        }
         // SAFETY: `to` is reserved ring memory of at least EVENT_PACKET_BYTES >= len.
         unsafe { bpf_xdp_load_bytes(self.ctx, 0, to.cast(), len) == 0 }
     }
@@ -116,8 +123,7 @@ fn emit_one<C: FrameHead, K: Fn() -> FlowKey>(
     }
     *skip = sample - 1;
     // The rate limit: at most EVENTS_PER_CPU_PER_WINDOW per window on this CPU.
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = coarse_ns();
     if now.wrapping_sub(budget.window_start_ns) >= EVENT_WINDOW_NS {
         budget.window_start_ns = now;
         budget.window_count = 0;

@@ -6,7 +6,7 @@
 //! three point into FLOW_SLOTS, where the counters are.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
+use aya_ebpf::helpers::bpf_jiffies64;
 use aya_ebpf::maps::HashMap;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED};
@@ -17,6 +17,7 @@ use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, KEY4_EGRESS, KEY_EGRESS};
 use roce_common::parsed::Parsed;
 
 use crate::events::{emit, FrameHead};
+use crate::kernel::coarse_ns;
 use crate::maps::{bump, FLOWS, FLOWS4, FLOWS_MID, FLOW_FREE, FLOW_SLOTS};
 use crate::packet::opaque;
 
@@ -153,7 +154,7 @@ fn new_flow<K>(
 }
 
 /// Counts on a flow's slot; first/last seen from the coarse clock (ms resolution is
-/// plenty).
+/// plenty; `kernel::coarse_ns`).
 ///
 /// # Safety
 /// `slot` is a live slot of FLOW_SLOTS, valid for this program run. Other CPUs may
@@ -165,15 +166,14 @@ unsafe fn record(
     frame_len: u32,
     cfg: &RuntimeConfig,
 ) -> Trouble {
-    // SAFETY: the caller's promise; the clock helpers take no arguments. The
-    // verifier inlines bpf_jiffies64 (a load); the coarse clock is a real call, made
-    // only when the tick moved.
+    // SAFETY: the caller's promise; bpf_jiffies64 takes no arguments. The verifier
+    // inlines it (a load); the clock is a real call, made only when the tick moved.
     unsafe {
         (*slot).stats.record(
             parsed,
             frame_len,
             bpf_jiffies64() as u32,
-            || bpf_ktime_get_coarse_ns(),
+            coarse_ns,
             cfg.default_pmtu_log2,
         )
     }

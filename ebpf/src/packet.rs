@@ -3,6 +3,7 @@
 
 use core::mem::size_of;
 
+use roce_common::event::EVENT_PACKET_BYTES;
 use roce_common::packet::{Header, Packet};
 use roce_common::wire::MAX_PARSE_OFFSET;
 
@@ -50,6 +51,49 @@ impl KernelPacket {
         // SAFETY: bounds checked just above, as in `load`.
         unsafe { *(p as *mut T) = v };
         Some(())
+    }
+}
+
+impl KernelPacket {
+    /// Copies the first `len` (8..=128) bytes to `to` (an event's ring memory), a word
+    /// at a time: the whole words from the start, then the last 8 bytes, which overlap
+    /// the last whole word unless `len` is a multiple of 8. False, with `to` partly
+    /// written, when the packet is shorter or `len` out of range. For kernels without
+    /// bpf_xdp_load_bytes (before 5.18).
+    #[inline(always)]
+    pub fn copy_head(&self, to: *mut u8, len: usize) -> bool {
+        // Every bound the verifier needs is tested where the value is used, against a
+        // constant: 5.10's verifier forgets the range of a scalar spilled to the stack,
+        // and an opaque `len` keeps the compiler from dropping the tests as implied by
+        // an earlier one.
+        let len = opaque(len);
+        let mut off = 0;
+        while off + 8 <= EVENT_PACKET_BYTES && off + 8 <= len {
+            if !self.copy_word(off, to) {
+                return false;
+            }
+            off += 8;
+        }
+        let last = opaque(len).wrapping_sub(8);
+        if last > EVENT_PACKET_BYTES - 8 {
+            return false;
+        }
+        self.copy_word(last, to)
+    }
+
+    /// Copies the 8 bytes at `off` to `to + off`.
+    #[inline(always)]
+    fn copy_word(&self, off: usize, to: *mut u8) -> bool {
+        let Some(word) = self.load::<u64>(off) else {
+            return false;
+        };
+        // An opaque destination keeps the compiler from turning the copy into a
+        // memcpy of variable length, which BPF has not.
+        let dst = opaque(to as usize + off) as *mut u64;
+        // SAFETY: `to` holds EVENT_PACKET_BYTES and `copy_head` passes off + 8 <= that;
+        // BPF stores need no alignment on the architectures the JIT serves.
+        unsafe { *dst = word };
+        true
     }
 }
 

@@ -591,11 +591,25 @@ impl Lab {
         name: &str,
         args: &[S],
     ) -> Result<Proc> {
+        self.start_agent_with_env(ns, agent, name, args, &[])
+    }
+
+    /// [`Lab::start_agent`] with environment variables `env` set for the agent (the
+    /// test knobs, such as `ROCE_AGENT_TC_MECHANISM`).
+    pub fn start_agent_with_env<S: AsRef<std::ffi::OsStr>>(
+        &self,
+        ns: &str,
+        agent: &Path,
+        name: &str,
+        args: &[S],
+        env: &[(&str, &str)],
+    ) -> Result<Proc> {
         let mut cmd = self.command(ns, agent);
         cmd.arg("run")
             .args(args)
             .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1");
+            .env("NO_COLOR", "1")
+            .envs(env.iter().copied());
         let mut proc = self.spawn(name, cmd)?;
         proc.wait_for_output("serving GET /flows", Duration::from_secs(30))?;
         Ok(proc)

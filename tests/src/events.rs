@@ -3,7 +3,7 @@
 //! they wrote and the STATS they counted.
 
 use aya::maps::{MapData, RingBuf};
-use roce_agent::datapath::loader::{load, LoadOptions, Loaded, TC_EGRESS};
+use roce_agent::datapath::loader::{load, KernelHelpers, LoadOptions, Loaded, TC_EGRESS};
 use roce_agent::datapath::testrun::{test_run, TestRun};
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{
@@ -25,6 +25,8 @@ pub struct EventsOptions {
     pub ring_bytes: u32,
     /// What `tc_egress` does on the test interface (loopback).
     pub iface: IfaceQos,
+    /// `LoadOptions::helpers` (None: this kernel's).
+    pub helpers: Option<KernelHelpers>,
 }
 
 impl Default for EventsOptions {
@@ -33,6 +35,7 @@ impl Default for EventsOptions {
             sample: 1,
             ring_bytes: EVENTS_RING_BYTES,
             iface: IfaceQos::default(),
+            helpers: None,
         }
     }
 }
@@ -67,6 +70,7 @@ impl EventsHarness {
                 ..RuntimeConfig::default()
             },
             events_ring_bytes: opts.ring_bytes,
+            helpers: opts.helpers,
             ..LoadOptions::default()
         };
         let mut loaded = match load(&load_opts) {

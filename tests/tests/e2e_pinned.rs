@@ -47,6 +47,8 @@ struct Rig {
     lab: Lab,
     bin: PathBuf,
     starts: u32,
+    /// Environment variables of every agent started (test knobs).
+    env: Vec<(&'static str, &'static str)>,
 }
 
 impl Rig {
@@ -65,6 +67,7 @@ impl Rig {
             lab,
             bin,
             starts: 0,
+            env: Vec::new(),
         })
     }
 
@@ -79,9 +82,13 @@ impl Rig {
         all.extend(["--listen", API, "--interval", "0.2", "--pin-dir", &pin_dir]);
         self.starts += 1;
         let name = format!("roce-agent-{}", self.starts);
-        let agent =
-            self.lab
-                .start_agent(&self.lab.b.ns, &self.bin.join("roce-agent"), &name, &all)?;
+        let agent = self.lab.start_agent_with_env(
+            &self.lab.b.ns,
+            &self.bin.join("roce-agent"),
+            &name,
+            &all,
+            &self.env,
+        )?;
         self.agent = Some(agent);
         Ok(())
     }
@@ -114,6 +121,29 @@ impl Rig {
         cmd
     }
 
+    /// roce-gen in B sending `traffic` out of B's veth to A: `tc_egress` counts it.
+    fn gen_from_b(&self, traffic: &[&str]) -> Result<u64> {
+        let out = self
+            .lab
+            .command(&self.lab.b.ns, self.bin.join("roce-gen"))
+            .args(["--iface", &self.lab.b.veth, "--dst"])
+            .arg(self.lab.a.ip4.to_string())
+            .args(["--dst-mac", &self.lab.a.mac])
+            .args(traffic)
+            .arg("--json")
+            .output()
+            .context("running roce-gen in B")?;
+        ensure!(
+            out.status.success(),
+            "roce-gen in B: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value =
+            serde_json::from_slice(&out.stdout).context("roce-gen printed no JSON")?;
+        let sent = oracle::flows_from_doc(&report, |_| true)?;
+        Ok(sent.values().map(|c| c.packets).sum())
+    }
+
     /// Runs roce-gen with `args` ([`Rig::gen_command`]) and returns its report.
     fn gen(&self, args: &[&str]) -> Result<Value> {
         let out = self
@@ -141,13 +171,18 @@ impl Rig {
 
     /// The agent's ingress flows on B's veth once they hold `packets` packets.
     fn flows_settled(&self, packets: u64) -> Result<FlowTable> {
+        self.settled("ingress", packets)
+    }
+
+    /// The agent's flows of `direction` on B's veth once they hold `packets` packets.
+    fn settled(&self, direction: &str, packets: u64) -> Result<FlowTable> {
         let deadline = Instant::now() + Duration::from_secs(15);
         let ifname = self.lab.b.veth.clone();
         loop {
             let doc = self.flows_doc()?;
             let table = oracle::flows_from_doc(&doc, |f| {
                 f.get("ifname").and_then(Value::as_str) == Some(ifname.as_str())
-                    && f.get("direction").and_then(Value::as_str) == Some("ingress")
+                    && f.get("direction").and_then(Value::as_str) == Some(direction)
             })?;
             let n: u64 = table.values().map(|c| c.packets).sum();
             if n == packets {
@@ -422,22 +457,26 @@ fn sighup_turns_sampled_events_on_without_a_restart() -> Result<()> {
 fn pinned_program_ids(dir: &Path) -> Result<Vec<u64>> {
     let mut ids = Vec::new();
     for entry in std::fs::read_dir(dir.join("progs"))? {
-        let path = entry?.path();
-        let out = Command::new("bpftool")
-            .args(["-j", "prog", "show", "pinned"])
-            .arg(&path)
-            .output()
-            .context("bpftool")?;
-        let v: Value = serde_json::from_slice(&out.stdout).with_context(|| {
-            format!(
-                "bpftool on {}: {}",
-                path.display(),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })?;
-        ids.push(v["id"].as_u64().context("no id")?);
+        ids.push(pinned_program_id(&entry?.path())?);
     }
     Ok(ids)
+}
+
+/// The id of the program pinned at `path` (bpftool's JSON).
+fn pinned_program_id(path: &Path) -> Result<u64> {
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show", "pinned"])
+        .arg(path)
+        .output()
+        .context("bpftool")?;
+    let v: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "bpftool on {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    v["id"].as_u64().context("no id")
 }
 
 /// Whether the kernel still has program `id` / any link of it.
@@ -545,6 +584,119 @@ fn sigterm_leaves_the_datapath_running_and_detach_removes_all_of_it() -> Result<
         &["detach", "--pin-dir", &rig.bpffs.pin_arg()],
     )?;
     ensure!(String::from_utf8_lossy(&out.stdout).contains("nothing pinned"));
+    Ok(())
+}
+
+/// The bpf filters of `dev` in `ns` on hook `direction` (`tc filter show`'s lines
+/// with a handle, one a filter); none when the device has no clsact qdisc.
+fn bpf_filters(lab: &Lab, ns: &str, dev: &str, direction: &str) -> Result<Vec<String>> {
+    let out = lab.exec_status(ns, "tc", &["filter", "show", "dev", dev, direction])?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" bpf ") && l.contains(" handle "))
+        .map(str::to_string)
+        .collect())
+}
+
+/// `tc qdisc show dev DEV` in `ns`.
+fn qdiscs(lab: &Lab, ns: &str, dev: &str) -> Result<String> {
+    let out = lab.exec(ns, "tc", &["qdisc", "show", "dev", dev])?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn clsact_after_kill_9_one_filter_counts_once_and_detach_leaves_none_of_the_agents() -> Result<()> {
+    let mut rig = Rig::new()?;
+    // The path of kernels without TCX (before 6.6), forced on this one.
+    rig.env.push(("ROCE_AGENT_TC_MECHANISM", "clsact"));
+    let (ns, veth) = (rig.lab.b.ns.clone(), rig.lab.b.veth.clone());
+    let lab = |args: &[&str]| rig.lab.exec(&ns, args[0], &args[1..]).map(drop);
+    // keep0 has another tool's clsact qdisc and u32 filter before the agent comes.
+    lab(&[
+        "ip", "link", "add", "keep0", "type", "veth", "peer", "name", "keep1",
+    ])?;
+    lab(&["ip", "link", "set", "keep0", "up"])?;
+    lab(&["tc", "qdisc", "add", "dev", "keep0", "clsact"])?;
+    lab(&[
+        "tc", "filter", "add", "dev", "keep0", "ingress", "prio", "7", "protocol", "all", "u32",
+        "match", "u32", "0", "0", "classid", "1:1",
+    ])?;
+    let agent_args = ["--iface", veth.as_str(), "--iface", "keep0"];
+    let traffic = ["--flows", "2", "--count", "300", "--rate", "5000"];
+    let one_filter_each = |rig: &Rig, program_id: Option<u64>| -> Result<()> {
+        for dev in [veth.as_str(), "keep0"] {
+            let f = bpf_filters(&rig.lab, &ns, dev, "egress")?;
+            ensure!(
+                f.len() == 1 && f[0].contains("tc_egress"),
+                "{dev} egress: {f:#?}"
+            );
+            if let Some(id) = program_id {
+                ensure!(
+                    f[0].contains(&format!(" id {id} ")),
+                    "{dev}: not program {id}: {f:?}"
+                );
+            }
+        }
+        Ok(())
+    };
+
+    rig.start_agent(&agent_args)?;
+    one_filter_each(&rig, None)?;
+    let n = rig.gen_from_b(&traffic)?;
+    rig.settled("egress", n)?;
+
+    // kill -9: its filter stays and counts on while no agent runs.
+    rig.kill_agent()?;
+    ensure!(rig.gen_from_b(&traffic)? == n);
+    rig.start_agent(&agent_args)?;
+    let log = rig.agent()?.stderr_text();
+    ensure!(log.contains("adopted the pinned datapath"), "{log}");
+    // The restarted agent's program took the dead one's filter over: one filter.
+    let egress_id = pinned_program_id(&rig.bpffs.pin_dir().join("progs/tc_egress"))?;
+    one_filter_each(&rig, Some(egress_id))?;
+    rig.settled("egress", 2 * n)?;
+    ensure!(rig.gen_from_b(&traffic)? == n);
+    // Once each: a second filter would have made it 4n.
+    rig.settled("egress", 3 * n)?;
+
+    // SIGTERM: its filters go; so does the qdisc left empty, not another tool's.
+    rig.signal(libc::SIGTERM)?;
+    let mut agent = rig.agent.take().context("agent")?;
+    ensure!(agent.wait()?.success(), "{}", agent.stderr_text());
+    ensure!(!qdiscs(&rig.lab, &ns, &veth)?.contains("clsact"));
+    ensure!(qdiscs(&rig.lab, &ns, "keep0")?.contains("clsact"));
+    ensure!(bpf_filters(&rig.lab, &ns, "keep0", "egress")?.is_empty());
+
+    // A third agent killed: `detach` takes its orphaned filters away.
+    rig.start_agent(&agent_args)?;
+    one_filter_each(&rig, None)?;
+    let ids = pinned_program_ids(&rig.bpffs.pin_dir())?;
+    rig.kill_agent()?;
+    let out = rig.lab.exec(
+        &ns,
+        &rig.agent_exe(),
+        &["detach", "--pin-dir", &rig.bpffs.pin_arg()],
+    )?;
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(said.contains("and 2 tc filters"), "{said}");
+    ensure!(bpf_filters(&rig.lab, &ns, &veth, "egress")?.is_empty());
+    let q = qdiscs(&rig.lab, &ns, &veth)?;
+    ensure!(!q.contains("clsact"), "the agent's clsact qdisc left: {q}");
+    // keep0: the other tool's qdisc and filter stay, nothing of the agent's.
+    ensure!(bpf_filters(&rig.lab, &ns, "keep0", "egress")?.is_empty());
+    ensure!(qdiscs(&rig.lab, &ns, "keep0")?.contains("clsact"));
+    let theirs = rig
+        .lab
+        .exec(&ns, "tc", &["filter", "show", "dev", "keep0", "ingress"])?;
+    ensure!(
+        String::from_utf8_lossy(&theirs.stdout).contains("u32"),
+        "the u32 filter went"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ids.iter().any(|id| program_exists(*id)) {
+        ensure!(Instant::now() < deadline, "programs left: {ids:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     Ok(())
 }
 

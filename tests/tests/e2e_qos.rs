@@ -19,6 +19,8 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use aya::programs::tc::{NlOptions, TcAttachOptions};
+use aya::programs::{LinkOrder, TcAttachType};
 use roce_agent::config::{EcnPropagation, HostMode, Settings};
 use roce_agent::datapath::attach::Attachments;
 use roce_agent::datapath::loader::{self, LoadOptions};
@@ -756,19 +758,35 @@ fn a_program_attached_after_ours_still_sees_every_packet_tcx_and_clsact() {
     for how in [TcMechanism::Tcx, TcMechanism::Clsact] {
         let s = settings(&[&l.a.veth], &[], HostMode::Enforce, EcnPropagation::Kernel);
         let (src, dst) = (l.a.ip4, l.b.ip4);
+        let veth = l.a.veth.clone();
         let r = in_namespace(&l.a.ns, move || {
-            // Two independent loads (own maps), attached one after the other.
+            // Two independent loads (own maps): ours, then the same program attached
+            // after it as another tool would (straight through aya: the agent would
+            // take a filter named like its own over).
             let mut first = loader::load(&LoadOptions::default())?;
             let mut second = loader::load(&LoadOptions::default())?;
             let a1 = Attachments::tc_only(&mut first, &s, how)?;
-            let a2 = Attachments::tc_only(&mut second, &s, how)?;
+            second.set_policy(&s.policy)?;
+            let index = roce_agent::sys::netif::index_of(&veth).context("no veth")?;
+            second.set_iface_qos(index, Some(roce_agent::datapath::qos::iface_qos(&s, &veth)))?;
+            let options = match how {
+                TcMechanism::Clsact => TcAttachOptions::Netlink(NlOptions::default()),
+                _ => TcAttachOptions::TcxOrder(LinkOrder::default()),
+            };
+            second.tc_program(loader::TC_EGRESS)?.attach_with_options(
+                &veth,
+                TcAttachType::Egress,
+                options,
+            )?;
             let probes: Vec<Vec<u8>> = host_probes(src, dst, true)
                 .into_iter()
                 .map(|(_, p)| p)
                 .collect();
             send_raw(probes, dst)?;
             let counts = (first.stats()?, second.stats()?);
-            drop((a2, a1));
+            // The other program goes first: ours then leaves no clsact qdisc behind.
+            drop(second);
+            drop(a1);
             Ok(counts)
         });
         let (first, second) = match r {

@@ -130,11 +130,12 @@ capture_stop() {
 	rm -f "$D/.captures"
 }
 
-# roce-agent run on both veths, its log in $D/LOG; waits for its API.
+# roce-agent run on both veths, its log in $D/LOG; waits for its API. The poll
+# interval is 0.5 s (AGENT_INTERVAL overrides it).
 agent_start() { # LOG ARGS...
 	log=$1
 	shift
-	"$AGENT" run --iface veth0 --iface veth1 --listen "$API" --interval 0.5 --mtu 3000 "$@" >"$D/$log" 2>&1 &
+	"$AGENT" run --iface veth0 --iface veth1 --listen "$API" --interval "${AGENT_INTERVAL:-0.5}" --mtu 3000 "$@" >"$D/$log" 2>&1 &
 	AGENT_PID=$!
 	track $AGENT_PID
 	n=0

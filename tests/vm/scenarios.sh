@@ -106,6 +106,12 @@ datapath_state() { # SUFFIX: what the kernel holds for the agent, in files
 	bpftool link show 2>&1 | awk '/^[0-9]+:/ { print $2 }' | sort >"$D/links-$1.txt" || true
 }
 
+one_agent_filter_each() { # true when veth0 and veth1 egress hold at most one tc_egress filter each
+	for dev in veth0 veth1; do
+		[ "$(tc filter show dev "$dev" egress 2>/dev/null | grep -c ' handle .*tc_egress')" -le 1 ] || return 1
+	done
+}
+
 # Pinned agent: attach, traffic, kill -9, traffic while no agent runs, restart,
 # traffic again (counts continue: the flows at the end equal the capture of the
 # three runs), then stop and `roce-agent detach`, which must leave nothing behind.
@@ -127,6 +133,9 @@ sc_lifecycle() {
 	pair run2 "$PERF_SERVER" "$PERF_CLIENT"
 	agent_start agent-restarted.log --pin-dir "$PIN_DIR"
 	datapath_state restarted
+	# clsact (before 6.6): the restarted agent took the killed one's filter over
+	# rather than adding a second (every packet would run twice); TCX: none.
+	check restart_one_tc_filter_each one_agent_filter_each
 	pair run3 "$PERF_SERVER" "$PERF_CLIENT"
 	rdma_stats after
 	agent_flows flows.json
@@ -141,4 +150,172 @@ sc_lifecycle() {
 	check detach_no_pins test -z "$(ls -A "$PIN_DIR" 2>/dev/null)"
 	check detach_programs_as_before cmp "$D/progs-before.txt" "$D/progs-detached.txt"
 	check detach_links_as_before cmp "$D/links-before.txt" "$D/links-detached.txt"
+}
+
+# The files of every rxe port's hw_counters, copied into $D/hw-SUFFIX/DEV/.
+hw_counters() { # SUFFIX
+	for p in /sys/class/infiniband/rxe*/ports/1; do
+		dev=${p#/sys/class/infiniband/}
+		dev=${dev%%/*}
+		mkdir -p "$D/hw-$1/$dev"
+		for f in "$p"/hw_counters/*; do
+			cat "$f" >"$D/hw-$1/$dev/${f##*/}" 2>/dev/null || echo "unreadable" >"$D/hw-$1/$dev/${f##*/}"
+		done
+	done
+}
+
+# What sysfs and configfs hold for DEV...: `grep -H` lines, PATH:CONTENT, and
+# "grep: PATH: ERROR" where a read fails (unused GID slots). One grep a directory:
+# a process per file takes minutes under TCG (1024 GID slots a port). The provenance
+# of tests/fixtures/sysfs/rxe.
+sysfs_record() { # DEV...
+	for dev in "$@"; do
+		c=/sys/class/infiniband/$dev
+		echo "link $c -> $(readlink "$c")"
+		ls -l "$c/" "$c/ports/1/" "$c/ports/1/gid_attrs/" 2>&1
+		grep -H '' "$c"/node_type "$c"/node_guid "$c"/sys_image_guid "$c"/fw_ver "$c"/hca_type \
+			"$c"/ports/1/link_layer "$c"/ports/1/state "$c"/ports/1/phys_state "$c"/ports/1/rate \
+			/sys/kernel/config/rdma_cm/"$dev"/ports/1/* 2>&1 || true
+		for d in hw_counters counters gids gid_attrs/ndevs gid_attrs/types; do
+			[ -d "$c/ports/1/$d" ] && grep -H '' "$c/ports/1/$d"/* 2>&1 || true
+		done
+	done
+}
+
+# rxe's real counters in /metrics: traffic, then hw_counters copied right before and
+# right after one scrape of the agent (default --sysfs-root /sys).
+sc_rnic_metrics() {
+	perf ib_write_bw "-n 200 -s 65536"
+	agent_start agent.log --no-pin
+	rdma_stats before
+	pair ib_write_bw "$PERF_SERVER" "$PERF_CLIENT"
+	rdma_stats after
+	hw_counters before
+	curl -sS "http://$API/metrics" >"$D/metrics.txt"
+	hw_counters after
+	agent_stop
+	sysfs_record rxe0 rxe1 >"$D/sysfs-rxe.txt"
+}
+
+# `roce-agent check --json ARGS` into $D/NAME.json, its exit code into $D/NAME.rc.
+check_json() { # NAME ARGS...
+	name=$1
+	shift
+	rc=0
+	"$AGENT" check --json "$@" >"$D/$name.json" 2>"$D/$name.err" || rc=$?
+	echo "$rc" >"$D/$name.rc"
+}
+
+CM=/sys/kernel/config/rdma_cm
+
+wait_for_gid() { # DEV GID: until port 1 of DEV has GID (10 s at most)
+	n=0
+	until grep -qx "$2" /sys/class/infiniband/"$1"/ports/1/gids/* 2>/dev/null; do
+		n=$((n + 1))
+		[ $n -lt 40 ] || return 1
+		sleep 0.25
+	done
+}
+
+# The host audit on a host with RDMA devices. veth0/veth1 at MTU 3000 are below the
+# default required MTU (4192): `mtu` errors, exit 1; with --mtu 3000, exit 0. Then
+# what an operator may meet on such a host, made on rxe1 and undone: rdma_cm's group
+# removed, an IPv6 address on veth1; and what rxe refuses: rdma_cm's RoCE v1 mode.
+sc_check_rdma() {
+	check_json named --iface veth0 --iface veth1
+	check_json found
+	check_json named_mtu --iface veth0 --iface veth1 --mtu 3000
+	rmdir "$CM/rxe1"
+	check_json no_cm_group --iface veth0 --iface veth1 --mtu 3000
+	# The group made again shows what rdma_cm kept for the device meanwhile.
+	mkdir "$CM/rxe1"
+	cat "$CM/rxe1/ports/1/default_roce_mode" >"$D/regrouped_default_roce_mode.txt"
+	cat "$CM/rxe1/ports/1/default_roce_tos" >"$D/regrouped_default_roce_tos.txt"
+	echo 106 >"$CM/rxe1/ports/1/default_roce_tos"
+	# rxe's GIDs are RoCE v2 only: rdma_cm refuses RoCE v1 as its default (EINVAL).
+	rc=0
+	sh -c "echo 'IB/RoCE v1' >$CM/rxe1/ports/1/default_roce_mode" 2>"$D/mode_v1_write.txt" || rc=$?
+	echo "exit $rc" >>"$D/mode_v1_write.txt"
+	cat "$CM/rxe1/ports/1/default_roce_mode" >>"$D/mode_v1_write.txt"
+	check_json mode_v1 --iface veth0 --iface veth1 --mtu 3000
+	sysctl -qw net.ipv6.conf.veth1.disable_ipv6=0
+	ip -6 addr add 2001:db8::2/128 dev veth1 nodad
+	# rxe adds the address's GID a moment later.
+	wait_for_gid rxe1 2001:0db8:0000:0000:0000:0000:0000:0002 || true
+	ip -6 addr show dev veth1 >"$D/ipv6_addr.txt"
+	sysfs_record rxe1 >"$D/sysfs-rxe1-ipv6.txt"
+	check_json ipv6 --iface veth0 --iface veth1 --mtu 3000
+	ip -6 addr del 2001:db8::2/128 dev veth1
+	sysctl -qw net.ipv6.conf.veth1.disable_ipv6=1
+	check_json restored --iface veth0 --iface veth1 --mtu 3000
+	sysfs_record rxe0 rxe1 >"$D/sysfs-rxe.txt"
+	dpkg -L rdma-core | grep -E 'cma_roce|sbin' >"$D/rdma-core-tools.txt" 2>&1 || true
+}
+
+# Overhead on real RDMA traffic: the same perftest runs without the agent (off) and
+# with it (on: `run --mode enforce` on both veths, the default 1 s interval), in
+# rounds off, on, off, on, ... of one boot. DSCP 0 traffic: the agent classifies and
+# rewrites every RoCE frame. The agent settles 5 s after its start (first audit,
+# first polls) before a round measures; its CPU time (utime + stime, clock ticks of
+# /proc/PID/stat) is read around each round.
+OVERHEAD_ROUNDS=5
+OVERHEAD_MODES="off on"
+agent_ticks() {
+	if [ -n "${AGENT_PID:-}" ]; then awk '{ print $14 + $15 }' "/proc/$AGENT_PID/stat"; else echo -; fi
+}
+sc_overhead() {
+	bw_s="ib_write_bw -d rxe0 -x $G0 -F --tclass=0 -n 2000 -s 65536"
+	bw_c="ib_write_bw -d rxe1 -x $G1 -F --tclass=0 -n 2000 -s 65536 198.18.0.1"
+	lat_s="ib_send_lat -d rxe0 -x $G0 -F --tclass=0 -n 2000 -s 64"
+	lat_c="ib_send_lat -d rxe1 -x $G1 -F --tclass=0 -n 2000 -s 64 198.18.0.1"
+	getconf CLK_TCK >"$D/clk_tck"
+	r=1
+	while [ $r -le $OVERHEAD_ROUNDS ]; do
+		for mode in $OVERHEAD_MODES; do
+			AGENT_PID=
+			case $mode in
+			on | audit)
+				m=enforce
+				[ $mode = on ] || m=audit
+				AGENT_INTERVAL=1 agent_start "agent-$mode-$r.log" --no-pin --mode $m
+				sleep 5
+				;;
+			napi) for i in veth0 veth1; do ethtool -K $i gro on; done ;;
+			empty)
+				for i in veth0 veth1; do
+					ip link set dev $i xdpdrv obj /tmp/empty.o sec xdp
+					tc qdisc add dev $i clsact
+					tc filter add dev $i egress bpf da obj /tmp/empty.o sec tc
+				done
+				;;
+			esac
+			ip link show veth0 >"$D/link-$mode-$r.txt"
+			c0=$(agent_ticks)
+			t0=$(uptime_s)
+			[ -z "${OVERHEAD_BPF_STATS:-}" ] || bpftool prog show >"$D/bpf-$mode-$r-0.txt" 2>&1
+			pair "bw-$mode-$r" "$bw_s" "$bw_c"
+			[ -z "${OVERHEAD_BPF_STATS:-}" ] || bpftool prog show >"$D/bpf-$mode-$r-1.txt" 2>&1
+			t1=$(uptime_s)
+			c1=$(agent_ticks)
+			pair "lat-$mode-$r" "$lat_s" "$lat_c"
+			t2=$(uptime_s)
+			c2=$(agent_ticks)
+			[ -z "${OVERHEAD_BPF_STATS:-}" ] || bpftool prog show >"$D/bpf-$mode-$r-2.txt" 2>&1
+			echo "$mode $r bw $t0 $t1 $c0 $c1 lat $t1 $t2 $c1 $c2" >>"$D/runs.txt"
+			case $mode in
+			on | audit) agent_stop ;;
+			napi) for i in veth0 veth1; do ethtool -K $i gro off; done ;;
+			empty) for i in veth0 veth1; do ip link set dev $i xdpdrv off; tc qdisc del dev $i clsact; done ;;
+			esac
+		done
+		r=$((r + 1))
+	done
+}
+
+sc_probe_path() {
+	OVERHEAD_ROUNDS=3
+	OVERHEAD_MODES="off empty on"
+	echo "f0VMRgIBAQAAAAAAAAAAAAEA9wABAAAAAAAAAAAAAAAAAAAAAAAAAPAAAAAAAAAAAAAAAEAAAAAAAEAABwAGALcAAAACAAAAlQAAAAAAAAC3AAAA/////5UAAAAAAAAAR1BMAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAABAAAAEgABAAAAAAAAAAAAEAAAAAAAAAAKAAAAEgACAAAAAAAAAAAAEAAAAAAAAAAAeGRwX3Bhc3MAdGNfcGFzcwAAeGRwAHRjAGxpY2Vuc2UALnN5bXRhYgAuc3RydGFiAC5zaHN0cnRhYgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAAEAAAABAAAABgAAAAAAAAAAAAAAAAAAAEAAAAAAAAAAEAAAAAAAAAAAAAAAAAAAAAgAAAAAAAAAAAAAAAAAAAAFAAAAAQAAAAYAAAAAAAAAAAAAAAAAAABQAAAAAAAAABAAAAAAAAAAAAAAAAAAAAAIAAAAAAAAAAAAAAAAAAAACAAAAAEAAAADAAAAAAAAAAAAAAAAAAAAYAAAAAAAAAAEAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAABAAAAACAAAAAAAAAAAAAAAAAAAAAAAAAGgAAAAAAAAASAAAAAAAAAAFAAAAAQAAAAgAAAAAAAAAGAAAAAAAAAAYAAAAAwAAAAAAAAAAAAAAAAAAAAAAAACwAAAAAAAAABIAAAAAAAAAAAAAAAAAAAABAAAAAAAAAAAAAAAAAAAAIAAAAAMAAAAAAAAAAAAAAAAAAAAAAAAAwgAAAAAAAAAqAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAAAAAAA==" | base64 -d >/tmp/empty.o
+	ethtool -k veth0 >"$D/features.txt" 2>&1 || true
+	sc_overhead
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
@@ -168,6 +168,23 @@ impl Rtnl {
         }))
     }
 
+    /// The addresses of every interface (IPv4 and IPv6), by interface index, leaving out
+    /// IPv6 addresses still in duplicate address detection (tentative) or that failed it.
+    pub fn addresses(&mut self) -> Result<Vec<(u32, IpAddr)>, LinkError> {
+        let answers = self.request(
+            "address dump",
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        Ok(answers
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewAddress(a) => address_from(&a),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// Sends one request and collects its answers up to the end of a dump or the ack.
     fn request(
         &mut self,
@@ -279,6 +296,26 @@ pub(super) fn set_receive_timeout(socket: &Socket, timeout: Duration) -> std::io
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// The interface index and address of an address message: IFA_LOCAL (the local end on
+/// a point-to-point link), else IFA_ADDRESS; None for an address not usable yet.
+fn address_from(msg: &AddressMessage) -> Option<(u32, IpAddr)> {
+    let mut flags = AddressFlags::from_bits_retain(u32::from(msg.header.flags.bits()));
+    let mut local = None;
+    let mut address = None;
+    for attr in &msg.attributes {
+        match attr {
+            AddressAttribute::Local(a) => local = Some(*a),
+            AddressAttribute::Address(a) => address = Some(*a),
+            AddressAttribute::Flags(f) => flags |= *f,
+            _ => {}
+        }
+    }
+    if flags.intersects(AddressFlags::Tentative | AddressFlags::Dadfailed) {
+        return None;
+    }
+    Some((msg.header.index, local.or(address)?))
 }
 
 /// The fields of a link message the audit needs.

@@ -5,7 +5,8 @@
 //! - `link`: interfaces, MTUs and VXLAN devices over rtnetlink (`mtu`, `vxlan_overhead`);
 //! - `path`: DF probes towards peers, the path MTU learnt from ICMP (`mtu_path`);
 //! - `dcb`: the NIC's DCB state over dcbnl (`dcb_app`, `pfc`, `dcb_unsupported`);
-//! - `rnic`: RNIC and ECN knobs in sysfs (`ecn_np`, `ecn_rp`, `cnp_dscp`, `roce_tos`).
+//! - `rnic`: RNIC and ECN knobs in sysfs (`ecn_np`, `ecn_rp`, `cnp_dscp`, `roce_tos`), the
+//!   GID tables and rdma_cm's RoCE mode against the netdevs' addresses (`roce_gid`).
 //!
 //! Reading is separate from judging: each module has a reader (netlink, sockets, files)
 //! and pure functions from what was read and the policy to findings, tested on their own.
@@ -218,13 +219,19 @@ impl Audit {
 
 /// Reads this host's state and judges it (changes nothing).
 pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
+    audit_with(opts, &mut rnic::PortCache::uncached())
+}
+
+/// [`audit`] with the RDMA ports from `ports`, which may keep their GID tables between
+/// rounds (`run` audits every interval: see `rnic::PortCache`).
+pub fn audit_with(opts: &AuditOptions, ports: &mut rnic::PortCache) -> Result<Audit, AuditError> {
     // A mistyped root would otherwise read as a host without RNICs.
     if !opts.sysfs_root.is_dir() {
         return Err(AuditError::NoSysfsRoot(opts.sysfs_root.clone()));
     }
     let mut rtnl = Rtnl::open()?;
     let links = rtnl.links()?;
-    let chosen = choose(&mut rtnl, &links, opts)?;
+    let chosen = choose(&mut rtnl, &links, opts, ports)?;
     let audited: Vec<Link> = chosen.iter().map(|(l, _)| l.clone()).collect();
     let names: BTreeSet<&str> = audited.iter().map(|l| l.name.as_str()).collect();
 
@@ -281,8 +288,14 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
             &audited_names,
         ));
     }
-    out.findings
-        .extend(rnic::audit(&opts.sysfs_root, &audited_names, &opts.policy));
+    let addresses = addresses_by_name(&mut rtnl, &links)?;
+    out.findings.extend(rnic::audit_cached(
+        &opts.sysfs_root,
+        &audited_names,
+        &opts.policy,
+        &addresses,
+        ports,
+    ));
     out.why = chosen
         .into_iter()
         .map(|(l, why)| AuditedInterface {
@@ -292,6 +305,20 @@ pub fn audit(opts: &AuditOptions) -> Result<Audit, AuditError> {
         .collect();
     out.audited = audited;
     sort(&mut out.findings);
+    Ok(out)
+}
+
+/// The addresses of each interface, by name.
+fn addresses_by_name(
+    rtnl: &mut Rtnl,
+    links: &[Link],
+) -> Result<std::collections::BTreeMap<String, Vec<IpAddr>>, LinkError> {
+    let mut out: std::collections::BTreeMap<String, Vec<IpAddr>> = Default::default();
+    for (index, address) in rtnl.addresses()? {
+        if let Some(l) = links.iter().find(|l| l.index == index) {
+            out.entry(l.name.clone()).or_default().push(address);
+        }
+    }
     Ok(out)
 }
 
@@ -359,9 +386,10 @@ fn choose(
     rtnl: &mut Rtnl,
     links: &[Link],
     opts: &AuditOptions,
+    ports: &mut rnic::PortCache,
 ) -> Result<Vec<(Link, Why)>, AuditError> {
     if opts.interfaces.is_empty() {
-        return carrying_roce(rtnl, links, &opts.sysfs_root);
+        return carrying_roce(rtnl, links, &opts.sysfs_root, ports);
     }
     Ok(select(links, &opts.interfaces)?
         .into_iter()
@@ -383,6 +411,7 @@ fn carrying_roce(
     rtnl: &mut Rtnl,
     links: &[Link],
     sysfs_root: &std::path::Path,
+    ports: &mut rnic::PortCache,
 ) -> Result<Vec<(Link, Why)>, AuditError> {
     fn add(chosen: &mut Vec<(Link, Why)>, l: &Link, why: Why) {
         if !l.loopback && !chosen.iter().any(|(c, _)| c.index == l.index) {
@@ -390,7 +419,7 @@ fn carrying_roce(
         }
     }
     let mut chosen: Vec<(Link, Why)> = Vec::new();
-    for port in rnic::read_rnic_ports(sysfs_root)? {
+    for port in ports.ports(sysfs_root)? {
         for netdev in &port.netdevs {
             // A netdev of another network namespace is not this audit's.
             if let Some(l) = links.iter().find(|l| &l.name == netdev) {

@@ -10,7 +10,7 @@ pub struct DetachArgs {
     /// The pin directory of the datapath to remove (run --pin-dir)
     #[arg(long, value_name = "DIR", default_value = crate::datapath::pin::DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
-    /// Print what was removed as JSON, on one line: {"links": [...], "programs": [...], "maps": [...]}
+    /// Print what was removed as JSON, on one line: {"links": [...], "filters": [...], "qdiscs": [...], "programs": [...], "maps": [...]}
     #[arg(long)]
     pub json: bool,
     /// With --json: indent the document (two spaces a level)
@@ -35,19 +35,30 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
         println!("{json}");
         return Ok(());
     }
-    if removed.links.is_empty() && removed.programs.is_empty() && removed.maps.is_empty() {
+    if removed.links.is_empty()
+        && removed.filters.is_empty()
+        && removed.programs.is_empty()
+        && removed.maps.is_empty()
+    {
         println!("nothing pinned under {}", args.pin_dir.display());
         return Ok(());
     }
     println!(
-        "detached {} links; removed {} program and {} map pins and {}",
+        "detached {} links and {} tc filters; removed {} program and {} map pins and {}",
         removed.links.len(),
+        removed.filters.len(),
         removed.programs.len(),
         removed.maps.len(),
         args.pin_dir.display()
     );
     for l in &removed.links {
         println!("  link {l}");
+    }
+    for f in &removed.filters {
+        println!("  tc filter {f}");
+    }
+    for q in &removed.qdiscs {
+        println!("  clsact qdisc of {q} (left empty)");
     }
     Ok(())
 }

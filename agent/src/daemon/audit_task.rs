@@ -17,7 +17,8 @@ use crate::doc::Direction;
 use crate::telemetry::live::LiveDocument;
 
 use crate::audit::link::Rtnl;
-use crate::audit::{audit, fix_mtu_only, probe_peer, AuditOptions, Finding, Severity};
+use crate::audit::rnic::{PortCache, GID_TABLES_MAX_AGE};
+use crate::audit::{audit_with, fix_mtu_only, probe_peer, AuditOptions, Finding, Severity};
 
 /// How long a probed peer's result stands before it is probed again.
 pub const REPROBE_AFTER: Duration = Duration::from_secs(60);
@@ -48,6 +49,8 @@ pub struct Watcher {
     reported: BTreeSet<(String, Option<String>, String)>,
     /// The last audit failure, so a persisting one is logged once.
     failing: Option<String>,
+    /// The RDMA ports' GID tables, kept between rounds.
+    ports: PortCache,
 }
 
 impl Watcher {
@@ -64,6 +67,7 @@ impl Watcher {
             enforce_mtu,
             reported: BTreeSet::new(),
             failing: None,
+            ports: PortCache::new(GID_TABLES_MAX_AGE),
         }
     }
 
@@ -99,7 +103,7 @@ impl Watcher {
 
     /// [`Self::round`] with the peers [`Self::wanted_peers`] chose.
     pub fn round_with_peers(&mut self, wanted: Vec<IpAddr>) -> Vec<Finding> {
-        let mut result = audit(&self.opts);
+        let mut result = audit_with(&self.opts, &mut self.ports);
         if self.enforce_mtu {
             if let Ok(a) = &result {
                 match fix_mtu_only(a, self.opts.required_mtu) {
@@ -111,7 +115,7 @@ impl Watcher {
                             tracing::warn!(error = %f, "MTU not set back");
                         }
                         if !fixed.changes.is_empty() {
-                            result = audit(&self.opts);
+                            result = audit_with(&self.opts, &mut self.ports);
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "MTU enforcement failed"),

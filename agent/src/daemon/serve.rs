@@ -58,7 +58,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
         }
     };
     let mut collector = Collector::new(loaded);
-    let mut attachments = Attachments::new(crate::datapath::qos::TcMechanism::Auto);
+    let mut attachments = Attachments::new(crate::datapath::qos::TcMechanism::from_env());
     if let Err(e) = attachments.apply(collector.loaded_mut(), &settings) {
         attachments.release(collector.loaded_mut());
         drop(collector);

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use aya::programs::TcAttachType;
 
 use crate::config::{HostMode, Settings};
+use crate::datapath::clsact::{self, Hook};
 use crate::datapath::loader::{AttachMode, LoadError, Loaded, TC_EGRESS, TC_INGRESS, XDP_PROGRAM};
 use crate::datapath::qos::{caused_by_os_error, iface_qos, QosError, TcInterface, TcMechanism};
 use crate::sys::netif;
@@ -198,6 +199,17 @@ impl Attachments {
         for index in loaded.iface_qos_indexes()? {
             if !wanted_indexes.contains(&index) {
                 loaded.set_iface_qos(index, None)?;
+                // A killed agent's clsact filters there run on until someone removes them.
+                match clsact::remove_agent_filters(index, &Hook::BOTH) {
+                    Ok(r) => {
+                        for f in &r.filters {
+                            tracing::info!(filter = %f.describe(), "removed a clsact filter of an interface no longer configured");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(ifindex = index, error = %e, "removing the clsact filters of an interface no longer configured failed")
+                    }
+                }
             }
         }
         for ifname in &wanted {
@@ -266,7 +278,8 @@ impl Attachments {
         }
     }
 
-    /// Detaches what this process owns (unpinned links, clsact qdiscs it added);
+    /// Detaches what this process owns (unpinned links, clsact filters and the qdiscs
+    /// they leave empty);
     /// pinned links stay and keep the datapath running.
     pub fn release(&mut self, loaded: &mut Loaded) {
         self.tc.clear();

@@ -7,6 +7,7 @@
 
 pub mod attach;
 pub mod batch;
+pub mod clsact;
 pub mod flow_table;
 pub mod loader;
 pub mod pin;

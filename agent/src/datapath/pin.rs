@@ -11,6 +11,9 @@
 //!   refuses dots in names).
 //!
 //! One agent at a time: a running agent holds an exclusive flock on the directory.
+//!
+//! clsact filters (kernels without TCX) cannot be pinned: `detach` finds the agent's
+//! by their program names (`datapath::clsact`).
 
 use std::ffi::CString;
 use std::fs;
@@ -76,6 +79,8 @@ pub enum PinError {
         path: PathBuf,
         source: io::Error,
     },
+    #[error("removing the agent's clsact filters: {0}")]
+    Filters(Box<crate::datapath::clsact::ClsactError>),
 }
 
 fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PinError + 'a {
@@ -444,13 +449,20 @@ pub fn remove_link(path: &Path, fd: BorrowedFd<'_>) -> Result<(), PinError> {
 #[derive(Debug, Default, serde::Serialize)]
 pub struct Removed {
     pub links: Vec<String>,
+    /// The agent's clsact filters (kernels without TCX), as `IF HOOK pref P handle H
+    /// PROGRAM`.
+    pub filters: Vec<String>,
+    /// The interfaces whose clsact qdisc went with the agent's filters (they were all
+    /// it held).
+    pub qdiscs: Vec<String>,
     pub programs: Vec<String>,
     pub maps: Vec<String>,
 }
 
-/// `roce-agent detach`: detaches every pinned link under `root`, then removes every
-/// pin and the directory. Refuses while an agent holds the directory. Leaves the
-/// bpffs mount alone (it is the host's).
+/// `roce-agent detach`: detaches every pinned link under `root` and the agent's
+/// clsact filters on every interface (a clsact qdisc they leave empty goes too), then
+/// removes every pin and the directory. Refuses while an agent holds the directory.
+/// Leaves the bpffs mount alone (it is the host's).
 pub fn detach(root: &Path) -> Result<Removed, PinError> {
     let mut removed = Removed::default();
     if !root.exists() {
@@ -461,6 +473,16 @@ pub fn detach(root: &Path) -> Result<Removed, PinError> {
         let fd = obj_get(&entry)?;
         remove_link(&entry, fd.as_fd())?;
         removed.links.push(file_name(&entry));
+    }
+    // Filters belong to no process: those of a killed agent are still there.
+    let swept = crate::datapath::clsact::sweep().map_err(|e| PinError::Filters(Box::new(e)))?;
+    for (ifname, r) in swept {
+        removed
+            .filters
+            .extend(r.filters.iter().map(|f| f.describe()));
+        if r.qdisc {
+            removed.qdiscs.push(ifname);
+        }
     }
     for (sub, names) in [
         ("progs", &mut removed.programs),

@@ -1,19 +1,21 @@
 //! Host QoS enforcement: attaches `tc_egress` (and on VTEP underlays `tc_ingress`) to
 //! an interface, and owns that attachment: dropping a [`TcInterface`] detaches its
-//! programs (unless they are pinned) and removes any clsact qdisc it added. Which
-//! interfaces get what is `attach::Attachments`' business.
+//! programs (unless they are pinned) and removes the clsact qdisc its filters leave
+//! empty. Which interfaces get what is `attach::Attachments`' business.
 //!
 //! Attaching tries a TCX link first (kernels >= 6.6) and falls back to a clsact qdisc
 //! with a direct-action filter; [`TcMechanism`] forces either (the tests run both).
+//! The agent has one attachment per interface and hook: a filter an earlier agent
+//! left (kill -9) gets the new program in place (`clsact` says which are the agent's).
 
 use std::io;
 
-use aya::programs::tc::SchedClassifierLink;
-use aya::programs::tc::{self, NlOptions, TcAttachOptions};
-use aya::programs::{LinkOrder, TcAttachType};
+use aya::programs::tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle};
+use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use roce_common::policy::{IfaceQos, VtepKey, VtepStats};
 
 use crate::config::{EcnPropagation, HostMode, Settings};
+use crate::datapath::clsact::{self, ClsactError, Filter, Hook};
 use crate::datapath::loader::{LoadError, Loaded};
 use crate::sys::netif;
 
@@ -36,6 +38,11 @@ pub enum QosError {
         ifname: String,
         source: Box<aya::programs::tc::TcError>,
     },
+    #[error("the clsact filters of {ifname}: {source}")]
+    Filters {
+        ifname: String,
+        source: Box<ClsactError>,
+    },
 }
 
 impl From<LoadError> for QosError {
@@ -54,12 +61,33 @@ pub enum TcMechanism {
     Clsact,
 }
 
+/// The (undocumented, for tests) environment variable that forces a [`TcMechanism`]
+/// on `run`: `tcx` or `clsact` (the path of kernels before 6.6, tested on one that
+/// has TCX); anything else is `Auto`.
+pub const TC_MECHANISM_ENV: &str = "ROCE_AGENT_TC_MECHANISM";
+
+impl TcMechanism {
+    /// What [`TC_MECHANISM_ENV`] asks for (`Auto` when it is unset).
+    pub fn from_env() -> TcMechanism {
+        TcMechanism::parse(std::env::var(TC_MECHANISM_ENV).ok().as_deref())
+    }
+
+    fn parse(value: Option<&str>) -> TcMechanism {
+        match value.map(str::trim) {
+            Some("tcx") => TcMechanism::Tcx,
+            Some("clsact") => TcMechanism::Clsact,
+            _ => TcMechanism::Auto,
+        }
+    }
+}
+
 /// The programs attached to one interface. Dropping it detaches them, then removes
-/// the clsact qdisc if this value added it.
+/// the clsact qdisc when its filters were all that qdisc held.
 pub struct TcInterface {
     pub ifname: String,
+    /// The interface the programs went on (None until the first attach).
+    ifindex: Option<u32>,
     links: Vec<(&'static str, SchedClassifierLink)>,
-    added_clsact: bool,
     /// Whether the links are TCX links (false: clsact filters).
     pub tcx: bool,
     ingress: bool,
@@ -74,8 +102,8 @@ impl TcInterface {
     pub fn new(ifname: &str) -> Self {
         TcInterface {
             ifname: ifname.to_string(),
+            ifindex: None,
             links: Vec::new(),
-            added_clsact: false,
             tcx: false,
             ingress: false,
         }
@@ -95,12 +123,18 @@ impl TcInterface {
         };
         let ifindex = netif::index_of(&self.ifname)
             .ok_or_else(|| QosError::NoInterface(self.ifname.clone()))?;
+        self.ifindex = Some(ifindex);
         if direction == TcAttachType::Ingress {
             self.ingress = true;
         }
+        let hook = match direction {
+            TcAttachType::Ingress => Hook::Ingress,
+            _ => Hook::Egress,
+        };
         if how != TcMechanism::Clsact && loaded.adopt_link(program, ifindex)? {
             // A pinned TCX link of an earlier agent now runs this program.
             self.tcx = true;
+            self.remove_agent_filters(ifindex, hook);
             return Ok(());
         }
         let pinned = loaded.pinned().is_some();
@@ -127,6 +161,8 @@ impl TcInterface {
                     } else {
                         self.links.push((program, link));
                     }
+                    // A clsact filter of an earlier agent would run it a second time.
+                    self.remove_agent_filters(ifindex, hook);
                     return Ok(());
                 }
                 Err(e) if how == TcMechanism::Tcx => return Err(attach_err("tcx", e)),
@@ -138,28 +174,116 @@ impl TcInterface {
         if pinned {
             tracing::warn!(interface = %self.ifname, program, "clsact filters cannot be pinned: this program detaches when the agent exits (a kernel with TCX, 6.6 or later, keeps it)");
         }
-        if !self.added_clsact {
-            match tc::qdisc_add_clsact(&self.ifname) {
-                Ok(()) => self.added_clsact = true,
-                Err(e) if is_exists(&e) => {}
-                Err(source) => {
-                    return Err(QosError::Clsact {
-                        ifname: self.ifname.clone(),
-                        source: Box::new(source),
-                    })
-                }
+        match tc::qdisc_add_clsact(&self.ifname) {
+            Ok(()) => {}
+            Err(e) if is_exists(&e) => {}
+            Err(source) => {
+                return Err(QosError::Clsact {
+                    ifname: self.ifname.clone(),
+                    source: Box::new(source),
+                })
             }
         }
-        let id = prog
-            .attach_with_options(
-                &self.ifname,
+        let filters_err = |source| QosError::Filters {
+            ifname: self.ifname.clone(),
+            source: Box::new(source),
+        };
+        let ours: Vec<Filter> = clsact::filters(ifindex, hook)
+            .map_err(filters_err)?
+            .into_iter()
+            .filter(Filter::is_agents)
+            .collect();
+        let id = attach_filter(prog, &self.ifname, direction, &ours)
+            .map_err(|e| attach_err("clsact", e))?;
+        let link = prog.take_link(id).map_err(|e| attach_err("clsact", e))?;
+        let (priority, handle) = (link.priority().ok(), link.handle().ok().map(u32::from));
+        self.links.push((program, link));
+        // Any other filter of the agent's on this hook would run it a second time.
+        for f in &ours {
+            if Some(f.priority) == priority && Some(f.handle) == handle {
+                continue;
+            }
+            match clsact::delete_filter(f) {
+                Ok(()) => {
+                    tracing::info!(filter = %f.describe(), "removed a clsact filter an earlier agent left")
+                }
+                // Gone meanwhile.
+                Err(ClsactError::Netlink { source, .. })
+                    if source.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(filters_err(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the agent's clsact filters on `hook` (left by an earlier agent that
+    /// used clsact), once this one has a TCX link there. The program runs either way:
+    /// a failure is only logged.
+    fn remove_agent_filters(&self, ifindex: u32, hook: Hook) {
+        match clsact::remove_agent_filters(ifindex, &[hook]) {
+            Ok(removed) => {
+                for f in &removed.filters {
+                    tracing::info!(filter = %f.describe(), "removed a clsact filter an earlier agent left (TCX runs the program now)");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(interface = %self.ifname, error = %e, "looking for clsact filters an earlier agent left failed")
+            }
+        }
+    }
+}
+
+/// Attaches `prog` as a clsact filter on `ifname`, given the agent's filters already
+/// on that hook (`ours`): one of them (at the agent's place if one is there) gets the
+/// program in place, atomically, with no packet missed or run twice; with none, a new
+/// filter goes to the agent's place, or where the kernel chooses when another tool's
+/// filter holds it.
+fn attach_filter(
+    prog: &mut SchedClassifier,
+    ifname: &str,
+    direction: TcAttachType,
+    ours: &[Filter],
+) -> Result<aya::programs::tc::SchedClassifierLinkId, aya::programs::ProgramError> {
+    let eth_p_all = libc::ETH_P_ALL as u16;
+    let stale = ours
+        .iter()
+        .filter(|f| f.protocol == eth_p_all)
+        .min_by_key(|f| !f.at_agents_place());
+    if let Some(f) = stale {
+        let old = SchedClassifierLink::attached(
+            ifname,
+            direction,
+            f.priority,
+            TcHandle::from(f.handle),
+            None,
+        )
+        .map_err(|e| aya::programs::ProgramError::from(tc::TcError::IoError(e)))?;
+        match prog.attach_to_link(old) {
+            Ok(id) => {
+                tracing::info!(filter = %f.describe(), "took over the clsact filter an earlier agent left");
+                return Ok(id);
+            }
+            // Gone meanwhile (ENOENT): make a new one.
+            Err(e) => {
+                tracing::info!(filter = %f.describe(), error = %e, "taking over a clsact filter failed: adding one");
+            }
+        }
+    }
+    let place = NlOptions {
+        priority: clsact::PRIORITY,
+        handle: TcHandle::from(clsact::HANDLE),
+        classid: None,
+    };
+    match prog.attach_with_options(ifname, direction, TcAttachOptions::Netlink(place)) {
+        Ok(id) => Ok(id),
+        Err(e) => {
+            tracing::info!(interface = %ifname, error = %e, priority = clsact::PRIORITY, handle = clsact::HANDLE, "the agent's clsact place is taken: the kernel chooses one");
+            prog.attach_with_options(
+                ifname,
                 direction,
                 TcAttachOptions::Netlink(NlOptions::default()),
             )
-            .map_err(|e| attach_err("clsact", e))?;
-        let link = prog.take_link(id).map_err(|e| attach_err("clsact", e))?;
-        self.links.push((program, link));
-        Ok(())
+        }
     }
 }
 
@@ -185,10 +309,21 @@ pub fn caused_by_os_error(e: &(dyn std::error::Error + 'static), codes: &[i32]) 
 impl Drop for TcInterface {
     fn drop(&mut self) {
         // Dropping an owned link detaches it.
+        let filters = !self.tcx && !self.links.is_empty();
         self.links.clear();
-        if self.added_clsact {
-            if let Err(e) = netlink::del_clsact(&self.ifname) {
-                tracing::warn!(interface = %self.ifname, error = %e, "removing the clsact qdisc failed");
+        let (true, Some(ifindex)) = (filters, self.ifindex) else {
+            return;
+        };
+        match clsact::remove_qdisc_if_empty(ifindex) {
+            Ok(true) => {
+                tracing::debug!(interface = %self.ifname, "removed the clsact qdisc left empty")
+            }
+            Ok(false) => {}
+            // The interface went away, and its qdisc with it.
+            Err(ClsactError::Netlink { source, .. })
+                if source.raw_os_error() == Some(libc::ENODEV) => {}
+            Err(e) => {
+                tracing::warn!(interface = %self.ifname, error = %e, "removing the clsact qdisc failed")
             }
         }
     }
@@ -219,90 +354,15 @@ pub fn vtep_records(vteps: &[(VtepKey, VtepStats)]) -> Vec<crate::doc::VtepRecor
         .collect()
 }
 
-/// Removing a clsact qdisc (aya adds them but has no call to remove one).
-mod netlink {
-    use std::io;
+#[cfg(test)]
+mod tests {
+    use super::TcMechanism;
 
-    const RTM_DELQDISC: u16 = 37;
-    const NLM_F_REQUEST: u16 = 1;
-    const NLM_F_ACK: u16 = 4;
-    const NLMSG_ERROR: u16 = 2;
-    const TC_H_CLSACT: u32 = 0xFFFF_FFF1;
-    const CLSACT_HANDLE: u32 = 0xFFFF_0000;
-
-    #[repr(C)]
-    struct Request {
-        // struct nlmsghdr
-        len: u32,
-        kind: u16,
-        flags: u16,
-        seq: u32,
-        pid: u32,
-        // struct tcmsg
-        family: u8,
-        pad1: u8,
-        pad2: u16,
-        ifindex: i32,
-        handle: u32,
-        parent: u32,
-        info: u32,
-    }
-
-    /// `tc qdisc del dev IF clsact`.
-    pub fn del_clsact(ifname: &str) -> io::Result<()> {
-        let index = crate::sys::netif::index_of(ifname)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, ifname.to_string()))?;
-        // SAFETY: plain socket calls on buffers we own, of the sizes given.
-        unsafe {
-            let fd = libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            );
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let req = Request {
-                len: std::mem::size_of::<Request>() as u32,
-                kind: RTM_DELQDISC,
-                flags: NLM_F_REQUEST | NLM_F_ACK,
-                seq: 1,
-                pid: 0,
-                family: libc::AF_UNSPEC as u8,
-                pad1: 0,
-                pad2: 0,
-                ifindex: index as i32,
-                handle: CLSACT_HANDLE,
-                parent: TC_H_CLSACT,
-                info: 0,
-            };
-            let sent = libc::send(
-                fd,
-                &req as *const Request as *const libc::c_void,
-                std::mem::size_of::<Request>(),
-                0,
-            );
-            if sent < 0 {
-                let e = io::Error::last_os_error();
-                libc::close(fd);
-                return Err(e);
-            }
-            let mut buf = [0u8; 1024];
-            let n = libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0);
-            let result = if n < 0 {
-                Err(io::Error::last_os_error())
-            } else if n >= 20 && u16::from_ne_bytes([buf[4], buf[5]]) == NLMSG_ERROR {
-                let code = i32::from_ne_bytes([buf[16], buf[17], buf[18], buf[19]]);
-                if code == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::from_raw_os_error(-code))
-                }
-            } else {
-                Err(io::Error::other("unexpected netlink answer"))
-            };
-            libc::close(fd);
-            result
-        }
+    #[test]
+    fn the_environment_forces_tcx_or_clsact_and_anything_else_is_auto() {
+        assert_eq!(TcMechanism::parse(Some("clsact")), TcMechanism::Clsact);
+        assert_eq!(TcMechanism::parse(Some(" tcx\n")), TcMechanism::Tcx);
+        assert_eq!(TcMechanism::parse(Some("netlink")), TcMechanism::Auto);
+        assert_eq!(TcMechanism::parse(None), TcMechanism::Auto);
     }
 }

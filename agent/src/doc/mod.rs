@@ -134,8 +134,8 @@ pub struct Flow {
     pub last_dscp: u8,
     /// Added: when the flow's first packet was counted, in ns since the Unix epoch
     /// (1970-01-01 UTC), live and in `analyze` alike. Live, the kernel stamps flows
-    /// with its coarse monotonic clock (one tick, 1 to 10 ms, of resolution) and the
-    /// collector turns that into wall-clock time at each poll (adding the wall clock
+    /// with its monotonic clock read at most once a tick (1 to 10 ms of resolution) and
+    /// the collector turns that into wall-clock time at each poll (adding the wall clock
     /// minus the monotonic clock at that moment: a step of the wall clock moves
     /// every flow's times with it). In `analyze`, the capture's own timestamps. 0:
     /// unknown (an older agent's document).

@@ -26,6 +26,29 @@ pub fn name_of(index: u32) -> Option<String> {
     )
 }
 
+/// Every interface of this network namespace: (ifindex, name).
+pub fn all() -> std::io::Result<Vec<(u32, String)>> {
+    // SAFETY: if_nameindex returns an array that ends with a zeroed entry, or null;
+    // the names are NUL-terminated; the array is freed once, after the last read.
+    unsafe {
+        let list = libc::if_nameindex();
+        if list.is_null() {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut out = Vec::new();
+        let mut entry = list;
+        while (*entry).if_index != 0 && !(*entry).if_name.is_null() {
+            let name = CStr::from_ptr((*entry).if_name)
+                .to_string_lossy()
+                .into_owned();
+            out.push(((*entry).if_index, name));
+            entry = entry.add(1);
+        }
+        libc::if_freenameindex(list);
+        Ok(out)
+    }
+}
+
 /// A wake-up for every rtnetlink link message (RTMGRP_LINK: a link added, removed,
 /// renamed, up or down), read on a thread of its own. What changed is not parsed:
 /// the receiver compares names and ifindexes itself (`attach::Attachments::drifted`).

@@ -12,8 +12,10 @@
 //! A run's share stays in `target/vm/runs/<kernel>/` when it failed or with
 //! `--keep`; a passing run without `--keep` keeps only the summary there.
 
+mod host;
 mod image;
 mod judge;
+mod overhead;
 mod qemu;
 
 use std::path::Path;
@@ -211,6 +213,9 @@ fn run_kernel(
     plan: &[Scenario],
     keep: bool,
 ) -> Result<(String, bool)> {
+    // One lab at a time on a machine: images, the package cache and a kernel's share
+    // are shared between runs (two sessions, or a test beside a hand-made run).
+    let _lock = lock(vm_dir)?;
     let image = image::ensure(vm_dir, recipe, kernel)?;
     let share = vm_dir.join("runs").join(image::slug(kernel));
     prepare_share(&share, recipe, agent, plan)?;
@@ -227,6 +232,29 @@ fn run_kernel(
         eprintln!("[vm] {kernel}: results in {}", share.join("out").display());
     }
     Ok((table, ok))
+}
+
+/// An exclusive lock on `vm_dir` (flock on `vm_dir/lock`), held until dropped; waits,
+/// saying so, while another run holds it.
+fn lock(vm_dir: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(vm_dir)?;
+    let path = vm_dir.join("lock");
+    let file =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!(
+            "[vm] another run of the VM lab holds {}: waiting for it",
+            path.display()
+        );
+        // SAFETY: as above; blocking this time.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("locking {}", path.display()));
+        }
+    }
+    Ok(file)
 }
 
 /// The run's share: bin/roce-agent, vm/ (the guest scripts), plan, an empty out/.
@@ -262,8 +290,24 @@ pub fn test_step() -> Result<()> {
         eprintln!("[test] VM lab SKIPPED: {why}");
         return Ok(());
     }
-    eprintln!("[test] cargo xtask vm (real soft-RoCE on {DEFAULT_KERNEL})");
-    run(Args::default())
+    // The overhead scenarios are a benchmark (figures, not verdicts): `cargo xtask vm`
+    // runs them, the test step does not.
+    let list = roce_testkit::lab::bins::workspace_root().join("tests/vm/scenarios.list");
+    let all = parse_scenarios(
+        &std::fs::read_to_string(&list).context("reading tests/vm/scenarios.list")?,
+    )?;
+    let scenario: Vec<String> = all
+        .into_iter()
+        .filter(|s| s.check != "overhead")
+        .map(|s| s.name)
+        .collect();
+    eprintln!(
+        "[test] cargo xtask vm (real soft-RoCE on {DEFAULT_KERNEL}; not the overhead benchmark)"
+    );
+    run(Args {
+        scenario,
+        ..Args::default()
+    })
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
-//! RNIC and ECN knobs in sysfs: `ecn_np`, `ecn_rp`, `cnp_dscp`, `roce_tos`.
+//! RNIC and ECN knobs in sysfs: `ecn_np`, `ecn_rp`, `cnp_dscp`, `roce_tos`, and the GID
+//! table and RoCE mode of each RDMA port (`roce_gid`, in [`gid`]).
 //!
 //! Everything is read under a root that stands for `/sys` (`check --sysfs-root`), so the
 //! tests run on the trees of `tests/fixtures/sysfs/` (these machines have no RDMA).
 //! Files read, relative to the root:
 //! - `class/infiniband/DEV/ports/N/link_layer` and `.../gid_attrs/ndevs/IDX`: the RDMA
-//!   ports and the netdevs of their GID tables (an unused slot fails to read, EINVAL);
+//!   ports and the netdevs of their GID tables (an unused slot fails to read, EINVAL),
+//!   with each used slot's `gids/IDX` and `gid_attrs/types/IDX` (`IB/RoCE v1`, `RoCE v2`);
 //! - `class/infiniband/DEV/ports/N/{hw_counters,counters}/*`: the port's counters, for
 //!   `/metrics` ([`read_port_counters`]; named there, in `crate::telemetry::metrics`);
 //! - `class/net/IF/ecn/roce_np/{enable/P,cnp_dscp,cnp_802p_prio}` and
@@ -14,6 +16,7 @@
 //!   the knobs are read-only;
 //! - `kernel/config/rdma_cm/DEV/ports/N/default_roce_tos` (configfs): the ToS rdma_cm gives
 //!   RoCE connections. `DEV` exists only once an operator made it; without it, ToS 0.
+//!   Beside it `default_roce_mode`: the RoCE version rdma_cm uses (without `DEV`, v2).
 //!
 //! Paths: a finding's fix and a [`Change`]'s `what` name the file as an operator types it
 //! on the host, under `/sys`, whatever the root (in a container the root may be
@@ -24,8 +27,10 @@
 //! ([`judge_ecn`], [`judge_roce_tos`]); [`audit`] composes them, [`plan_fix`] and [`fix`]
 //! write what the judges would flag.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write as _};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use roce_common::policy::Policy;
@@ -34,8 +39,12 @@ use roce_common::wire::{ECN_ECT0, ECN_ECT1, ECN_NOT_ECT};
 use super::{finding, Change, Finding, Severity};
 use crate::config::check_ifname;
 
+mod cache;
 mod fix;
+pub mod gid;
+pub use cache::{PortCache, GID_TABLES_MAX_AGE};
 pub use fix::{fix, plan_fix, KnobWrite};
+pub use gid::{GidEntry, GidType, RoceMode};
 
 /// The path `/sys` the audit reads on a real host, and that fixes name.
 pub const HOST_SYSFS: &str = "/sys";
@@ -89,8 +98,12 @@ pub struct RnicPort {
     pub link_layer: Option<String>,
     /// The netdevs of its GID table, in GID index order, each once. Empty on IB ports.
     pub netdevs: Vec<String>,
+    /// The used entries of its GID table (those whose netdev reads), in index order.
+    pub gids: Vec<GidEntry>,
     /// rdma_cm's default ToS for RoCE connections on this port.
     pub default_roce_tos: Result<RoceTos, RnicError>,
+    /// rdma_cm's default RoCE version on this port.
+    pub default_roce_mode: Result<RoceMode, RnicError>,
 }
 
 /// rdma_cm's `default_roce_tos` of a port.
@@ -298,20 +311,27 @@ fn natural_key(name: &str) -> (String, u64) {
     (stem.to_string(), number.parse().unwrap_or(0))
 }
 
-/// The netdevs of a port's GID table, each once. Unused slots (EINVAL on a real host,
-/// absent or empty in a fixture) and anything that is not a netdev name are skipped.
-fn read_gid_netdevs(port_dir: &Path) -> Result<Vec<String>, RnicError> {
+/// A port's GID table: its netdevs, each once, and its used entries. Unused slots
+/// (EINVAL on a real host, absent or empty in a fixture) and anything that is not a
+/// netdev name are skipped; the GID and type are read only where the netdev reads (a
+/// table has up to 1024 slots, most unused).
+fn read_gid_table(port_dir: &Path) -> Result<(Vec<String>, Vec<GidEntry>), RnicError> {
     let ndevs = port_dir.join("gid_attrs/ndevs");
     let mut netdevs: Vec<String> = Vec::new();
+    let mut gids = Vec::new();
     for index in numbered_entries(&ndevs)? {
         let Ok(name) = read_text(&ndevs.join(index.to_string())) else {
             continue;
         };
-        if check_ifname(&name).is_ok() && !netdevs.contains(&name) {
+        if check_ifname(&name).is_err() {
+            continue;
+        }
+        gids.extend(gid::read_gid_entry(port_dir, index, &name));
+        if !netdevs.contains(&name) {
             netdevs.push(name);
         }
     }
-    Ok(netdevs)
+    Ok((netdevs, gids))
 }
 
 fn read_roce_tos(root: &Path, device: &str, port: u32) -> Result<RoceTos, RnicError> {
@@ -332,10 +352,13 @@ pub fn read_rnic_ports(root: &Path) -> Result<Vec<RnicPort>, RnicError> {
         let device_dir = class.join(&device);
         for port in numbered_entries(&device_dir.join("ports"))? {
             let port_dir = device_dir.join(format!("ports/{port}"));
+            let (netdevs, gids) = read_gid_table(&port_dir)?;
             ports.push(RnicPort {
                 link_layer: read_text(&port_dir.join("link_layer")).ok(),
-                netdevs: read_gid_netdevs(&port_dir)?,
+                netdevs,
+                gids,
                 default_roce_tos: read_roce_tos(root, &device, port),
+                default_roce_mode: gid::read_roce_mode(root, &device, port),
                 device: device.clone(),
                 port,
             });
@@ -538,8 +561,11 @@ pub fn judge_roce_tos(port: &RnicPort, interface: &str, policy: &Policy) -> Opti
     let found = match &port.default_roce_tos {
         Ok(tos) if tos.value() == want => return None,
         Ok(RoceTos::Set(tos)) => format!("default_roce_tos {}", describe_tos(*tos)),
+        // The ToS lives in the RDMA device, not in the group: removing the group keeps
+        // a ToS set through it (checked in the VM lab), so "unset" is only likely 0.
         Ok(RoceTos::Unset) => format!(
-            "default_roce_tos {}: rdma_cm's default, {} does not exist",
+            "default_roce_tos {}: rdma_cm's default, {} does not exist (a ToS set before \
+             the group was removed still applies: make it to read the ToS in use)",
             describe_tos(0),
             dir.on_host().display()
         ),
@@ -587,8 +613,32 @@ fn audited_ports<'a>(
 }
 
 /// The RNIC audit of `interfaces` against `policy`, reading under `root` (`/sys` on a
-/// host): their ECN knobs, then the rdma_cm ToS of every RDMA port they belong to.
-pub fn audit(root: &Path, interfaces: &[String], policy: &Policy) -> Vec<Finding> {
+/// host): their ECN knobs, then the rdma_cm ToS of every RDMA port they belong to, and
+/// the ports' GID tables against the interfaces' `addresses` (by name; [`gid`]).
+pub fn audit(
+    root: &Path,
+    interfaces: &[String],
+    policy: &Policy,
+    addresses: &BTreeMap<String, Vec<IpAddr>>,
+) -> Vec<Finding> {
+    audit_cached(
+        root,
+        interfaces,
+        policy,
+        addresses,
+        &mut PortCache::uncached(),
+    )
+}
+
+/// [`audit`] with the ports from `ports`, which may keep GID tables between rounds
+/// (`run`); a `roce_gid` finding from a kept table is checked on the tables read anew.
+pub fn audit_cached(
+    root: &Path,
+    interfaces: &[String],
+    policy: &Policy,
+    addresses: &BTreeMap<String, Vec<IpAddr>>,
+    ports: &mut PortCache,
+) -> Vec<Finding> {
     let interfaces = distinct(interfaces);
     let mut findings = Vec::new();
     for netdev in &interfaces {
@@ -604,12 +654,24 @@ pub fn audit(root: &Path, interfaces: &[String], policy: &Policy) -> Vec<Finding
             )),
         }
     }
-    match read_rnic_ports(root) {
-        Ok(ports) => findings.extend(
-            audited_ports(&ports, &interfaces)
-                .into_iter()
-                .filter_map(|(port, netdev)| judge_roce_tos(port, netdev, policy)),
-        ),
+    let read = ports.ports(root).and_then(|read| {
+        let gids = gid::audit(&read, &interfaces, addresses);
+        if gids.is_empty() || !ports.served_kept() {
+            return Ok((read, gids));
+        }
+        let read = ports.reread(root)?;
+        let gids = gid::audit(&read, &interfaces, addresses);
+        Ok((read, gids))
+    });
+    match read {
+        Ok((read, gids)) => {
+            findings.extend(
+                audited_ports(&read, &interfaces)
+                    .into_iter()
+                    .filter_map(|(port, netdev)| judge_roce_tos(port, netdev, policy)),
+            );
+            findings.extend(gids);
+        }
         Err(e) => findings.push(finding(
             "roce_tos",
             None,
@@ -650,7 +712,9 @@ mod tests {
             port: 1,
             link_layer: Some("Ethernet".to_string()),
             netdevs: vec!["eth1".to_string()],
+            gids: Vec::new(),
             default_roce_tos: tos,
+            default_roce_mode: Ok(RoceMode::Unset),
         }
     }
 
@@ -848,7 +912,8 @@ mod tests {
             unset.map(|f| (f.found, f.fix)),
             Some((
                 "default_roce_tos 0 (DSCP 0, Not-ECT): rdma_cm's default, \
-                 /sys/kernel/config/rdma_cm/mlx5_0 does not exist"
+                 /sys/kernel/config/rdma_cm/mlx5_0 does not exist (a ToS set before the \
+                 group was removed still applies: make it to read the ToS in use)"
                     .to_string(),
                 fix.to_string()
             ))

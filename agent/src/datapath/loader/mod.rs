@@ -7,6 +7,7 @@
 //! - `flows`: the flow table's upkeep (reading, evicting, giving slots back).
 //! - `policy`: CONFIG, QOS, POLICY a generation at a time, and IFACE_QOS.
 //! - `counters`: what the programs report (STATS, VTEPS, the EVENTS ring buffer).
+//! - `helpers`: the helpers newer than 5.10 the kernel has, probed before loading.
 //!
 //! Loading, attaching and reading are separate steps. Without a pin directory the
 //! links detach when dropped. With one (`pin::PinDir`) maps, programs and links are
@@ -16,6 +17,7 @@
 
 mod counters;
 mod flows;
+mod helpers;
 mod policy;
 mod programs;
 
@@ -37,6 +39,7 @@ use crate::datapath::flow_table::FlowSlots;
 use crate::datapath::pin::{PinDir, PinError};
 
 pub use flows::flow_tables_kernel_bytes;
+pub use helpers::KernelHelpers;
 pub use programs::AttachMode;
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +110,9 @@ pub struct LoadOptions {
     /// with [`Loaded::free_first_slots`]: `analyze`'s kernel engine, which knows from
     /// its first pass how many flows the capture holds, queues that many.
     pub queue_all_slots: bool,
+    /// The helpers newer than 5.10 the programs may call. None probes the running
+    /// kernel (the agent); tests force `KernelHelpers::NONE` to run the fallbacks.
+    pub helpers: Option<KernelHelpers>,
 }
 
 impl LoadOptions {
@@ -128,6 +134,7 @@ impl Default for LoadOptions {
             events_ring_bytes: EVENTS_RING_BYTES,
             egress_flows: true,
             queue_all_slots: true,
+            helpers: None,
         }
     }
 }
@@ -213,7 +220,13 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
         Some(p) => p.check_layout()?.is_some(),
         None => false,
     };
+    let helpers = opts.helpers.unwrap_or_else(KernelHelpers::probe);
+    helpers.log_fallbacks();
+    let globals = helpers.globals();
     let mut loader = aya::EbpfLoader::new();
+    for (name, value) in &globals {
+        loader.override_global(name, value, true);
+    }
     loader
         .map_max_entries(map::FLOWS, opts.flows_max_entries)
         .map_max_entries(map::FLOWS4, opts.flows_max_entries)
