@@ -257,7 +257,8 @@ fn lock(vm_dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
-/// The run's share: bin/roce-agent, vm/ (the guest scripts), plan, an empty out/.
+/// The run's share: bin/roce-agent and bin/empty-programs.o, vm/ (the guest scripts),
+/// plan, an empty out/.
 fn prepare_share(share: &Path, recipe: &Path, agent: &Path, plan: &[Scenario]) -> Result<()> {
     image::remove_dir(share)?;
     for d in ["bin", "vm", "out"] {
@@ -265,6 +266,11 @@ fn prepare_share(share: &Path, recipe: &Path, agent: &Path, plan: &[Scenario]) -
     }
     std::fs::copy(agent, share.join("bin/roce-agent"))
         .with_context(|| format!("copying {}", agent.display()))?;
+    // The `overhead` scenario's baseline: empty programs on the agent's hooks.
+    std::fs::write(
+        share.join("bin/empty-programs.o"),
+        overhead::empty_programs_object(),
+    )?;
     for f in ["guest.sh", "scenarios.sh"] {
         std::fs::copy(recipe.join(f), share.join("vm").join(f))?;
     }
