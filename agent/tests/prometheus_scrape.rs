@@ -100,7 +100,9 @@ fn have_prometheus() -> bool {
             std::env::var_os("CI").is_none(),
             "prometheus is missing under CI: `cargo xtask setup` installs Debian's prometheus package"
         );
-        eprintln!("skipped: prometheus not found (apt-get install prometheus, or cargo xtask setup)");
+        eprintln!(
+            "skipped: prometheus not found (apt-get install prometheus, or cargo xtask setup)"
+        );
     }
     found
 }
@@ -117,7 +119,9 @@ fn prometheus_scrapes_the_agent_over_mutual_tls_with_basic_auth() {
     let dir = TempDir::new("roce-prom-tls");
     let ca = TestCa::new("roce-agent test CA");
     let ca_file = ca.write(dir.path(), "ca");
-    let (cert, key) = ca.server(&["198.18.0.1"], 0x2901).write(dir.path(), "agent");
+    let (cert, key) = ca
+        .server(&["198.18.0.1"], 0x2901)
+        .write(dir.path(), "agent");
     let (client_cert, client_key) = ca.client("prometheus", 0x2902).write(dir.path(), "prom");
     let password = "scrape-secret-2901";
     std::fs::write(dir.path().join("password"), password).expect("password file");
@@ -190,7 +194,12 @@ fn prometheus_scrapes_the_agent_over_mutual_tls_with_basic_auth() {
         .a
         .cmd(
             "curl",
-            &["-sS", "--cacert", ca_file.to_str().unwrap(), "https://198.18.0.1:9476/metrics"],
+            &[
+                "-sS",
+                "--cacert",
+                ca_file.to_str().unwrap(),
+                "https://198.18.0.1:9476/metrics",
+            ],
         )
         .output()
         .expect("curl");

@@ -33,7 +33,8 @@ fn say(msg: &str) {
     eprintln!("[setup] {msg}");
 }
 
-fn have(cmd: &str) -> bool {
+/// True when `cmd` is on PATH.
+pub fn have(cmd: &str) -> bool {
     Command::new("sh")
         .arg("-c")
         .arg(format!("command -v {cmd}"))

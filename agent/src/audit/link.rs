@@ -3,7 +3,6 @@
 //! subprocess: the answer is typed, and a dump needs no privilege.
 
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use netlink_packet_core::{
@@ -101,7 +100,7 @@ impl Rtnl {
         socket
             .connect(&SocketAddr::new(0, 0))
             .map_err(LinkError::Socket)?;
-        set_receive_timeout(&socket, ANSWER_TIMEOUT).map_err(LinkError::Socket)?;
+        crate::sys::set_receive_timeout(&socket, ANSWER_TIMEOUT).map_err(LinkError::Socket)?;
         Ok(Rtnl { socket, seq: 0 })
     }
 
@@ -272,29 +271,6 @@ fn family(addr: IpAddr) -> AddressFamily {
         AddressFamily::Inet
     } else {
         AddressFamily::Inet6
-    }
-}
-
-/// SO_RCVTIMEO on a netlink socket: no request can hang (dcbnl uses it too).
-pub(super) fn set_receive_timeout(socket: &Socket, timeout: Duration) -> std::io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: a valid socket and a timeval of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
     }
 }
 

@@ -17,7 +17,6 @@
 //! filter in place). The messages are laid out and read here, on bytes.
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -398,7 +397,7 @@ impl Rtnl {
         socket
             .connect(&SocketAddr::new(0, 0))
             .map_err(ClsactError::Socket)?;
-        set_receive_timeout(&socket, ANSWER_TIMEOUT).map_err(ClsactError::Socket)?;
+        crate::sys::set_receive_timeout(&socket, ANSWER_TIMEOUT).map_err(ClsactError::Socket)?;
         Ok(Rtnl { socket })
     }
 
@@ -460,29 +459,6 @@ impl Rtnl {
                 }
             }
         }
-    }
-}
-
-/// SO_RCVTIMEO: no request can hang.
-fn set_receive_timeout(socket: &Socket, timeout: Duration) -> io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: a valid socket and a timeval of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 

@@ -34,3 +34,30 @@ pub unsafe fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<libc::c_long
         Ok(r)
     }
 }
+
+/// SO_RCVTIMEO on a socket (the netlink sockets of the audit, DCB and the clsact
+/// filters): no request can hang.
+pub fn set_receive_timeout(
+    socket: &impl std::os::fd::AsRawFd,
+    timeout: std::time::Duration,
+) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: a valid socket and a timeval of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

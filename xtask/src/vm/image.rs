@@ -179,7 +179,7 @@ fn build(root: &Path, recipe_dir: &Path, kernel: &str, dir: &Path) -> Result<()>
         bail!("building the VM image needs root (debootstrap, chroot, mounts)");
     }
     for tool in ["debootstrap", "mkfs.ext4", "chroot"] {
-        if !super::have(tool) {
+        if !xtask::setup::have(tool) {
             bail!(
                 "{tool} is missing: `cargo xtask setup` installs debootstrap and qemu-system-x86"
             );

@@ -19,7 +19,6 @@ mod overhead;
 mod qemu;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -101,17 +100,6 @@ pub fn parse_scenarios(text: &str) -> Result<Vec<Scenario>> {
     Ok(out)
 }
 
-/// True when `cmd` is on PATH.
-pub fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {cmd}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// `cargo xtask vm`.
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
@@ -136,7 +124,7 @@ pub fn run(args: Args) -> Result<()> {
             .collect()
     };
     for tool in ["qemu-system-x86_64", "tshark"] {
-        if !have(tool) {
+        if !xtask::setup::have(tool) {
             bail!("{tool} is missing: `cargo xtask setup` installs it");
         }
     }
@@ -282,7 +270,7 @@ fn prepare_share(share: &Path, recipe: &Path, agent: &Path, plan: &[Scenario]) -
 /// Why `cargo xtask test` skips the VM lab, if it does: only when qemu is missing
 /// outside CI (with `CI` set it is required, and its absence fails the run).
 pub fn skip_reason() -> Option<String> {
-    if have("qemu-system-x86_64") || std::env::var_os("CI").is_some() {
+    if xtask::setup::have("qemu-system-x86_64") || std::env::var_os("CI").is_some() {
         None
     } else {
         Some("qemu-system-x86_64 is not installed (`cargo xtask setup` installs it; under CI it is required)".to_string())

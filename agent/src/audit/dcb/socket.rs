@@ -53,7 +53,7 @@ fn exchange<T>(
 ) -> Result<T, DcbError> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     socket.bind_auto()?;
-    crate::audit::link::set_receive_timeout(&socket, REPLY_TIMEOUT)?;
+    crate::sys::set_receive_timeout(&socket, REPLY_TIMEOUT)?;
     socket.send_to(request, &SocketAddr::new(0, 0), 0)?;
     let deadline = Instant::now() + REPLY_TIMEOUT;
     let mut buf: Vec<u8> = Vec::with_capacity(RECEIVE_BUFFER);
