@@ -643,6 +643,8 @@ fn daemonset_grants_the_units_capabilities_and_no_privilege() {
     assert_eq!(sc["runAsUser"], 0);
     assert!(pod.spec["securityContext"]["privileged"].is_null());
     assert_eq!(pod.spec["hostNetwork"], true);
+    // RDMA netlink shows user QPs only within their PID namespace (README, "The QP table").
+    assert_eq!(pod.spec["hostPID"], true);
     assert_eq!(pod.spec["automountServiceAccountToken"], false);
     // Every node, whatever its taints.
     let tolerations = pod.spec["tolerations"].as_array().expect("tolerations");

@@ -151,6 +151,8 @@ fn flow(ifname: &str, direction: Direction, src: &str, dst: &str, qp: u32) -> Fl
         first_seen_ns: 1,
         last_seen_ns: 2,
         rates: None,
+        mirror: None,
+        owner: None,
     }
 }
 

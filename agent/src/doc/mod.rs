@@ -12,6 +12,7 @@
 pub mod event;
 pub mod finding;
 pub mod pcapng;
+pub mod qp;
 pub mod table;
 
 use std::cmp::Ordering;
@@ -148,6 +149,33 @@ pub struct Flow {
     /// the collector sees for the first time.
     #[serde(default)]
     pub rates: Option<Rates>,
+    /// Added: the mirror session the flow's packets arrived in (ERSPAN or GRE on a
+    /// mirror collector interface, or in a capture of one); null otherwise.
+    #[serde(default)]
+    pub mirror: Option<Mirror>,
+    /// Added: the owner of the flow's queue pair on this host, from the QP table
+    /// (RDMA netlink); null when no local QP matches (or no table).
+    #[serde(default)]
+    pub owner: Option<qp::QpOwner>,
+}
+
+/// The mirror session a mirrored flow arrived in.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Mirror {
+    /// "erspan2" | "erspan3" | "gre".
+    pub kind: MirrorKind,
+    /// ERSPAN session ID, or the GRE key (0 when the GRE header has none).
+    pub session: u32,
+    /// The mirroring device's address (the outer IP source).
+    pub source: IpAddr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MirrorKind {
+    Erspan2,
+    Erspan3,
+    Gre,
 }
 
 /// `Flow::dest_qp` in JSON: `"dest_qp": 4660, "dest_qp_hex": "0x1234"` written as
@@ -469,6 +497,8 @@ impl Flow {
             first_seen_ns: st.first_seen_ns,
             last_seen_ns: st.last_seen_ns,
             rates: None,
+            mirror: None,
+            owner: None,
         }
     }
 }
@@ -533,6 +563,8 @@ pub(crate) fn test_flow(ifname: &str, src: &str, dst: &str, qp: u32) -> Flow {
         first_seen_ns: 0,
         last_seen_ns: 0,
         rates: None,
+        mirror: None,
+        owner: None,
     }
 }
 
