@@ -12,6 +12,7 @@ pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod doc;
+pub mod rdma;
 pub mod sys;
 pub mod telemetry;
 pub mod top;

@@ -330,6 +330,8 @@ fn top_shows_flows_worst_first_sorts_on_keys_and_restores_the_terminal() {
             "-",
             "-",
             "0x30",
+            // owner: this fake agent has no QP table
+            "-",
             "-",
             "-",
             "-",
@@ -441,8 +443,9 @@ fn top_filters_flows_on_slash_keeps_the_filter_on_enter_and_clears_it_on_escape(
 
     // Esc clears the filter: every flow is back, in the CE-ratio order.
     tmux.press("Escape");
+    // The footer too: a capture may catch a frame half drawn.
     let screen = tmux.wait_for("every flow again", |s| {
-        qps_on(s) == ["0x20", "0x10", "0x30", "0x40"]
+        qps_on(s) == ["0x20", "0x10", "0x30", "0x40"] && footer(s).contains("/ filter")
     });
     let lines: Vec<&str> = screen.lines().collect();
     assert!(lines[1].trim_end().ends_with("; flows 4"), "{screen}");

@@ -19,8 +19,9 @@
 
 use crate::bth::{self, Bth, BTH_LEN, XRCETH_LEN};
 use crate::config::RuntimeConfig;
-use crate::key::{addr_v4_mapped, FlowKey, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
-use crate::packet::{Header, Packet};
+use crate::key::{addr_v4_mapped, FlowKey, KEY_INNER_V6, KEY_MIRROR, KEY_OUTER_V6, KEY_TUNNELLED};
+use crate::mirror::*;
+use crate::packet::{Header, Packet, SlicePacket};
 use crate::parsed::{Class, Outcome, Parsed, Reason};
 use crate::wire::*;
 
@@ -77,7 +78,29 @@ pub struct Layers {
     pub bth_opcode: u8,
 }
 
+impl IpLayer {
+    fn shifted(self, by: usize) -> IpLayer {
+        IpLayer {
+            l3: self.l3 + by,
+            l4: self.l4 + by,
+            end: self.end + by,
+            ..self
+        }
+    }
+}
+
 impl Layers {
+    /// The same layers `by` bytes further into the frame (a mirrored frame's, in its
+    /// copy).
+    fn shifted(self, by: usize) -> Layers {
+        Layers {
+            outer: self.outer.map(|l| l.shifted(by)),
+            inner_eth: self.inner_eth.map(|e| e + by),
+            inner: self.inner.map(|l| l.shifted(by)),
+            ..self
+        }
+    }
+
     /// The IP layer that carries the RoCE datagram of a `Flow` outcome: the inner one
     /// when tunnelled.
     pub fn roce_ip(&self, tunnelled: bool) -> Option<IpLayer> {
@@ -313,6 +336,261 @@ pub fn tunnel_layers<P: Packet>(p: &P, cfg: &RuntimeConfig) -> Layers {
     layers
 }
 
+/// A walk that decapsulates mirror copies: the outcome, and the copy's session and
+/// length when the frame was one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MirrorWalk {
+    pub walk: Walk,
+    pub copy: Option<MirrorCopy>,
+}
+
+/// [`walk`] on a mirror collector's frame: GRE (transparent Ethernet bridging) and
+/// ERSPAN II/III copies are decapsulated and their mirrored frame walked; any other
+/// frame is walked as [`walk`] walks it. `layers` are the mirrored frame's, at their
+/// offsets in `frame`.
+///
+/// The mirrored frame is walked on its own, as the kernel walks it (`xdp_mirror` moves
+/// the packet's start to it before `xdp_mirror_flows` walks it from offset 0): the
+/// parse depth (`wire::MAX_PARSE_OFFSET`) counts from its first byte.
+pub fn walk_mirror(frame: &[u8], cfg: &RuntimeConfig) -> MirrorWalk {
+    let p = SlicePacket(frame);
+    let mut layers = Layers::default();
+    let (outcome, copy) = match mirror_start(&p) {
+        MirrorStart::Frame => {
+            let (outcome, _) = walk_from(&p, cfg, 0, frame.len(), false, &mut layers, &mut Unheard);
+            (outcome, None)
+        }
+        MirrorStart::Copy(mut c, end) => {
+            let mirrored = SlicePacket(frame.get(c.eth..end).unwrap_or(&[]));
+            let (outcome, wire_len) = walk_from(
+                &mirrored,
+                cfg,
+                0,
+                mirrored.len(),
+                true,
+                &mut layers,
+                &mut Unheard,
+            );
+            c.wire_len = wire_len;
+            layers = layers.shifted(c.eth);
+            (outcome, Some(c))
+        }
+        MirrorStart::End(outcome) => (outcome, None),
+    };
+    MirrorWalk {
+        walk: Walk { outcome, layers },
+        copy,
+    }
+}
+
+/// Where the walk of a frame on a mirror collector starts ([`mirror_start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MirrorStart {
+    /// Not a mirror copy: the frame itself.
+    Frame,
+    /// A copy: its mirrored frame, which ends at `end` (the copy's outer datagram).
+    Copy(MirrorCopy, usize),
+    /// A copy that ends before its mirrored frame, or holds none to walk: counted
+    /// as this outcome.
+    End(Outcome),
+}
+
+/// The second half of [`walk_mirror`], for the kernel program that `xdp_mirror`
+/// tail-calls with what [`mirror_start`] found: walks the frame at `eth` (the kernel
+/// passes 0: `xdp_mirror` moved the packet's start to a copy's mirrored frame), which
+/// ends at `end` and is a mirror copy's mirrored frame when `copy`, telling `sink` of each frame that is not a flow where its walk ends (as
+/// [`classify_into`] does). For a copy's flow, also the length to count
+/// ([`MirrorCopy::wire_len`]; 0 otherwise). The session stays with the caller: carried
+/// through the walk, it cost the program stack it does not have.
+#[inline(always)]
+pub fn classify_from_into<P: Packet, S: NotFlowSink>(
+    p: &P,
+    cfg: &RuntimeConfig,
+    (eth, end, copy): (usize, usize, bool),
+    sink: &mut S,
+) -> (Outcome, u32) {
+    walk_from(p, cfg, eth, end, copy, &mut Layers::default(), sink)
+}
+
+/// The walk of the frame at `eth` that ends at `end`: a mirror copy's mirrored frame
+/// (`copy`), or the frame itself (0, its length, false).
+#[inline(always)]
+fn walk_from<P: Packet, S: NotFlowSink>(
+    p: &P,
+    cfg: &RuntimeConfig,
+    eth: usize,
+    end: usize,
+    copy: bool,
+    layers: &mut Layers,
+    sink: &mut S,
+) -> (Outcome, u32) {
+    let frame = Within::new(p).ending_at(end);
+    let mut copy_sink = CopySink { sink, copy };
+    let outcome = walk_frame(p, &frame, eth, cfg, layers, Depth::Whole, &mut copy_sink);
+    if !copy {
+        return (outcome, 0);
+    }
+    match outcome {
+        Outcome::Flow(mut parsed) => {
+            parsed.key.flags |= KEY_MIRROR;
+            let wire_len = match layers.outer {
+                Some(ip) => mirrored_len(p, &ip, eth, end),
+                None => 0,
+            };
+            (Outcome::Flow(parsed), wire_len)
+        }
+        other => (in_copy(other), 0),
+    }
+}
+
+/// What a walk's end inside a mirror copy counts as: the mirrored frame's classes
+/// are `mirror_other`, its truncations (a switch cutting copies) `mirror_truncated`;
+/// other malformations (a bad version, a fragment) are the mirrored packet's own.
+#[inline(always)]
+fn in_copy(outcome: Outcome) -> Outcome {
+    match outcome {
+        Outcome::Other(_) => Outcome::Other(Class::MirrorOther),
+        Outcome::Malformed(r) if r.is_truncation() => Outcome::Other(Class::MirrorTruncated),
+        other => other,
+    }
+}
+
+/// The sink of a walk that may be a mirror copy's: tells the ends as [`in_copy`]
+/// makes them.
+struct CopySink<'s, S: NotFlowSink> {
+    sink: &'s mut S,
+    copy: bool,
+}
+
+impl<S: NotFlowSink> NotFlowSink for CopySink<'_, S> {
+    #[inline(always)]
+    fn not_flow(&mut self, outcome: &Outcome) {
+        if self.copy {
+            self.sink.not_flow(&in_copy(*outcome));
+        } else {
+            self.sink.not_flow(outcome);
+        }
+    }
+}
+
+/// The mirrored frame's length as sent: its L2 header (from `eth` to its IP header)
+/// and its IP datagram as the header declares it, whatever the copy kept. An IPv6
+/// jumbogram's length is in an option: the copy's end bounds it.
+#[inline(always)]
+fn mirrored_len<P: Packet>(p: &P, ip: &IpLayer, eth: usize, end: usize) -> u32 {
+    let l2 = (ip.l3 - eth) as u32;
+    // The IP header parsed: its first 8 bytes are in the frame.
+    let Some(h) = p.header(ip.l3, 8) else {
+        return (end - eth) as u32;
+    };
+    if !ip.v6 {
+        return l2 + h.be16(2) as u32;
+    }
+    let payload = h.be16(4) as u32;
+    if payload == 0 && h.u8(6) == IPPROTO_HOPOPTS {
+        return (end - eth) as u32;
+    }
+    l2 + IPV6_HLEN as u32 + payload
+}
+
+/// Whether the frame is a mirror copy, and where its mirrored frame lies: outer
+/// Ethernet (+VLAN) / IPv4 or IPv6 / GRE (RFC 2784, 2890: version 0, no routing; C,
+/// K, S options) with protocol transparent Ethernet bridging, ERSPAN II (0x88BE with
+/// S, 8-byte header, version 1) or ERSPAN III (0x22EB, 12-byte header, version 2,
+/// and the 8-byte platform subheader when O is set). docs/mirror.md has the layouts.
+#[inline(always)]
+pub fn mirror_start<P: Packet>(p: &P) -> MirrorStart {
+    let frame = Within::new(p);
+    let outer = match common_ip(&frame, 0) {
+        Some(ip) => ip,
+        None => match outer_ip(&frame, 0) {
+            IpStep::Ip(ip) => ip,
+            // The walk of the frame itself counts it.
+            _ => return MirrorStart::Frame,
+        },
+    };
+    if outer.proto != IPPROTO_GRE {
+        return MirrorStart::Frame;
+    }
+    let q = frame.ending_at(outer.end);
+    let Some(gre) = q.header(outer.l4, GRE_HLEN) else {
+        return MirrorStart::End(Outcome::Malformed(Reason::TruncatedGre));
+    };
+    let (flags, proto) = (gre.be16(0), gre.be16(2));
+    // As Linux's GRE receive path: another version (PPTP) or source routes is not
+    // GRE a mirror session sends.
+    if flags & (GRE_FLAG_R | GRE_VERSION_MASK) != 0
+        || !matches!(proto, GRE_PROTO_TEB | GRE_PROTO_ERSPAN2 | GRE_PROTO_ERSPAN3)
+    {
+        return MirrorStart::Frame;
+    }
+    let options = outer.l4 + GRE_HLEN;
+    let key_at = if flags & GRE_FLAG_C != 0 {
+        options + 4
+    } else {
+        options
+    };
+    let gre_end = outer.l4 + gre_header_len(flags);
+    // The whole header with its options must be there.
+    if q.u8_at(gre_end - 1).is_none() {
+        return MirrorStart::End(Outcome::Malformed(Reason::TruncatedGre));
+    }
+    let mut copy = MirrorCopy::default();
+    match ip_addresses(p, &outer) {
+        Some((src, _)) => copy.tag.source = src,
+        None => return MirrorStart::Frame,
+    }
+    let v6 = if outer.v6 { MIRROR_SOURCE_V6 } else { 0 };
+    if proto == GRE_PROTO_TEB {
+        if flags & GRE_FLAG_K != 0 {
+            match q.be32_at(key_at) {
+                Some(key) => copy.tag.session = key,
+                None => return MirrorStart::End(Outcome::Malformed(Reason::TruncatedGre)),
+            }
+        }
+        copy.tag.kind = MIRROR_GRE | v6;
+        copy.eth = gre_end;
+    } else if proto == GRE_PROTO_ERSPAN2 {
+        // ERSPAN type I: no sequence number, no header, no session to key by.
+        if flags & GRE_FLAG_S == 0 {
+            return MirrorStart::End(Outcome::Other(Class::MirrorOther));
+        }
+        let Some(h) = q.header(gre_end, ERSPAN2_HLEN) else {
+            return MirrorStart::End(Outcome::Malformed(Reason::TruncatedErspan));
+        };
+        let word0 = h.be32(0);
+        if erspan_version(word0) != ERSPAN_VERSION_II {
+            return MirrorStart::End(Outcome::Malformed(Reason::BadErspanVersion));
+        }
+        copy.tag.session = erspan_session(word0);
+        copy.tag.kind = MIRROR_ERSPAN2 | v6;
+        copy.truncated = erspan_truncated(word0);
+        copy.eth = gre_end + ERSPAN2_HLEN;
+    } else {
+        let Some(h) = q.header(gre_end, ERSPAN3_HLEN) else {
+            return MirrorStart::End(Outcome::Malformed(Reason::TruncatedErspan));
+        };
+        let (word0, word2) = (h.be32(0), h.be32(8));
+        if erspan_version(word0) != ERSPAN_VERSION_III {
+            return MirrorStart::End(Outcome::Malformed(Reason::BadErspanVersion));
+        }
+        if erspan3_frame_type(word2) != 0 {
+            return MirrorStart::End(Outcome::Other(Class::MirrorOther));
+        }
+        copy.tag.session = erspan_session(word0);
+        copy.tag.kind = MIRROR_ERSPAN3 | v6;
+        copy.truncated = erspan_truncated(word0);
+        copy.eth = gre_end + ERSPAN3_HLEN;
+        if erspan3_has_platform(word2) {
+            copy.eth += ERSPAN3_PLATFORM_HLEN;
+            if q.u8_at(copy.eth - 1).is_none() {
+                return MirrorStart::End(Outcome::Malformed(Reason::TruncatedErspan));
+            }
+        }
+    }
+    MirrorStart::Copy(copy, outer.end)
+}
+
 #[inline(always)]
 fn walk_into<P: Packet, S: NotFlowSink>(
     p: &P,
@@ -321,10 +599,25 @@ fn walk_into<P: Packet, S: NotFlowSink>(
     depth: Depth,
     sink: &mut S,
 ) -> Outcome {
-    let frame = Within::new(p);
-    let outer = match common_ip(&frame, 0) {
+    walk_frame(p, &Within::new(p), 0, cfg, layers, depth, sink)
+}
+
+/// The walk of the Ethernet frame at `eth` of `frame` (0: the frame itself; a mirror
+/// copy's mirrored frame, which ends where the copy's outer datagram ends). Inlined
+/// with a constant 0 where no mirror is decapsulated, it is the walk it always was.
+#[inline(always)]
+fn walk_frame<P: Packet, S: NotFlowSink>(
+    p: &P,
+    frame: &Within<'_, P>,
+    eth: usize,
+    cfg: &RuntimeConfig,
+    layers: &mut Layers,
+    depth: Depth,
+    sink: &mut S,
+) -> Outcome {
+    let outer = match common_ip(frame, eth) {
         Some(ip) => ip,
-        None => match outer_ip(&frame) {
+        None => match outer_ip(frame, eth) {
             IpStep::Ip(ip) => ip,
             IpStep::NotIp => return ended(sink, Outcome::Other(Class::NonIp)),
             IpStep::Bad(r) => return ended(sink, Outcome::Malformed(r)),
@@ -464,14 +757,14 @@ fn common_ip<P: Packet>(q: &Within<'_, P>, eth: usize) -> Option<IpLayer> {
     }
 }
 
-/// The outer IP layer: Ethernet, up to `MAX_VLAN_TAGS` tags, IPv4 or IPv6.
+/// The outer IP layer: Ethernet (at `eth`), up to `MAX_VLAN_TAGS` tags, IPv4 or IPv6.
 #[inline(always)]
-fn outer_ip<P: Packet>(frame: &Within<'_, P>) -> IpStep {
-    let Some(eth) = frame.header(0, ETH_HLEN) else {
+fn outer_ip<P: Packet>(frame: &Within<'_, P>, eth: usize) -> IpStep {
+    let Some(h) = frame.header(eth, ETH_HLEN) else {
         return IpStep::Bad(Reason::TruncatedEth);
     };
-    let mut ethertype = eth.be16(12);
-    let mut off = ETH_HLEN;
+    let mut ethertype = h.be16(12);
+    let mut off = eth + ETH_HLEN;
     for _ in 0..MAX_VLAN_TAGS {
         if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
             break;
@@ -1077,7 +1370,7 @@ mod tests {
             let frame = Within::new(&p);
             if let Some(ip) = common_ip(&frame, 0) {
                 taken[ip.v6 as usize] += 1;
-                assert_eq!(outer_ip(&frame), IpStep::Ip(ip), "{what}, cut at {len}");
+                assert_eq!(outer_ip(&frame, 0), IpStep::Ip(ip), "{what}, cut at {len}");
             }
             let p = SlicePacket(&tunnel[..inner_eth + len]);
             let q = Within::new(&p);
@@ -1172,3 +1465,7 @@ mod tests {
         assert_eq!((w.layers.inner_eth, w.layers.inner), (None, None));
     }
 }
+
+#[cfg(test)]
+#[path = "classify_mirror_tests.rs"]
+mod mirror_tests;

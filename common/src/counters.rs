@@ -196,13 +196,15 @@ mod tests {
     fn indices_do_not_overlap() {
         assert!(class_index(Class::NonIp) < STAT_REASON_BASE);
         assert_eq!(
-            reason_index(Reason::TruncatedExtHeader) + 1,
+            reason_index(Reason::BadErspanVersion) + 1,
             STAT_FLOW_CREATED
         );
         const { assert!(STAT_FLOW_INSERT_FAILED < STATS_LEN) };
-        // The existing layout is a contract: QoS counters come after it.
-        assert_eq!((STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED), (34, 35));
-        assert_eq!(STAT_QOS_ROCE_REWRITTEN, 36);
+        // The layout is a contract: QoS counters come after it. Layout version 4 (the
+        // mirror classes and reasons) moved everything after the reasons by three.
+        assert_eq!(class_index(Class::MirrorTruncated), STAT_REASON_BASE - 1);
+        assert_eq!((STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED), (37, 38));
+        assert_eq!(STAT_QOS_ROCE_REWRITTEN, 39);
         const { assert!(STAT_TC_WRITE_FAILED < STATS_LEN) };
         for (i, (idx, _)) in STAT_NAMES_QOS.iter().enumerate() {
             assert_eq!(*idx, STAT_QOS_ROCE_REWRITTEN + i as u32);
@@ -213,7 +215,7 @@ mod tests {
         );
         // Event counters after the QoS ones, then the drop reasons.
         assert_eq!(STAT_EVENTS_CE, STAT_TC_WRITE_FAILED + 1);
-        assert_eq!(STAT_EVENTS_CE, 50);
+        assert_eq!(STAT_EVENTS_CE, 53);
         assert_eq!(STAT_EVENTS_DROPPED_RATE_LIMIT, STAT_EVENTS_PSN_GAP + 1);
         const { assert!(STAT_EVENTS_DROPPED_RING_FULL < STATS_LEN) };
     }

@@ -1,5 +1,7 @@
 //! Flow keys: the wide key every path builds, and the compact shapes the kernel's
-//! tables hold (FLOWS4, FLOWS_MID, FLOWS).
+//! tables hold (FLOWS4, FLOWS_MID, FLOWS; mirrored flows FLOWS_MIRROR).
+
+use crate::mirror::MirrorTag;
 
 /// `FlowKey::flags` bits.
 pub const KEY_OUTER_V6: u32 = 1 << 0;
@@ -8,6 +10,10 @@ pub const KEY_TUNNELLED: u32 = 1 << 2;
 /// Counted on egress (tc) rather than on ingress (XDP): the same queue pair seen
 /// leaving an interface is another flow than it arriving.
 pub const KEY_EGRESS: u32 = 1 << 3;
+/// Decapsulated from a mirror copy: the flow is the mirrored packet's, keyed also by
+/// its mirror session ([`FlowKeyMirror`], FLOWS_MIRROR; the slot's session is in
+/// MIRROR_TAGS).
+pub const KEY_MIRROR: u32 = 1 << 4;
 
 /// One direction of one queue pair, as seen on one interface.
 /// Addresses are four raw (network-order) words; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d).
@@ -43,6 +49,20 @@ impl FlowKey {
     pub fn egress(&self) -> bool {
         self.flags & KEY_EGRESS != 0
     }
+    /// Decapsulated from a mirror copy.
+    pub fn mirrored(&self) -> bool {
+        self.flags & KEY_MIRROR != 0
+    }
+}
+
+/// The key of a mirrored flow in FLOWS_MIRROR: the mirrored packet's wide key (with
+/// [`KEY_MIRROR`]) and the session it arrived in. A table of its own, so that the
+/// common shapes' keys stay as short as they are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKeyMirror {
+    pub key: FlowKey,
+    pub tag: MirrorTag,
 }
 
 /// `FlowKey4::qp_dir` bit: counted on egress (a QP number has 24 bits).

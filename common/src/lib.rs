@@ -17,6 +17,7 @@ pub mod event;
 pub mod flow;
 pub mod icrc;
 pub mod key;
+pub mod mirror;
 pub mod names;
 pub mod packet;
 pub mod parsed;
@@ -36,6 +37,8 @@ mod pod {
     unsafe impl aya::Pod for crate::key::FlowKey {}
     unsafe impl aya::Pod for crate::key::FlowKey4 {}
     unsafe impl aya::Pod for crate::key::FlowKeyMid {}
+    unsafe impl aya::Pod for crate::key::FlowKeyMirror {}
+    unsafe impl aya::Pod for crate::mirror::MirrorTag {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
     unsafe impl aya::Pod for crate::flow::FlowSlot {}
     unsafe impl aya::Pod for crate::config::RuntimeConfig {}

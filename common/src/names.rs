@@ -14,6 +14,16 @@ pub mod map {
     /// 40-byte key of a plain IPv6 flow or of IPv4 in VXLAN over IPv4
     /// (`flow::FlowKeyMid`) -> index in FLOW_SLOTS.
     pub const FLOWS_MID: &str = "FLOWS_MID";
+    /// Key of a mirrored flow (`key::FlowKeyMirror`: the mirrored packet's wide key
+    /// and its mirror session) -> index in FLOW_SLOTS.
+    pub const FLOWS_MIRROR: &str = "FLOWS_MIRROR";
+    /// The mirror session of each FLOW_SLOTS slot that holds a mirrored flow
+    /// (`mirror::MirrorTag`, same index), written when the slot is taken.
+    pub const MIRROR_TAGS: &str = "MIRROR_TAGS";
+    /// What `xdp_mirror` hands `xdp_mirror_flows` (`mirror::MirrorScratch`), per CPU.
+    pub const MIRROR_SCRATCH: &str = "MIRROR_SCRATCH";
+    /// Programs `xdp_mirror` tail-calls (`tail::XDP_TAIL_MIRROR_FLOWS`).
+    pub const XDP_TAIL: &str = "XDP_TAIL";
     /// The flows' counters and keys (`flow::FlowSlot`), shared by all CPUs; the agent
     /// maps it into its memory.
     pub const FLOW_SLOTS: &str = "FLOW_SLOTS";
@@ -45,10 +55,14 @@ pub mod map {
     pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 20] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
+        FLOWS_MIRROR,
+        MIRROR_TAGS,
+        MIRROR_SCRATCH,
+        XDP_TAIL,
         FLOW_SLOTS,
         FLOW_FREE,
         STATS,
@@ -69,6 +83,14 @@ pub mod map {
 pub mod program {
     /// The XDP classifier (ingress flows).
     pub const XDP_CLASSIFY: &str = "xdp_classify";
+    /// The XDP classifier of mirror collector interfaces: decapsulates GRE and
+    /// ERSPAN II/III copies and counts the mirrored flows, and every other frame as
+    /// `xdp_classify` does.
+    pub const XDP_MIRROR: &str = "xdp_mirror";
+    /// The second step of `xdp_mirror`, tail-called through XDP_TAIL (never attached):
+    /// walks the frame (or the copy's mirrored frame) and counts its flow. Two
+    /// programs, so that each verifies well inside the verifier's limits.
+    pub const XDP_MIRROR_FLOWS: &str = "xdp_mirror_flows";
     /// An empty XDP program: the benchmarks' baseline.
     pub const XDP_BASELINE: &str = "xdp_baseline";
     /// Host DSCP policy and VTEP propagation on egress.
@@ -81,8 +103,10 @@ pub mod program {
     pub const TC_BASELINE: &str = "tc_baseline";
 
     /// Every program of the object.
-    pub const ALL: [&str; 6] = [
+    pub const ALL: [&str; 8] = [
         XDP_CLASSIFY,
+        XDP_MIRROR,
+        XDP_MIRROR_FLOWS,
         XDP_BASELINE,
         TC_EGRESS,
         TC_EGRESS_FLOWS,
@@ -107,4 +131,8 @@ pub mod tail {
     pub const TC_TAIL_EGRESS_FLOWS: u32 = 0;
     /// Slots in TC_TAIL.
     pub const TC_TAIL_LEN: u32 = 1;
+    /// `program::XDP_MIRROR_FLOWS` in XDP_TAIL.
+    pub const XDP_TAIL_MIRROR_FLOWS: u32 = 0;
+    /// Slots in XDP_TAIL.
+    pub const XDP_TAIL_LEN: u32 = 1;
 }

@@ -31,6 +31,13 @@ named_enum! {
         OtherUdp = "other_udp",
         OtherIp = "other_ip",
         NonIp = "non_ip",
+        /// A mirror copy (GRE, ERSPAN II or III on a mirror interface, or in `analyze`)
+        /// whose mirrored frame is not RoCE: not IP, not UDP, another port, VXLAN
+        /// without RoCE, an ERSPAN III frame type other than Ethernet, or ERSPAN type I.
+        MirrorOther = "mirror_other",
+        /// A mirror copy cut before its mirrored frame's BTH (a switch truncating
+        /// copies, ERSPAN's T bit): what it held cannot be told.
+        MirrorTruncated = "mirror_truncated",
     }
 }
 
@@ -66,6 +73,38 @@ named_enum! {
         /// The BTH parsed but the AETH/RETH that counting needs was cut off: the packet
         /// still counts on its flow, without its ACK/NAK class or READ length.
         TruncatedExtHeader = "truncated_ext_header",
+        /// A mirror copy's GRE header (with the checksum, key and sequence number its
+        /// flags announce) cut short.
+        TruncatedGre = "truncated_gre",
+        /// A mirror copy's ERSPAN header (or ERSPAN III's platform subheader) cut short.
+        TruncatedErspan = "truncated_erspan",
+        /// An ERSPAN header whose version is not its GRE protocol's (1 under 0x88BE,
+        /// 2 under 0x22EB).
+        BadErspanVersion = "bad_erspan_version",
+    }
+}
+
+impl Reason {
+    /// The frame (or a datagram its headers declare) ended inside a header.
+    pub fn is_truncation(self) -> bool {
+        use Reason::*;
+        matches!(
+            self,
+            TruncatedEth
+                | TruncatedVlan
+                | TruncatedIpv4
+                | TruncatedIpv6
+                | TruncatedIpv6Ext
+                | TruncatedUdp
+                | TruncatedBth
+                | TruncatedVxlan
+                | TruncatedInnerEth
+                | TruncatedInnerIpv4
+                | TruncatedInnerIpv6
+                | TruncatedInnerIpv6Ext
+                | TruncatedInnerUdp
+                | TruncatedInnerBth
+        )
     }
 }
 

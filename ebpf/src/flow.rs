@@ -13,12 +13,15 @@ use roce_common::counters::{STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED};
 use roce_common::event::{Trouble, EVENTS_OFF};
 use roce_common::flow::FlowSlot;
 use roce_common::flow::{SLOT_FREE, SLOT_LIVE};
-use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, KEY4_EGRESS, KEY_EGRESS};
+use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, KEY4_EGRESS, KEY_EGRESS};
+use roce_common::mirror::MirrorTag;
 use roce_common::parsed::Parsed;
 
 use crate::events::{emit, FrameHead};
 use crate::kernel::coarse_ns;
-use crate::maps::{bump, FLOWS, FLOWS4, FLOWS_MID, FLOW_FREE, FLOW_SLOTS};
+use crate::maps::{
+    bump, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS, MIRROR_TAGS,
+};
 use crate::packet::opaque;
 
 /// Counts `parsed` (a frame of `frame_len` bytes) on the flow of its key seen on
@@ -32,8 +35,9 @@ pub fn count_on_flow<C: FrameHead>(
     egress: bool,
     frame_len: u32,
     cfg: &RuntimeConfig,
+    mirror: Option<&MirrorTag>,
 ) {
-    // Plain IPv4: no flag set by the classifier.
+    // Plain IPv4: no flag set by the classifier (a mirrored flow has KEY_MIRROR).
     let slot = if parsed.key.flags == 0 {
         let key = FlowKey4 {
             src: parsed.key.src[3],
@@ -41,16 +45,33 @@ pub fn count_on_flow<C: FrameHead>(
             qp_dir: parsed.key.dest_qp | if egress { KEY4_EGRESS } else { 0 },
             ifindex,
         };
-        flow_slot(&FLOWS4, &key, || key.widen())
+        flow_slot(&FLOWS4, &key, || key.widen(), |_| ())
     } else {
         let mut key: FlowKey = parsed.key;
         key.ifindex = ifindex;
         if egress {
             key.flags |= KEY_EGRESS;
         }
-        match FlowKeyMid::narrow(&key) {
-            Some(mid) => flow_slot(&FLOWS_MID, &mid, || key),
-            None => flow_slot(&FLOWS, &key, || key),
+        // None, a constant, outside `xdp_mirror`: this branch is not compiled there.
+        if let Some(tag) = mirror {
+            let mk = FlowKeyMirror { key, tag: *tag };
+            // The session goes into its slot before the key makes the slot live.
+            flow_slot(
+                &FLOWS_MIRROR,
+                &mk,
+                || key,
+                |index| {
+                    if let Some(t) = MIRROR_TAGS.get_ptr_mut(index) {
+                        // SAFETY: the slot's entry, this CPU's until the insert.
+                        unsafe { *t = *tag };
+                    }
+                },
+            )
+        } else {
+            match FlowKeyMid::narrow(&key) {
+                Some(mid) => flow_slot(&FLOWS_MID, &mid, || key, |_| ()),
+                None => flow_slot(&FLOWS, &key, || key, |_| ()),
+            }
         }
     };
     let Some(slot) = slot else {
@@ -107,12 +128,13 @@ fn flow_slot<K>(
     map: &HashMap<K, u64>,
     key: &K,
     wide: impl FnOnce() -> FlowKey,
+    taken: impl FnOnce(u32),
 ) -> Option<*mut FlowSlot> {
     // SAFETY: a copy of the index out of the map.
     if let Some(index) = unsafe { map.get(key) } {
         return FLOW_SLOTS.get_ptr_mut(*index as u32);
     }
-    new_flow(map, key, wide)
+    new_flow(map, key, wide, taken)
 }
 
 /// Takes a free slot for `key`, writes the key into it, and makes the flow point at it.
@@ -123,6 +145,7 @@ fn new_flow<K>(
     map: &HashMap<K, u64>,
     key: &K,
     wide: impl FnOnce() -> FlowKey,
+    taken: impl FnOnce(u32),
 ) -> Option<*mut FlowSlot> {
     let Ok(Some(index)) = FLOW_FREE.pop() else {
         // No free slot: the table is full until the agent evicts flows.
@@ -132,6 +155,8 @@ fn new_flow<K>(
     let slot = FLOW_SLOTS.get_ptr_mut(index)?;
     // SAFETY: a slot this CPU owns since it took its index off the queue; the agent
     // zeroed its counters before giving it back.
+    // Before the slot is live: the agent reads a live mirrored slot's session too.
+    taken(index);
     unsafe {
         (*slot).key = wide();
         (*slot).state = SLOT_LIVE;

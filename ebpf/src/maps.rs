@@ -1,13 +1,16 @@
 //! The maps shared with the agent. Their names are declared once in `roce_common::names` (a test checks them against this object).
 
-use aya_ebpf::bindings::BPF_F_MMAPABLE;
+use aya_ebpf::bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC};
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, Queue};
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
 use roce_common::counters::STATS_LEN;
 use roce_common::flow::FlowSlot;
-use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid};
-pub use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN};
+use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror};
+use roce_common::mirror::{MirrorScratch, MirrorTag};
+pub use roce_common::names::tail::{
+    TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_LEN, XDP_TAIL_MIRROR_FLOWS,
+};
 use roce_common::policy::{
     DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
@@ -27,6 +30,27 @@ pub static FLOWS4: HashMap<FlowKey4, u64> = HashMap::with_max_entries(65536, 0);
 /// Plain IPv6 flows and IPv4 in VXLAN over IPv4, under the 40-byte key -> slot index.
 #[map]
 pub static FLOWS_MID: HashMap<FlowKeyMid, u64> = HashMap::with_max_entries(65536, 0);
+
+/// Mirrored flows (`xdp_mirror`), under the mirrored packet's key and its session ->
+/// slot index. A table of their own: the other tables' keys stay short. Not
+/// preallocated: a host without mirror interfaces pays only its buckets.
+#[map]
+pub static FLOWS_MIRROR: HashMap<FlowKeyMirror, u64> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// The mirror session of a FLOW_SLOTS slot whose key has KEY_MIRROR (same index):
+/// the slot's key is the mirrored packet's, its session lives here. Mmapable, so that
+/// the agent reads it as it reads the slots.
+#[map]
+pub static MIRROR_TAGS: Array<MirrorTag> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
+
+/// What `xdp_mirror` found, for the program it tail-calls (one entry per CPU).
+#[map]
+pub static MIRROR_SCRATCH: PerCpuArray<MirrorScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Programs `xdp_mirror` tail-calls, filled by the agent when it loads them.
+#[map]
+pub static XDP_TAIL: ProgramArray = ProgramArray::with_max_entries(XDP_TAIL_LEN, 0);
 
 /// The flows' counters and keys, one value shared by all CPUs (so its size does not
 /// grow with them); mmapable, so that the agent reads it as memory, in order, instead

@@ -126,7 +126,7 @@ fn count_egress(ctx: &TcContext) {
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
     if let Outcome::Flow(parsed) = classify(&pkt, &cfg) {
         // skb->len: the whole frame from the Ethernet header on, linear or not.
-        count_on_flow(ctx, &parsed, ifindex(ctx), true, ctx.len(), &cfg);
+        count_on_flow(ctx, &parsed, ifindex(ctx), true, ctx.len(), &cfg, None);
     }
 }
 

@@ -5,6 +5,7 @@
 //! - [`frame`]: RoCEv2 frames (plain, tagged, in VXLAN, IPv4/IPv6) as bytes, with a
 //!   correct ICRC.
 //! - [`gen`]: the `roce-gen` traffic generator (the binary is `src/bin/roce-gen.rs`).
+//! - [`mirror`]: mirror copies (GRE, ERSPAN II/III) of frames.
 //! - [`netns`]: a network namespace that deletes itself when dropped.
 //! - [`lab`]: two namespaces, a veth pair and a VXLAN pair, with processes, captures
 //!   and the flow-table oracle built on tshark.
@@ -19,6 +20,7 @@ pub mod bpffs;
 pub mod frame;
 pub mod gen;
 pub mod lab;
+pub mod mirror;
 pub mod netns;
 pub mod pki;
 pub mod prom;

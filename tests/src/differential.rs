@@ -3,6 +3,9 @@
 //!
 //! - `xdp_classify` against `ReferenceTable`: verdict XDP_PASS, bytes unchanged, and
 //!   after every batch the STATS vector and the whole FLOWS table (timestamps aside).
+//! - `xdp_mirror` against `ReferenceTable::with_mirrors`, on mirror copies (GRE, ERSPAN
+//!   II/III, cut, mutated: `gen::mirror_copy`) of the same frames: the same, and the
+//!   mirrored flows with their sessions.
 //! - `tc_egress` with the host policy in audit mode, in enforce mode, on a VTEP
 //!   underlay, and on a VTEP underlay in enforce mode (RFC 6040), each in an object
 //!   of its own (the test interface configured once): per frame the verdict
@@ -29,7 +32,7 @@ use roce_agent::datapath::loader::{LoadOptions, TC_EGRESS, TC_INGRESS};
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{STATS_LEN, STAT_FLOW_CREATED};
 use roce_common::flow::FlowStats;
-use roce_common::key::{FlowKey, KEY_EGRESS};
+use roce_common::key::{FlowKey, FlowKeyMirror, KEY_EGRESS};
 use roce_common::packet::SlicePacket;
 use roce_common::parsed::Outcome;
 use roce_common::policy::{
@@ -166,6 +169,10 @@ pub struct Report {
     /// The reference's STATS of the XDP lane, summed over the batches: frames per
     /// class and per parse-error reason.
     pub xdp_stats: Vec<u64>,
+    /// The same of the mirror lane (`xdp_mirror` on copies of the frames).
+    pub mirror_stats: Vec<u64>,
+    /// Mirrored flows the mirror lane's reference made, summed over the batches.
+    pub mirrored_flows: u64,
     pub flows: FlowTotals,
     /// BTH opcodes of the frames the classifier took for RoCE.
     pub opcodes: BTreeSet<u8>,
@@ -205,6 +212,12 @@ impl fmt::Display for Report {
             self.packets_per_s()
         )?;
         writeln!(f, "  xdp counters: {}", describe(&self.xdp_stats))?;
+        writeln!(
+            f,
+            "  xdp_mirror counters: {}; mirrored flows {}",
+            describe(&self.mirror_stats),
+            self.mirrored_flows
+        )?;
         writeln!(
             f,
             "  xdp flows: {:?}; {} BTH opcodes seen",
@@ -498,6 +511,104 @@ fn first_flow_difference(
     "flows differ".to_string()
 }
 
+/// The mirror lane: `xdp_mirror` (and the `xdp_mirror_flows` it tail-calls) against
+/// `ReferenceTable::with_mirrors`, on mirror copies of the generated frames
+/// (`gen::mirror_copy`) and, now and then, the frames themselves.
+struct MirrorLane {
+    h: Harness,
+    rng: rand::rngs::StdRng,
+    reference: ReferenceTable,
+    config: RuntimeConfig,
+    ifindex: u32,
+}
+
+impl MirrorLane {
+    fn new(o: &DiffOptions, seed: u64, ifindex: u32) -> Self {
+        use rand::SeedableRng;
+        let opts = LoadOptions {
+            config: o.policy.config,
+            ..LoadOptions::default()
+        };
+        MirrorLane {
+            h: Harness::load_mirror_with(&opts),
+            rng: rand::rngs::StdRng::seed_from_u64(seed ^ 0x4D49_5252_4F52),
+            reference: ReferenceTable::with_mirrors(o.reference_policy.config),
+            config: o.reference_policy.config,
+            ifindex,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.h.reset();
+        self.reference = ReferenceTable::with_mirrors(self.config);
+    }
+
+    /// The frame the lane runs for `frame`: a copy of it, or (one in ten) itself.
+    fn frame_for(&mut self, frame: &[u8]) -> Vec<u8> {
+        use rand::Rng;
+        if self.rng.random_bool(0.1) {
+            frame.to_vec()
+        } else {
+            crate::gen::mirror_copy(&mut self.rng, frame)
+        }
+    }
+
+    /// Verdict XDP_PASS, the frame unchanged; counted by the reference.
+    fn step(&mut self, frame: &[u8]) -> Result<(), String> {
+        self.reference.process(frame, self.ifindex, 0);
+        let out = self.h.run(frame);
+        if out.retval != XDP_PASS || out.data != frame {
+            return Err(format!(
+                "verdict {} (expected XDP_PASS) or the packet changed:
+{}",
+                out.retval,
+                hex(&out.data)
+            ));
+        }
+        Ok(())
+    }
+
+    /// STATS, plain flows and mirrored flows against the reference's.
+    fn check_tables(&self) -> Result<(), String> {
+        compare_with_reference(&self.h.flows(), &self.h.stats(), &self.reference)?;
+        let got: BTreeMap<FlowKeyMirror, FlowStats> = self
+            .h
+            .mirrored_flows()
+            .into_iter()
+            .map(|(k, v)| (k, untimed(v)))
+            .collect();
+        let want: BTreeMap<FlowKeyMirror, FlowStats> = self
+            .reference
+            .mirror_flows
+            .iter()
+            .map(|(k, v)| (*k, untimed(*v)))
+            .collect();
+        if got != want {
+            for (k, v) in &got {
+                match want.get(k) {
+                    None => {
+                        return Err(format!(
+                            "kernel mirrored flow not in the reference: {k:?} {v:?}"
+                        ))
+                    }
+                    Some(w) if w != v => {
+                        return Err(format!(
+                            "mirrored flow {k:?} differs\n  kernel:    {v:?}\n  reference: {w:?}"
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+            return Err(format!(
+                "the reference has {} mirrored flows, the kernel {}",
+                want.len(),
+                got.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The XDP lane: `xdp_classify` against `ReferenceTable`.
 struct XdpLane {
     h: Harness,
@@ -623,6 +734,7 @@ fn narrow_down_tc(lane: &mut TcLane, batch: &[Sample]) -> (Option<usize>, String
 pub struct Differential {
     gen: Gen,
     xdp: XdpLane,
+    mirror: MirrorLane,
     tc: Vec<TcLane>,
     report: Report,
     batch_no: u64,
@@ -633,6 +745,7 @@ impl Differential {
     /// Loads the programs (one object for XDP, one per tc lane). Needs root.
     pub fn new(o: &DiffOptions, seed: u64) -> Self {
         let xdp = XdpLane::new(o);
+        let mirror = MirrorLane::new(o, seed, xdp.ifindex);
         let tc: Vec<TcLane> = if o.tc {
             tc_lanes()
                 .into_iter()
@@ -645,6 +758,8 @@ impl Differential {
             seed,
             packets: 0,
             xdp_stats: vec![0; STATS_LEN as usize],
+            mirror_stats: vec![0; STATS_LEN as usize],
+            mirrored_flows: 0,
             flows: FlowTotals::default(),
             opcodes: BTreeSet::new(),
             lanes: tc.iter().map(|l| (l.name, LaneTotals::default())).collect(),
@@ -655,6 +770,7 @@ impl Differential {
         Differential {
             gen: Gen::new(seed, o.reference_policy.config),
             xdp,
+            mirror,
             tc,
             report,
             batch_no: 0,
@@ -685,9 +801,11 @@ impl Differential {
         let batch_no = self.batch_no;
         self.batch_no += 1;
         self.xdp.h.reset();
+        self.mirror.reset();
         for lane in &mut self.tc {
             lane.reset();
         }
+        let mut mirror_frames = Vec::with_capacity(batch.len());
         let mut reference = ReferenceTable::new(self.xdp.config);
         let mut found = Vec::new();
         for (i, s) in batch.iter().enumerate() {
@@ -703,16 +821,45 @@ impl Differential {
                     found.push((lane.name, i, detail));
                 }
             }
+            let m = self.mirror.frame_for(&s.frame);
+            if let Err(detail) = self.mirror.step(&m) {
+                found.push(("xdp_mirror", i, detail));
+            }
+            mirror_frames.push(m);
         }
         for (lane, i, detail) in found {
+            let frame = if lane == "xdp_mirror" {
+                mirror_frames[i].clone()
+            } else {
+                batch[i].frame.clone()
+            };
             self.disagree(Disagreement {
                 lane,
                 batch: batch_no,
                 index: Some(i),
-                frame: batch[i].frame.clone(),
+                frame,
                 detail,
             });
         }
+        if let Err(diff) = self.mirror.check_tables() {
+            let (index, culprit) = self.narrow_down_mirror(&mirror_frames);
+            self.disagree(Disagreement {
+                lane: "xdp_mirror",
+                batch: batch_no,
+                index,
+                frame: index.map(|i| mirror_frames[i].clone()).unwrap_or_default(),
+                detail: format!("tables differ after the batch: {diff}\n{culprit}"),
+            });
+        }
+        for (t, v) in self
+            .report
+            .mirror_stats
+            .iter_mut()
+            .zip(self.mirror.reference.stats.iter())
+        {
+            *t += v;
+        }
+        self.report.mirrored_flows += self.mirror.reference.mirror_flows.len() as u64;
         // The tables after the batch.
         if let Err(diff) =
             compare_with_reference(&self.xdp.h.flows(), &self.xdp.h.stats(), &reference)
@@ -752,6 +899,23 @@ impl Differential {
         }
         self.report.packets += batch.len() as u64;
         self.report.elapsed = self.start.elapsed();
+    }
+
+    /// Replays the mirror lane's frames one at a time: the first after which its
+    /// tables differ from the reference's.
+    fn narrow_down_mirror(&mut self, frames: &[Vec<u8>]) -> (Option<usize>, String) {
+        self.mirror.reset();
+        for (i, f) in frames.iter().enumerate() {
+            let _ = self.mirror.step(f);
+            if let Err(diff) = self.mirror.check_tables() {
+                return (Some(i), format!("after this frame: {diff}"));
+            }
+        }
+        (
+            None,
+            "replayed one by one, the batch agreed (the difference depends on batching)"
+                .to_string(),
+        )
     }
 
     /// Runs `n` frames in batches of `BATCH`, calling `progress` after each batch.

@@ -493,3 +493,72 @@ impl Gen {
         }
     }
 }
+
+/// A mirror copy of `frame` for the mirror lane of the differential runs: GRE
+/// (each option on or off), ERSPAN II or III (platform subheader or not, T set or not,
+/// a frame type other than Ethernet now and then) over IPv4 or IPv6; a third of them
+/// cut short as switches cut copies, a fifth with a byte of the GRE or ERSPAN headers
+/// (or an outer length) changed, some cut inside those headers.
+pub fn mirror_copy(rng: &mut StdRng, frame: &[u8]) -> Vec<u8> {
+    use roce_testkit::mirror::{mirror_frame, Encap};
+    let session = rng.random_range(0..1024u16);
+    let encap = match rng.random_range(0..6) {
+        0 => Encap::Gre {
+            key: rng.random_bool(0.5).then(|| rng.random()),
+            seq: rng.random_bool(0.5).then(|| rng.random()),
+            csum: rng.random_bool(0.3),
+        },
+        1 | 2 => Encap::Erspan2 {
+            session,
+            truncated: rng.random_bool(0.3),
+            seq: rng.random(),
+        },
+        _ => Encap::Erspan3 {
+            session,
+            truncated: rng.random_bool(0.3),
+            ft: if rng.random_bool(0.1) {
+                rng.random_range(1..32)
+            } else {
+                0
+            },
+            platform: rng.random_bool(0.4),
+            seq: rng.random(),
+        },
+    };
+    let mirrored = if rng.random_bool(0.33) {
+        &frame[..rng.random_range(0..=frame.len())]
+    } else {
+        frame
+    };
+    let outer = if rng.random_bool(0.3) {
+        L3::v6(
+            Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, rng.random_range(1..4)),
+            Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 0x10),
+        )
+    } else {
+        L3::v4(
+            Ipv4Addr::new(198, 18, 9, rng.random_range(1..4)),
+            Ipv4Addr::new(198, 18, 9, 16),
+        )
+    };
+    let mut f = mirror_frame(&Eth::default(), &outer, &encap, mirrored);
+    let l4 = ETH_HLEN + if matches!(outer, L3::V6(_)) { 40 } else { 20 };
+    let headers = encap.headers().len();
+    if rng.random_bool(0.2) {
+        // A byte of the GRE/ERSPAN headers, or the outer length.
+        let at = if rng.random_bool(0.2) {
+            if matches!(outer, L3::V6(_)) {
+                ETH_HLEN + 4 + rng.random_range(0..2)
+            } else {
+                ETH_HLEN + 2 + rng.random_range(0..2)
+            }
+        } else {
+            l4 + rng.random_range(0..headers)
+        };
+        f[at] = rng.random();
+    }
+    if rng.random_bool(0.05) {
+        f.truncate(rng.random_range(ETH_HLEN..=(l4 + headers + 2).min(f.len())));
+    }
+    f
+}

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use roce_agent::datapath::loader::{load, LoadOptions, Loaded};
 use roce_agent::datapath::testrun::{test_run, TestRun, TestRunOutput};
 use roce_common::flow::FlowStats;
-use roce_common::key::FlowKey;
+use roce_common::key::{FlowKey, FlowKeyMirror};
+use roce_common::names::program::{XDP_CLASSIFY, XDP_MIRROR};
 
 use crate::hex;
 
@@ -20,6 +21,8 @@ pub const XDP_PASS: u32 = 2;
 
 pub struct Harness {
     loaded: Loaded,
+    /// The program run: `xdp_classify`, or `xdp_mirror` (`load_mirror`).
+    program: &'static str,
 }
 
 impl Harness {
@@ -35,12 +38,32 @@ impl Harness {
             Ok(l) => l,
             Err(e) => panic!("loading xdp_classify (these tests need root): {e}"),
         };
-        Harness { loaded }
+        Harness {
+            loaded,
+            program: XDP_CLASSIFY,
+        }
+    }
+
+    /// The harness of `xdp_mirror`, the program of mirror collector interfaces.
+    pub fn load_mirror() -> Self {
+        Self::load_mirror_with(&LoadOptions::default())
+    }
+
+    pub fn load_mirror_with(opts: &LoadOptions) -> Self {
+        let mut h = Self::load_with(opts);
+        if let Err(e) = h.loaded.xdp_mirror_fd() {
+            panic!("loading xdp_mirror: {e}");
+        }
+        h.program = XDP_MIRROR;
+        h
     }
 
     /// Runs the program once on `frame`.
     pub fn run(&self, frame: &[u8]) -> TestRunOutput {
-        let fd = self.loaded.xdp_fd().expect("xdp_classify is loaded");
+        let fd = self
+            .loaded
+            .loaded_xdp_fd(self.program)
+            .expect("the program is loaded");
         let run = TestRun {
             data: frame,
             repeat: 1,
@@ -75,6 +98,14 @@ impl Harness {
         match self.loaded.flows() {
             Ok(v) => v.into_iter().collect(),
             Err(e) => panic!("reading FLOWS: {e}"),
+        }
+    }
+
+    /// Every mirrored flow (FLOWS_MIRROR's, from the slots and MIRROR_TAGS), sorted.
+    pub fn mirrored_flows(&self) -> BTreeMap<FlowKeyMirror, FlowStats> {
+        match self.loaded.mirrored_flows() {
+            Ok(v) => v.into_iter().collect(),
+            Err(e) => panic!("reading the mirrored flows: {e}"),
         }
     }
 

@@ -70,18 +70,46 @@ fn kernel_and_reference_agree_on_100k_random_and_mutated_frames() {
     // can have, every BTH opcode and every decision of the policy; otherwise this test
     // proves less than it claims.
     if n >= 100_000 {
+        // The mirror classes and reasons come from the mirror lane (xdp_mirror on
+        // copies of the frames); every other from either lane.
+        let all: Vec<u64> = r
+            .xdp_stats
+            .iter()
+            .zip(&r.mirror_stats)
+            .map(|(a, b)| a + b)
+            .collect();
         let mut missing = Vec::new();
         for (i, name) in CLASS_NAMES.iter().enumerate() {
-            if r.xdp_stats[class_index(class_at(i)) as usize] == 0 {
+            if all[class_index(class_at(i)) as usize] == 0 {
                 missing.push(name.to_string());
             }
         }
         for i in 0..REASON_COUNT {
             let idx = reason_index(Reason::TruncatedEth) as usize + i;
-            if i != Reason::TruncatedEth as usize && r.xdp_stats[idx] == 0 {
+            if i != Reason::TruncatedEth as usize && all[idx] == 0 {
                 missing.push(stat_name(idx));
             }
         }
+        for c in [
+            Class::MirrorOther,
+            Class::MirrorTruncated,
+            Class::Roce,
+            Class::RoceInVxlan,
+        ] {
+            if r.mirror_stats[class_index(c) as usize] == 0 {
+                missing.push(format!("xdp_mirror: {c:?}"));
+            }
+        }
+        for reason in [
+            Reason::TruncatedGre,
+            Reason::TruncatedErspan,
+            Reason::BadErspanVersion,
+        ] {
+            if r.mirror_stats[reason_index(reason) as usize] == 0 {
+                missing.push(format!("xdp_mirror: {reason:?}"));
+            }
+        }
+        assert!(r.mirrored_flows > 0, "seed {seed}: no mirrored flow");
         assert!(
             missing.is_empty(),
             "seed {seed}: never produced: {missing:?}"
@@ -301,5 +329,14 @@ fn skb_test_runs_refuse_ip_frames_shorter_than_their_ip_header() {
 /// The class with STATS index `i`.
 fn class_at(i: usize) -> Class {
     use Class::*;
-    [Roce, RoceInVxlan, VxlanOther, OtherUdp, OtherIp, NonIp][i]
+    [
+        Roce,
+        RoceInVxlan,
+        VxlanOther,
+        OtherUdp,
+        OtherIp,
+        NonIp,
+        MirrorOther,
+        MirrorTruncated,
+    ][i]
 }

@@ -25,36 +25,44 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
     assert_eq!(programs, declared);
 }
 
-/// The maps as layout version 3 lays them out: (name, BPF map type, key size, value
+/// The maps as layout version 4 lays them out: (name, BPF map type, key size, value
 /// size, entries; 0 where the configuration sizes the map). A change here is a change
 /// of layout: raise `LAYOUT_VERSION` with it, so that a new binary never reads an old
-/// pin the wrong way.
-const LAYOUT_3: [(&str, u32, u32, u32, u32); 16] = [
+/// pin the wrong way. Version 4: the mirror maps (FLOWS_MIRROR, MIRROR_TAGS,
+/// MIRROR_SCRATCH, XDP_TAIL) and three more reasons in STATS, which
+/// moved the counters after them.
+const LAYOUT_4: [(&str, u32, u32, u32, u32); 20] = [
     ("CONFIG", 2, 4, 16, 2),
     ("EVENTS", 27, 0, 0, 0),
     ("EVENT_BUDGET", 6, 4, 32, 1),
     ("FLOWS", 1, 80, 8, 0),
     ("FLOWS4", 1, 16, 8, 0),
     ("FLOWS_MID", 1, 40, 8, 0),
+    ("FLOWS_MIRROR", 1, 104, 8, 0),
     ("FLOW_FREE", 22, 0, 4, 0),
     ("FLOW_SLOTS", 2, 4, 256, 0),
     ("GENERATION", 2, 4, 8, 1),
     ("IFACE_QOS", 1, 4, 4, 256),
     ("IFACE_QOS_DIRECT", 2, 4, 4, 4096),
+    ("MIRROR_SCRATCH", 6, 4, 40, 1),
+    ("MIRROR_TAGS", 2, 4, 24, 0),
     ("POLICY", 2, 4, 8, 128),
     ("QOS", 2, 4, 8, 2),
     ("STATS", 6, 4, 8, 0),
     ("TC_TAIL", 3, 4, 4, 1),
     ("VTEPS", 10, 16, 40, 4096),
+    ("XDP_TAIL", 3, 4, 4, 1),
 ];
 
 /// Maps whose size is not part of the layout (the configuration or a counter list
 /// sets it).
-const SIZED_ELSEWHERE: [&str; 7] = [
+const SIZED_ELSEWHERE: [&str; 9] = [
     "EVENTS",
     "FLOWS",
     "FLOWS4",
     "FLOWS_MID",
+    "FLOWS_MIRROR",
+    "MIRROR_TAGS",
     "FLOW_FREE",
     "FLOW_SLOTS",
     "STATS",
@@ -64,7 +72,7 @@ const SIZED_ELSEWHERE: [&str; 7] = [
 fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     assert_eq!(
         roce_common::config::LAYOUT_VERSION,
-        3,
+        4,
         "a new version: give it its table"
     );
     let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
@@ -85,7 +93,7 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     }
     drop(loaded);
     shapes.sort();
-    let mut expected = LAYOUT_3.to_vec();
+    let mut expected = LAYOUT_4.to_vec();
     expected.sort();
     assert_eq!(
         shapes, expected,
@@ -94,8 +102,8 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
 }
 
 /// `loader::flow_tables_kernel_bytes` (what the agent warns with at start) against the
-/// kernel's own account of FLOWS4, FLOWS_MID, FLOWS, FLOW_SLOTS and FLOW_FREE: `memlock` in each
-/// map's fdinfo.
+/// kernel's own account of FLOWS4, FLOWS_MID, FLOWS, FLOWS_MIRROR (empty: not
+/// preallocated), FLOW_SLOTS, MIRROR_TAGS and FLOW_FREE: `memlock` in each map's fdinfo.
 #[test]
 fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
     use std::os::fd::AsRawFd;
@@ -111,7 +119,9 @@ fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
             map::FLOWS4,
             map::FLOWS_MID,
             map::FLOWS,
+            map::FLOWS_MIRROR,
             map::FLOW_SLOTS,
+            map::MIRROR_TAGS,
             map::FLOW_FREE,
         ] {
             let fd = loaded.map_fd(name).expect(name);

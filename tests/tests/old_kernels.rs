@@ -218,3 +218,39 @@ fn flows_are_the_same_and_stamped_on_the_monotonic_clock() {
         "{s:?} {again}..{done}"
     );
 }
+
+#[test]
+fn mirrored_flows_are_the_same_without_the_new_helpers() {
+    use roce_testkit::mirror::{mirror_frame, truncated_copy, Encap};
+    // xdp_mirror and the xdp_mirror_flows it tail-calls, loaded as on 5.10.
+    let opts = |helpers| LoadOptions {
+        helpers: Some(helpers),
+        ..LoadOptions::default()
+    };
+    let with = Harness::load_mirror_with(&opts(KernelHelpers::ALL));
+    let without = Harness::load_mirror_with(&opts(KernelHelpers::NONE));
+    let outer = L3::v4(Ipv4Addr::new(198, 18, 9, 1), Ipv4Addr::new(198, 18, 9, 2));
+    let before = monotonic_ns();
+    for (i, f) in frames().iter().enumerate() {
+        let encap = [Encap::gre(7), Encap::erspan2(8), Encap::erspan3(9)][i % 3];
+        for copy in [
+            mirror_frame(&Eth::default(), &outer, &encap, f),
+            truncated_copy(&Eth::default(), &outer, &encap, f, 64),
+        ] {
+            with.pass(&copy);
+            without.pass(&copy);
+        }
+    }
+    let after = monotonic_ns();
+    let (a, b) = (with.mirrored_flows(), without.mirrored_flows());
+    // The IPv4 SENDs in each of the three sessions, the IPv6 WRITE, the VXLAN WRITE.
+    assert_eq!(a.len(), 5, "{a:#?}");
+    assert_eq!(
+        b.iter().map(|(k, s)| (*k, untimed(*s))).collect::<Vec<_>>(),
+        a.iter().map(|(k, s)| (*k, untimed(*s))).collect::<Vec<_>>()
+    );
+    for s in b.values() {
+        assert!((before..=after).contains(&s.first_seen_ns), "{s:?}");
+    }
+    assert_eq!(with.stats(), without.stats());
+}

@@ -306,3 +306,275 @@ sc_overhead() {
 		r=$((r + 1))
 	done
 }
+
+# ---------------------------------------------------------------------------------
+# qp_table: the agent's QP table (GET /qps) against rdma's while perftest and rping
+# run, owners down to a pod's cgroup, flows carrying their QP's owner.
+
+# Two containers as a kubelet with the systemd cgroup driver names them: a
+# best-effort pod's containerd container and a burstable pod's docker container
+# (the pod UID with underscores in the slice, dashes in the judge's expectation).
+POD1_UID=5f0c6a1e-2b7d-4c1e-9a3f-0123456789ab
+POD1_CG=/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod5f0c6a1e_2b7d_4c1e_9a3f_0123456789ab.slice/cri-containerd-4b1c3e6f8a2d0b9c7e5f3a1d2c4b6a8e0f9d7c5b3a1e2f4d6c8b0a9e7f5d3c1b.scope
+POD2_UID=0d3e2a41-77c5-4f0b-8e2a-b1c9d8e7f6a5
+POD2_CG=/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0d3e2a41_77c5_4f0b_8e2a_b1c9d8e7f6a5.slice/docker-9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d.scope
+# The QP runs' length: long enough for the snapshots under TCG; the snapshots end them.
+QP_SECS=90
+# perftest's software rate limiter: 200 messages/s of 4 KiB (two frames at PMTU
+# 2048) leave the CPUs to the snapshots.
+QP_RATE="--rate_limit=200 --rate_units=p --rate_limit_type=SW"
+
+# Starts CMD... in the background as ROLE, moved into cgroup CG first when CG is not
+# "-" (a shell that joins the cgroup, then execs: the tool keeps its PID). The PID
+# lands in $D/pid-ROLE, the tool's cgroup in $D/cgroup-ROLE, its output in $D/ROLE.txt.
+spawn() { # ROLE CG CMD...
+	role=$1 cg=$2
+	shift 2
+	if [ "$cg" = - ]; then
+		"$@" >"$D/$role.txt" 2>&1 &
+	else
+		mkdir -p "/sys/fs/cgroup$cg"
+		sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "/sys/fs/cgroup$cg" "$@" >"$D/$role.txt" 2>&1 &
+	fi
+	echo $! >"$D/pid-$role"
+	track $!
+}
+
+# Until TEXT shows in the output of CMD... (SECS at most).
+wait_for_output() { # TEXT SECS CMD...
+	text=$1 secs=$2
+	shift 2
+	n=0
+	until "$@" 2>/dev/null | grep -q -- "$text"; do
+		n=$((n + 1))
+		[ $n -lt $((secs * 2)) ] || return 1
+		sleep 0.5
+	done
+}
+
+# The number of RTS QPs of ib_write_bw and rping processes.
+running_qps() {
+	rdma resource show qp 2>/dev/null | grep ' state RTS ' | grep -c -E 'comm (ib_write_bw|rping)' || true
+}
+
+# rdma's QPs and cm_ids, then the agent's QP table and flows, then rdma's again:
+# what rdma shows the same in both was so when the agent last read its table.
+qp_snapshot() { # SUFFIX
+	rdma -j resource show qp >"$D/rdma-qp-$1-before.json"
+	rdma -j resource show cm_id >"$D/rdma-cm_id-$1-before.json"
+	# The agent's table is read every interval (0.5 s): one taken after rdma's.
+	sleep 1.2
+	"$AGENT" qps --json --api "$API" >"$D/qps-$1.json"
+	"$AGENT" flows --json --api "$API" >"$D/flows-$1.json"
+	rdma -j resource show qp >"$D/rdma-qp-$1-after.json"
+	rdma -j resource show cm_id >"$D/rdma-cm_id-$1-after.json"
+}
+
+sc_qp_table() {
+	agent_start agent.log --no-pin
+	# A QP that never carries a packet: ibv_rc_pingpong's server makes its QP, then
+	# waits for a peer that never comes. It takes rxe1's first QP number, so the
+	# tools' QPs differ in number between rxe0 and rxe1 (17 <-> 18, ...): an egress
+	# flow's owner (the QP whose remote is its destination) is then not the local
+	# QP of the same number.
+	spawn idle - ibv_rc_pingpong -d rxe1 -g "$G1" -p 18600
+	wait_for_output 'comm ibv_rc_pingpong' 30 rdma resource show qp
+	# RC over verbs, the server in pod 1's container.
+	spawn rc-server "$POD1_CG" ib_write_bw -d rxe0 -x "$G0" -F --tclass=$TCLASS -p 18515 -s 4096 -D $QP_SECS $QP_RATE
+	wait_for_output ':18515 ' 30 ss -Hltn
+	spawn rc-client - ib_write_bw -d rxe1 -x "$G1" -F --tclass=$TCLASS -p 18515 -s 4096 -D $QP_SECS $QP_RATE 198.18.0.1
+	# rdma_cm, the server in pod 2's container.
+	spawn cm-server "$POD2_CG" ib_write_bw -R -d rxe0 -F -T $TCLASS -p 18516 -s 4096 -D $QP_SECS $QP_RATE
+	wait_for_output ':18516 ' 30 rdma resource show cm_id
+	spawn cm-client - ib_write_bw -R -d rxe1 -F -T $TCLASS -p 18516 -s 4096 -D $QP_SECS $QP_RATE 198.18.0.1
+	spawn rping-server - rping -s -a 198.18.0.1 -p 7174 -C 1000000 -S 1024
+	wait_for_output ':7174 ' 30 rdma resource show cm_id
+	spawn rping-client - rping -c -a 198.18.0.1 -p 7174 -C 1000000 -S 1024
+	n=0
+	until [ "$(running_qps)" -ge 6 ]; do
+		n=$((n + 1))
+		if [ $n -ge 120 ]; then
+			rdma resource show qp
+			return 1
+		fi
+		sleep 0.5
+	done
+	for role in idle rc-server rc-client cm-server cm-client rping-server rping-client; do
+		cat "/proc/$(cat "$D/pid-$role")/cgroup" >"$D/cgroup-$role" 2>&1 || true
+	done
+	qp_snapshot running
+	rdma_stats running
+	# Every tool ended: their QPs leave rdma's table and, one interval after they
+	# were last seen, the agent's.
+	for role in idle rc-server rc-client cm-server cm-client rping-server rping-client; do
+		kill -TERM "$(cat "$D/pid-$role")" 2>/dev/null || true
+	done
+	for role in idle rc-server rc-client cm-server cm-client rping-server rping-client; do
+		wait "$(cat "$D/pid-$role")" 2>/dev/null || true
+	done
+	sleep 2.5
+	qp_snapshot ended
+	agent_stop
+}
+
+# ---------------------------------------------------------------------------------
+# mirror: RoCE on veth0 mirrored by tc (matchall + mirred) into ERSPAN II and III
+# (over IPv4 and IPv6; one session truncating) and GRE (TEB, with and without a key)
+# tunnels towards a collector namespace, where the agent reads them with
+# `run --mirror`.
+#
+#   root namespace                                 namespace roce-col
+#   veth0 --tc ingress/egress: mirred--> ers2 ers3 ers62 ers63 gtk gt0 erst
+#                                          | (198.19.0.1, 2001:db8:19::1)
+#   mir0 (MTU 3400) ---------------------------------- mir1 (198.19.0.2, 2001:db8:19::2)
+#   tcpdump (copies sent)                               agent run --mirror mir1,
+#                                                       tcpdump (copies received)
+COL_NS=roce-col
+# NAME KIND SESSION MTU, one session a tunnel device; sessions are ERSPAN session IDs
+# or GRE keys (0: no key). ERSPAN cuts a copy longer than its device's MTU (+14) to
+# that length and sets the T bit: erst truncates as a switch does, to 200 + 14 bytes.
+MIRRORS="ers2 erspan2 101 3200
+ers3 erspan3 102 3200
+ers62 erspan2 103 3200
+ers63 erspan3 104 3200
+gtk gre 105 3200
+gt0 gre 0 3200
+erst erspan2 106 200"
+
+mirror_setup() {
+	for m in ip_gre ip6_gre act_mirred cls_matchall; do modprobe "$m"; done
+	ip netns add $COL_NS
+	ip link add mir0 type veth peer name mir1 netns $COL_NS
+	# Under about 3500 bytes: the collector's veth keeps native XDP (6.1); above the
+	# largest copy (a 3014-byte frame in IPv6 + options + GRE + ERSPAN III: 3082).
+	ip link set mir0 mtu 3400
+	ip -n $COL_NS link set mir1 mtu 3400
+	sysctl -qw net.ipv6.conf.mir0.disable_ipv6=0
+	ip addr add 198.19.0.1/24 dev mir0
+	ip -6 addr add 2001:db8:19::1/64 dev mir0 nodad
+	ip link set mir0 up
+	ip -n $COL_NS link set lo up
+	ip -n $COL_NS addr add 198.19.0.2/24 dev mir1
+	ip -n $COL_NS -6 addr add 2001:db8:19::2/64 dev mir1 nodad
+	ip -n $COL_NS link set mir1 up
+	# No ARP or ND on the collector link: its agent sees only the copies.
+	mac=$(ip netns exec $COL_NS cat /sys/class/net/mir1/address)
+	ip neigh replace 198.19.0.2 lladdr "$mac" dev mir0 nud permanent
+	ip -6 neigh replace 2001:db8:19::2 lladdr "$mac" dev mir0 nud permanent
+	v4="local 198.19.0.1 remote 198.19.0.2"
+	v6="local 2001:db8:19::1 remote 2001:db8:19::2"
+	# Type II carries an index, type III a direction and hardware ID. ers62 keeps
+	# Linux's IPv6 default (a tunnel encapsulation limit option before GRE), ers63
+	# goes without it.
+	ip link add ers2 type erspan $v4 seq key 101 erspan_ver 1 erspan 7
+	ip link add ers3 type erspan $v4 seq key 102 erspan_ver 2 erspan_dir ingress erspan_hwid 5
+	ip link add ers62 type ip6erspan $v6 seq key 103 erspan_ver 1 erspan 9
+	ip link add ers63 type ip6erspan $v6 seq key 104 erspan_ver 2 erspan_dir egress erspan_hwid 6 encaplimit none
+	ip link add gtk type gretap $v4 key 105
+	ip link add gt0 type gretap $v4
+	ip link add erst type erspan $v4 seq key 106 erspan_ver 1 erspan 11
+	actions=
+	while read -r dev _ _ mtu; do
+		ip link set "$dev" mtu "$mtu" up
+		actions="$actions action mirred egress mirror dev $dev"
+	done <<-LIST
+		$MIRRORS
+	LIST
+	ip -d link show >"$D/mirror-links.txt" 2>&1
+	tc qdisc add dev veth0 clsact
+	# shellcheck disable=SC2086
+	tc filter add dev veth0 ingress matchall $actions
+	# shellcheck disable=SC2086
+	tc filter add dev veth0 egress matchall $actions
+	tc filter show dev veth0 ingress >"$D/mirror-tc.txt" 2>&1
+	tc filter show dev veth0 egress >>"$D/mirror-tc.txt" 2>&1
+	echo "$MIRRORS" >"$D/mirrors.txt"
+}
+
+mirror_teardown() {
+	tc qdisc del dev veth0 clsact 2>/dev/null || true
+	while read -r dev _ _ _; do ip link del "$dev" 2>/dev/null || true; done <<-LIST
+		$MIRRORS
+	LIST
+	ip link del mir0 2>/dev/null || true
+	ip netns del $COL_NS 2>/dev/null || true
+}
+
+# The collector: `roce-agent run --mirror mir1` in the collector namespace, its API
+# on that namespace's loopback.
+collector_start() { # LOG
+	ip netns exec $COL_NS "$AGENT" run --mirror mir1 --listen "$API" --interval 0.5 --no-pin >"$D/$1" 2>&1 &
+	AGENT_PID=$!
+	track $AGENT_PID
+	n=0
+	until ip netns exec $COL_NS "$AGENT" flows --json --api "$API" >/dev/null 2>&1; do
+		if ! kill -0 "$AGENT_PID" 2>/dev/null; then
+			say "the collector agent exited at start:"
+			tail -n 20 "$D/$1"
+			return 1
+		fi
+		n=$((n + 1))
+		[ $n -lt 240 ] || return 1
+		sleep 0.5
+	done
+}
+
+# The collector link's counters (veth drops a copy when its peer's XDP ring is full).
+link_stats() { # SUFFIX
+	{
+		ip -s -s link show dev mir0
+		ethtool -S mir0
+		ip -n $COL_NS -s -s link show dev mir1
+		ip netns exec $COL_NS ethtool -S mir1
+	} >"$D/link-stats-$1.txt" 2>&1 || true
+}
+
+# Captures the copies on IF (in namespace NS, "-" for this one) into $D/IF.pcap: only
+# frames from the tunnels' addresses, so the collector's ICMP errors going back are
+# left out in the kernel (tcpdump -Q would count them as received, not captured).
+capture_copies() { # NS IF
+	ns=
+	[ "$1" = - ] || ns="ip netns exec $1"
+	$ns tcpdump -Z root -i "$2" -w "/dev/shm/$2.pcap" -s 256 -B 32768 -n --immediate-mode \
+		'src host 198.19.0.1 or src host 2001:db8:19::1' 2>"$D/tcpdump-$2.txt" &
+	track $!
+	echo "$2 $!" >>"$D/.captures"
+	wait_for_text "listening on" "$D/tcpdump-$2.txt" 30
+}
+
+sc_mirror() {
+	mirror_setup
+	# veth0 as sent and received (RoCE only); the copies as the tunnels sent them
+	# (mir0) and as the collector received them (mir1: after its XDP program, which
+	# passes every frame on).
+	capture_start veth0
+	capture_copies - mir0
+	capture_copies $COL_NS mir1
+	# A collector that cannot start fails the judgement, not the run: the captures
+	# and `analyze` are still judged.
+	collector=up
+	collector_start agent.log || collector=down
+	link_stats before
+	# Two messages in flight at most (-t 2): seven copies of each frame arrive in
+	# bursts the collector veth's 256-frame XDP ring takes under TCG.
+	perf ib_write_bw "-n 100 -s 8192 -t 2"
+	pair write "$PERF_SERVER" "$PERF_CLIENT"
+	perf ib_send_bw "-n 100 -s 4096 -t 2"
+	pair send "$PERF_SERVER" "$PERF_CLIENT"
+	perf ib_read_bw "-n 50 -s 8192 -t 2"
+	pair read "$PERF_SERVER" "$PERF_CLIENT"
+	link_stats after
+	if [ $collector = up ]; then
+		sleep 1.5
+		ip netns exec $COL_NS "$AGENT" flows --json --api "$API" >"$D/flows.json"
+		ip netns exec $COL_NS curl -sS "http://$API/metrics" >"$D/flows.metrics" || true
+		agent_stop
+	fi
+	capture_stop
+	tc -s filter show dev veth0 ingress >"$D/mirror-tc-stats.txt" 2>&1 || true
+	tc -s filter show dev veth0 egress >>"$D/mirror-tc-stats.txt" 2>&1 || true
+	mirror_teardown
+	rc=0
+	"$AGENT" analyze "$D/mir1.pcap" --json --fail-on never >"$D/analyze.json" 2>"$D/analyze.err" || rc=$?
+	echo "$rc" >"$D/analyze.rc"
+}

@@ -1,5 +1,5 @@
 //! Makes a fresh machine ready: nightly rust-src, bpf-linker, clippy, cargo-deny, the
-//! Debian tools that tests, demo and bench use, and kubernetes-validate (PyPI). Each
+//! Debian tools that tests, demo and bench use, kubernetes-validate and scapy (PyPI). Each
 //! step says what it does; nothing is done twice.
 
 use std::process::{Command, Stdio};
@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 pub const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages and a command each provides, to tell whether it is installed.
-const DEBIAN_TOOLS: [(&str, &str); 12] = [
+const DEBIAN_TOOLS: [(&str, &str); 13] = [
     ("tshark", "tshark"),
     // The tests scrape `GET /metrics` with it.
     ("curl", "curl"),
@@ -27,6 +27,15 @@ const DEBIAN_TOOLS: [(&str, &str); 12] = [
     // The VM lab (`cargo xtask vm`): its image is built with debootstrap, booted with qemu.
     ("qemu-system-x86_64", "qemu-system-x86"),
     ("debootstrap", "debootstrap"),
+    // agent/tests/rdma_netlink.rs compiles a program against the kernel's RDMA headers.
+    ("gcc", "gcc"),
+];
+
+/// Debian packages that install files, not commands: a file each provides.
+const DEBIAN_FILES: [(&str, &str); 1] = [
+    // The kernel's RDMA netlink numbers, which agent/tests/rdma_netlink.rs checks the
+    // agent's against.
+    ("/usr/include/rdma/rdma_netlink.h", "linux-libc-dev"),
 ];
 
 fn say(msg: &str) {
@@ -104,8 +113,16 @@ fn succeeds(cmd: &mut Command) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// kubernetes-validate from PyPI (it brings PyYAML), for `python3 -m kubernetes_validate`.
+/// The scapy release tests/tests/mirror_e2e.rs crafts mirror copies with: its
+/// `scapy.contrib.erspan` has ERSPAN_II, ERSPAN_III and the platform subheader, and
+/// `scapy.contrib.roce` the BTH with its ICRC (Debian's 2.5.0 has them too; PyPI's is
+/// the one the tests were written against).
+pub const SCAPY_VERSION: &str = "2.8.0";
+
+/// kubernetes-validate from PyPI (it brings PyYAML), for `python3 -m kubernetes_validate`,
+/// and scapy (mirror copies for the mirror tests).
 pub fn ensure_python_tools() -> Result<()> {
+    ensure_scapy()?;
     if succeeds(Command::new("python3").args(["-c", "import kubernetes_validate, yaml"])) {
         return Ok(());
     }
@@ -124,6 +141,35 @@ pub fn ensure_python_tools() -> Result<()> {
         cmd
     })
     .context("installing kubernetes-validate (needs python3 with pip)")
+}
+
+/// scapy from PyPI, with the ERSPAN and RoCE layers the mirror tests use.
+pub fn ensure_scapy() -> Result<()> {
+    let layers =
+        "from scapy.contrib.erspan import ERSPAN_II, ERSPAN_III, ERSPAN_PlatformSpecific; \
+                  from scapy.contrib.roce import BTH; from scapy.layers.l2 import GRE";
+    if succeeds(Command::new("python3").args(["-c", layers])) {
+        return Ok(());
+    }
+    say(&format!(
+        "installing scapy {SCAPY_VERSION} (python3 -m pip)"
+    ));
+    run_retrying("pip install scapy", || {
+        let mut cmd = Command::new("python3");
+        cmd.args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            &format!("scapy=={SCAPY_VERSION}"),
+        ]);
+        cmd
+    })
+    .context("installing scapy (needs python3 with pip)")?;
+    if !succeeds(Command::new("python3").args(["-c", layers])) {
+        bail!("scapy {SCAPY_VERSION} is installed but lacks its ERSPAN or RoCE layers");
+    }
+    Ok(())
 }
 
 /// clippy on the toolchain that builds the workspace: `cargo xtask test` runs the
@@ -241,11 +287,16 @@ pub fn ensure_rust() -> Result<()> {
 }
 
 /// tshark, curl, tcpdump, tcpreplay, iproute2, bpftool, iptables, ethtool, tmux, prometheus
-/// (promtool), qemu-system-x86 and debootstrap from Debian.
+/// (promtool), qemu-system-x86, debootstrap, gcc and linux-libc-dev from Debian.
 pub fn ensure_debian_tools() -> Result<()> {
     let missing: Vec<&str> = DEBIAN_TOOLS
         .iter()
         .filter(|(cmd, _)| !have(cmd))
+        .chain(
+            DEBIAN_FILES
+                .iter()
+                .filter(|(file, _)| !std::path::Path::new(file).exists()),
+        )
         .map(|(_, pkg)| *pkg)
         .collect();
     if missing.is_empty() {

@@ -4,7 +4,8 @@
 //! - `reference` ([`Worker`]): the same `walk`, STATS counting
 //!   (`roce_common::reference`) and `FlowStats::record` as the kernel program, in
 //!   user space, with the tally of each frame;
-//! - `kernel` ([`KernelWorker`]): the real `xdp_classify` program, run on each frame
+//! - `kernel` ([`KernelWorker`]): the real `xdp_mirror` program (`xdp_classify` and
+//!   the decapsulation of mirror copies), run on each frame
 //!   through BPF_PROG_TEST_RUN, its FLOWS and STATS maps read at the end (the tally
 //!   comes from a reference pass, run while the programs load).
 //!
@@ -17,12 +18,13 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use roce_common::classify::walk;
+use roce_common::classify::{walk_mirror, MirrorWalk};
 
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{reason_index, STATS_LEN, STAT_FLOW_CREATED};
 use roce_common::flow::FlowStats;
 use roce_common::key::FlowKey;
+use roce_common::mirror::{MirrorCopy, MirrorTag};
 use roce_common::packet::SlicePacket;
 use roce_common::parsed::Outcome;
 use roce_common::parsed::Reason;
@@ -61,8 +63,32 @@ impl std::fmt::Display for Engine {
 /// What an engine counted: flows (keys normalised: no interface, no direction) and
 /// the STATS vector.
 pub struct Counted {
-    pub flows: Vec<(FlowKey, FlowStats)>,
+    pub flows: Vec<(FlowId, FlowStats)>,
     pub stats: Vec<u64>,
+}
+
+/// A flow's identity in a capture: its key and, for the flow of mirror copies
+/// (analyze always decapsulates them, as `xdp_mirror` does), their session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowId {
+    pub key: FlowKey,
+    pub mirror: Option<MirrorTag>,
+}
+
+impl FlowId {
+    pub fn plain(key: FlowKey) -> FlowId {
+        FlowId { key, mirror: None }
+    }
+}
+
+/// A mirror copy's bytes to count and whether its ICRC may be checked: a copy the
+/// switch cut (the T bit, or less of the datagram than its IP header declares) is
+/// counted with its original length and never checked.
+#[inline]
+fn copy_length(copy: &MirrorCopy, frame: &[u8]) -> (u32, bool) {
+    let kept = frame.len().saturating_sub(copy.eth) as u64;
+    let cut = copy.truncated || u64::from(copy.wire_len) > kept;
+    (copy.wire_len, !cut)
 }
 
 /// The hasher of talkers (rare: non-RoCE frames on a lossless DSCP).
@@ -104,11 +130,26 @@ pub fn key_hash(k: &FlowKey, seed: u64) -> u64 {
     fold(x ^ C[1], y ^ C[3])
 }
 
+/// [`key_hash`] of a flow's identity: the session's words folded in for a mirrored
+/// flow.
+#[inline]
+pub fn id_hash(id: &FlowId, seed: u64) -> u64 {
+    let h = key_hash(&id.key, seed);
+    match &id.mirror {
+        None => h,
+        Some(t) => {
+            let w = |a: u32, b: u32| u64::from(a) | (u64::from(b) << 32);
+            let x = fold(h ^ w(t.source[0], t.source[1]), w(t.source[2], t.source[3]));
+            fold(x ^ 0x9E37_79B9_7F4A_7C15, w(t.session, t.kind) ^ seed)
+        }
+    }
+}
+
 /// A flow key with its hash, as the workers' tables hold it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Keyed {
     pub hash: u64,
-    pub key: FlowKey,
+    pub key: FlowId,
 }
 
 impl Hash for Keyed {
@@ -202,11 +243,22 @@ impl<'a> Split<'a> {
     pub fn assign(&self, b: &mut Batch, icrc: bool) {
         for i in 0..b.len() {
             let f = b.frame(i);
-            let w = walk(&SlicePacket(f.data), &self.cfg);
+            let MirrorWalk { walk: w, copy } = walk_mirror(f.data, &self.cfg);
             let (owner, hash, icrc) = match &w.outcome {
                 Outcome::Flow(p) => {
-                    let h = key_hash(&p.key, self.seed);
-                    let icrc = icrc.then(|| check_icrc(f.data, p, w.layers.roce_ip(p.tunnelled)));
+                    let id = FlowId {
+                        key: p.key,
+                        mirror: copy.map(|c| c.tag),
+                    };
+                    let h = id_hash(&id, self.seed);
+                    let checkable = copy.is_none_or(|c| copy_length(&c, f.data).1);
+                    let icrc = icrc.then(|| {
+                        if checkable {
+                            check_icrc(f.data, p, w.layers.roce_ip(p.tunnelled))
+                        } else {
+                            None
+                        }
+                    });
                     (self.of_hash(h), h, icrc)
                 }
                 _ => match Talker::of(&f, &w, self.policy) {
@@ -252,14 +304,22 @@ impl Work for Worker<'_> {
                 continue;
             }
             let f = b.frame(i);
-            let w = walk(&SlicePacket(f.data), &self.cfg);
+            let MirrorWalk { walk: w, copy } = walk_mirror(f.data, &self.cfg);
             let shard = &mut self.shard;
             count_stats(&mut shard.stats, &w.outcome);
             match &w.outcome {
                 Outcome::Flow(p) => {
                     let key = Keyed {
                         hash: b.hash(i),
-                        key: p.key,
+                        key: FlowId {
+                            key: p.key,
+                            mirror: copy.map(|c| c.tag),
+                        },
+                    };
+                    // A copy counts the mirrored frame's original length.
+                    let (len, checkable) = match &copy {
+                        Some(c) => copy_length(c, f.data),
+                        None => (f.data.len() as u32, true),
                     };
                     let e = shard.flows.entry(key).or_insert_with(|| {
                         shard.stats[STAT_FLOW_CREATED as usize] += 1;
@@ -268,17 +328,15 @@ impl Work for Worker<'_> {
                     // A tick that moves with every frame: first/last seen exact.
                     let tick = e.stats.packets as u32;
                     let ts = f.ts_ns;
-                    e.stats.record(
-                        p,
-                        f.data.len() as u32,
-                        tick,
-                        || ts,
-                        self.cfg.default_pmtu_log2,
-                    );
-                    let icrc = b
-                        .icrc(i)
-                        .unwrap_or_else(|| check_icrc(f.data, p, w.layers.roce_ip(p.tunnelled)));
-                    e.extra.observe(&f, p, icrc, self.policy);
+                    e.stats
+                        .record(p, len, tick, || ts, self.cfg.default_pmtu_log2);
+                    let icrc = match b.icrc(i) {
+                        Some(v) => v,
+                        None if checkable => check_icrc(f.data, p, w.layers.roce_ip(p.tunnelled)),
+                        None => None,
+                    };
+                    let counted = copy.map(|_| len);
+                    e.extra.observe(&f, p, icrc, counted, self.policy);
                     if icrc.is_some() {
                         shard.icrc_checked += 1;
                     }
@@ -386,7 +444,7 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), AnalyzeError> {
     Ok(())
 }
 
-/// Loads the classifier for the kernel engine (no events: nothing reads them; no
+/// Loads the classifiers for the kernel engine, `xdp_mirror` too (no events: nothing reads them; no
 /// egress flows: nothing leaves an interface) with no free flow slots: the caller
 /// queues as many as the capture has flows (`Loaded::free_first_slots`).
 pub fn load_kernel(opts: &LoadOptions) -> Result<Loaded, AnalyzeError> {
@@ -399,7 +457,10 @@ pub fn load_kernel(opts: &LoadOptions) -> Result<Loaded, AnalyzeError> {
         queue_all_slots: false,
         ..*opts
     };
-    Ok(loader::load(&opts)?)
+    let mut loaded = loader::load(&opts)?;
+    // The program the workers run, loaded here while the first pass reads.
+    loaded.xdp_mirror_fd()?;
+    Ok(loaded)
 }
 
 /// The reference engine's counts: the workers' flows (each key in one worker) and
@@ -423,10 +484,18 @@ pub fn counted_kernel(loaded: &Loaded, short: u64) -> Result<Counted, AnalyzeErr
     stats.resize(STATS_LEN as usize, 0);
     stats[reason_index(Reason::TruncatedEth) as usize] += short;
     // Test runs arrive on the loopback device: drop the interface.
-    let mut merged: HashMap<FlowKey, FlowStats> = HashMap::new();
+    let mut merged: HashMap<FlowId, FlowStats> = HashMap::new();
     for (mut k, st) in loaded.flows()? {
         k.ifindex = 0;
-        merged.entry(k).or_default().merge(&st);
+        merged.entry(FlowId::plain(k)).or_default().merge(&st);
+    }
+    for (mut k, st) in loaded.mirrored_flows()? {
+        k.key.ifindex = 0;
+        let id = FlowId {
+            key: k.key,
+            mirror: Some(k.tag),
+        };
+        merged.entry(id).or_default().merge(&st);
     }
     Ok(Counted {
         flows: merged.into_iter().collect(),

@@ -38,11 +38,14 @@ use std::fs::File;
 use std::io::{self, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use roce_common::names::program::XDP_CLASSIFY;
+use roce_common::key::FlowKeyMirror;
+use roce_common::names::program::XDP_MIRROR;
 use roce_common::policy::Policy;
 
 pub use capture::{Batch, CaptureReader, Format, Frame, UnsupportedLink};
-pub use engine::{Counted, Engine, KernelWorker, Shard, Split, Work, Worker, MIN_TEST_RUN_LEN};
+pub use engine::{
+    Counted, Engine, FlowId, KernelWorker, Shard, Split, Work, Worker, MIN_TEST_RUN_LEN,
+};
 pub use error::AnalyzeError;
 pub use report::{render, AnalyzedFlow, CaptureInfo, FlowIdent, Report};
 pub use tally::{check_icrc, FlowExtra, NonRoceLossless, Talkers, Tally, MAX_TALKERS};
@@ -251,7 +254,9 @@ pub fn analyze_input(input: &Input, opts: &AnalyzeOptions) -> Result<Analysis, A
                     "cannot read this process's CPUs: the kernel engine's workers are not pinned"
                 );
             }
-            let workers = engine::kernel_workers(loaded.xdp_fd()?, XDP_CLASSIFY, n, &cpus)?;
+            // xdp_mirror: a capture of a mirror port is decapsulated, any other frame
+            // counted as xdp_classify counts it.
+            let workers = engine::kernel_workers(loaded.xdp_mirror_fd()?, XDP_MIRROR, n, &cpus)?;
             let split = Split::new(n, cfg, &opts.policy);
             let kernel = workers::run(again, &split, workers::Icrc::Skip, workers, opts.progress);
             let short = kernel.workers.iter().map(|w| w.short).sum();
@@ -339,7 +344,14 @@ pub fn build_report(
             st.bytes = e.captured_bytes + e.snapped_bytes;
         }
     }
-    let doc = Document::build(flows, &counted.stats, None);
+    let (mut plain, mut mirrored) = (Vec::new(), Vec::new());
+    for (id, st) in flows {
+        match id.mirror {
+            Some(tag) => mirrored.push((FlowKeyMirror { key: id.key, tag }, st)),
+            None => plain.push((id.key, st)),
+        }
+    }
+    let doc = Document::build_with_mirrored(plain, mirrored, &counted.stats, None);
     let counters = doc.counters;
     let extras: HashMap<FlowIdent, &FlowExtra> = tally
         .flows

@@ -5,13 +5,14 @@ use std::net::IpAddr;
 
 use roce_common::flow::FlowStats;
 
-use roce_common::key::FlowKey;
+use roce_common::key::FlowKeyMirror;
 use serde::{Deserialize, Serialize};
 
 use super::capture::Format;
 use super::engine::Engine;
+use super::engine::FlowId;
 use crate::doc::finding::{self, Finding};
-use crate::doc::{Counters, Document, Flow};
+use crate::doc::{Counters, Document, Flow, Mirror};
 
 /// A flow of the analysis: the flow document's record plus what analyze adds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,11 +70,19 @@ pub struct FlowIdent {
     inner_src: Option<IpAddr>,
     inner_dst: Option<IpAddr>,
     dest_qp: u32,
+    mirror: Option<Mirror>,
 }
 
 impl FlowIdent {
-    pub fn of_key(k: &FlowKey) -> FlowIdent {
-        let f = Flow::from_entry(k, &FlowStats::default(), None);
+    pub fn of_key(k: &FlowId) -> FlowIdent {
+        let f = match k.mirror {
+            Some(tag) => Flow::from_mirrored_entry(
+                &FlowKeyMirror { key: k.key, tag },
+                &FlowStats::default(),
+                None,
+            ),
+            None => Flow::from_entry(&k.key, &FlowStats::default(), None),
+        };
         FlowIdent::of_flow(&f)
     }
     pub fn of_flow(f: &Flow) -> FlowIdent {
@@ -84,6 +93,7 @@ impl FlowIdent {
             inner_src: f.inner_src,
             inner_dst: f.inner_dst,
             dest_qp: f.dest_qp,
+            mirror: f.mirror.clone(),
         }
     }
 }

@@ -11,7 +11,6 @@ use std::net::IpAddr;
 
 use roce_common::bth::{self, ICRC_LEN};
 use roce_common::classify::{ip_addresses, IpLayer, Walk};
-use roce_common::key::FlowKey;
 use roce_common::packet::SlicePacket;
 use roce_common::parsed::Class;
 use roce_common::parsed::{Outcome, Parsed};
@@ -19,6 +18,7 @@ use roce_common::policy::Policy;
 use roce_common::wire::{ECN_NOT_ECT, UDP_HLEN};
 
 use super::capture::{Frame, UnsupportedLink};
+use super::engine::FlowId;
 use crate::doc::key_addr;
 
 /// Per-flow observations that the engines do not keep.
@@ -60,7 +60,7 @@ pub const MAX_TALKERS: usize = 100_000;
 /// What the user side learnt from every frame (all workers merged).
 #[derive(Debug, Default)]
 pub struct Tally {
-    pub flows: HashMap<FlowKey, FlowExtra>,
+    pub flows: HashMap<FlowId, FlowExtra>,
     pub non_roce_lossless: NonRoceLossless,
     pub icrc_checked: u64,
     pub first_ns: Option<u64>,
@@ -86,15 +86,28 @@ pub fn check_icrc(frame: &[u8], p: &Parsed, ip: Option<IpLayer>) -> Option<bool>
 
 impl FlowExtra {
     /// Takes one RoCE frame of this flow into account (frames of a flow in capture
-    /// order), with its ICRC verdict ([`check_icrc`]).
-    pub fn observe(&mut self, f: &Frame<'_>, p: &Parsed, icrc: Option<bool>, policy: &Policy) {
+    /// order), with its ICRC verdict ([`check_icrc`]). `counted`: a mirror copy's
+    /// bytes (its mirrored frame's original length), which stand for the frame's.
+    pub fn observe(
+        &mut self,
+        f: &Frame<'_>,
+        p: &Parsed,
+        icrc: Option<bool>,
+        counted: Option<u32>,
+        policy: &Policy,
+    ) {
         if self.packets == 0 {
             self.first_ns = f.ts_ns;
         }
         self.packets += 1;
         self.last_ns = f.ts_ns;
-        self.captured_bytes += f.data.len() as u64;
-        self.snapped_bytes += f.wire_len.saturating_sub(f.data.len() as u64);
+        match counted {
+            Some(n) => self.captured_bytes += u64::from(n),
+            None => {
+                self.captured_bytes += f.data.len() as u64;
+                self.snapped_bytes += f.wire_len.saturating_sub(f.data.len() as u64);
+            }
+        }
         match icrc {
             Some(true) => {}
             Some(false) => self.icrc_errors += 1,
@@ -132,7 +145,8 @@ impl Talker {
         let Outcome::Other(class) = walk.outcome else {
             return None;
         };
-        if matches!(class, Class::NonIp) {
+        // A mirror copy cut before its BTH may well have been RoCE.
+        if matches!(class, Class::NonIp | Class::MirrorTruncated) {
             return None;
         }
         let ip = walk.layers.outer?;

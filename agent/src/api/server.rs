@@ -1,8 +1,9 @@
 //! The agent's HTTP API (`GET /`: a landing page that links the others, with the
-//! version; `GET /flows`: the flow document ([`LiveDocument`]) as JSON; `GET /findings`:
-//! the last host audit as `check --json` prints it; `GET /metrics`: the Prometheus text
-//! exposition of both, gzip-compressed when the scraper asks, see [`metrics_router`];
-//! `GET /events`: sampled events as JSON lines).
+//! version; `GET /flows`: the flow document ([`LiveDocument`]) as JSON, each flow with
+//! the owner of its local QP; `GET /findings`: the last host audit as `check --json`
+//! prints it; `GET /qps`: the QP table joined with the wire ([`QpAnswer`]);
+//! `GET /metrics`: the Prometheus text exposition of them, gzip-compressed when the
+//! scraper asks, see [`metrics_router`]; `GET /events`: sampled events as JSON lines).
 
 use std::sync::Arc;
 
@@ -15,13 +16,63 @@ use tokio::sync::watch;
 
 use crate::doc::event::{monotonic_to_unix_offset_ns, Event, EventKind};
 use crate::doc::finding::Findings;
+use crate::doc::qp::QpDocument;
 use crate::telemetry::live::LiveDocument;
+use crate::telemetry::qps::QpView;
 use tokio::sync::broadcast;
 
 /// The newest document; the collector sends, every request reads.
 pub type Latest = watch::Receiver<Arc<LiveDocument>>;
 /// The findings of the newest host audit.
 pub type LatestFindings = watch::Receiver<Arc<Findings>>;
+/// The newest refresh of the QP table, joined with the flows.
+pub type LatestQps = watch::Receiver<Arc<QpView>>;
+
+/// `GET /qps`: the QP table document, and (added) the visibility of each interface
+/// the agent watches.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct QpAnswer {
+    #[serde(flatten)]
+    pub document: QpDocument,
+    #[serde(default)]
+    pub visibility: Vec<InterfaceVisibility>,
+}
+
+/// How RoCE shows on one interface: "kernel_path", "offloaded", "mirror" or "none".
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InterfaceVisibility {
+    pub ifname: String,
+    pub mode: String,
+}
+
+/// The `GET /qps` answer of `view`.
+fn qp_answer(view: &QpView) -> QpAnswerRef<'_> {
+    QpAnswerRef {
+        document: &view.document,
+        visibility: view
+            .visibility
+            .iter()
+            .map(|(ifname, mode)| InterfaceVisibilityRef {
+                ifname,
+                mode: mode.as_str(),
+            })
+            .collect(),
+    }
+}
+
+/// [`QpAnswer`] as it is written, borrowing the view.
+#[derive(serde::Serialize)]
+struct QpAnswerRef<'a> {
+    #[serde(flatten)]
+    document: &'a QpDocument,
+    visibility: Vec<InterfaceVisibilityRef<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct InterfaceVisibilityRef<'a> {
+    ifname: &'a str,
+    mode: &'a str,
+}
 
 /// Where sampled events are published, and the sampling in force.
 #[derive(Clone, Debug)]
@@ -39,21 +90,37 @@ struct Sources {
     flows: Latest,
     findings: LatestFindings,
     events: EventSender,
+    qps: Option<LatestQps>,
 }
 
 /// The API's routes: `GET /` (the landing page), `GET /flows`, `GET /findings`,
-/// `GET /events`.
+/// `GET /events`; no QP table (see [`router_with_qps`]).
 pub fn router(flows: Latest, findings: LatestFindings, events: EventSender) -> Router {
-    Router::new()
+    router_with_qps(flows, findings, events, None)
+}
+
+/// [`router`], and with `qps` the route `GET /qps` and the owners of `GET /flows`'s
+/// flows.
+pub fn router_with_qps(
+    flows: Latest,
+    findings: LatestFindings,
+    events: EventSender,
+    qps: Option<LatestQps>,
+) -> Router {
+    let mut routes = Router::new()
         .route("/", get(serve_landing_page))
         .route("/flows", get(serve_flows))
         .route("/findings", get(serve_findings))
-        .route("/events", get(serve_events))
-        .with_state(Sources {
-            flows,
-            findings,
-            events,
-        })
+        .route("/events", get(serve_events));
+    if qps.is_some() {
+        routes = routes.route("/qps", get(serve_qps));
+    }
+    routes.with_state(Sources {
+        flows,
+        findings,
+        events,
+        qps,
+    })
 }
 
 /// `GET /`: what a person who points a browser at the agent sees, as exporters do
@@ -72,6 +139,7 @@ const LANDING_PAGE: &str = concat!(
     "<li><a href=\"/metrics\">/metrics</a>: Prometheus metrics (text format 0.0.4)</li>\n",
     "<li><a href=\"/flows\">/flows</a>: the flow table (JSON)</li>\n",
     "<li><a href=\"/findings\">/findings</a>: the findings of the last host audit (JSON)</li>\n",
+    "<li><a href=\"/qps\">/qps</a>: the queue pairs of the host's RDMA devices, joined with the flows (JSON)</li>\n",
     "<li><a href=\"/events\">/events</a>: sampled events as they happen (JSON lines, streamed)</li>\n",
     "</ul>\n",
     "</body>\n",
@@ -129,6 +197,12 @@ const FLOWS_PER_PIECE: usize = 4096;
 /// of JSON, which the agent never holds at once.
 async fn serve_flows(State(s): State<Sources>) -> Response {
     let doc = s.flows.borrow().clone();
+    // The owners of the last join; a flow newer than it has none until the next.
+    let qps = s
+        .qps
+        .as_ref()
+        .map(|q| q.borrow().clone())
+        .filter(|v| !v.owners.is_empty());
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, serde_json::Error>>(2);
     tokio::task::spawn_blocking(move || {
         let send = |piece| tx.blocking_send(piece).is_ok();
@@ -137,7 +211,11 @@ async fn serve_flows(State(s): State<Sources>) -> Response {
         }
         for start in (0..doc.len()).step_by(FLOWS_PER_PIECE) {
             let mut piece = Vec::with_capacity(FLOWS_PER_PIECE * 600);
-            let made = doc.write_flows_json(start..start + FLOWS_PER_PIECE, &mut piece);
+            let range = start..start + FLOWS_PER_PIECE;
+            let made = match &qps {
+                Some(view) => write_owned_flows_json(&doc, view, range, &mut piece),
+                None => doc.write_flows_json(range, &mut piece),
+            };
             if !send(made.map(|()| piece)) {
                 return; // the client went away, or writing failed
             }
@@ -164,9 +242,50 @@ async fn serve_flows(State(s): State<Sources>) -> Response {
         .into_response()
 }
 
+/// [`LiveDocument::write_flows_json`] with each flow's owner from `view`.
+fn write_owned_flows_json(
+    doc: &LiveDocument,
+    view: &QpView,
+    range: std::ops::Range<usize>,
+    out: &mut Vec<u8>,
+) -> Result<(), serde_json::Error> {
+    let len = doc.len();
+    for i in range.start.min(len)..range.end.min(len) {
+        if let Some(mut f) = doc.flow(i) {
+            f.owner = view.owners.owner_of(&f).cloned();
+            serde_json::to_writer(&mut *out, &f)?;
+        }
+        if i + 1 < len {
+            out.push(b',');
+        }
+    }
+    Ok(())
+}
+
 async fn serve_findings(State(s): State<Sources>) -> Response {
     let findings = s.findings.borrow().clone();
     json(&*findings)
+}
+
+/// `GET /qps`: the last refresh of the QP table, joined with the flows of its poll,
+/// and the visibility of each interface; written on a blocking thread (10,000 QPs
+/// are some megabytes of JSON).
+async fn serve_qps(State(s): State<Sources>) -> Response {
+    let Some(qps) = &s.qps else {
+        return (StatusCode::NOT_FOUND, "this agent has no QP table\n").into_response();
+    };
+    let view = qps.borrow().clone();
+    match tokio::task::spawn_blocking(move || serde_json::to_vec(&qp_answer(&view))).await {
+        Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "serializing GET /qps failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "serialization failed\n").into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the GET /qps task failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "serialization failed\n").into_response()
+        }
+    }
 }
 
 /// The state of `GET /metrics`.
@@ -175,6 +294,7 @@ struct MetricsSources {
     flows: Latest,
     findings: LatestFindings,
     exporter: Arc<crate::telemetry::metrics::Exporter>,
+    qps: Option<LatestQps>,
 }
 
 /// `GET /metrics` (Prometheus text format 0.0.4), to merge into [`router`]'s routes:
@@ -185,12 +305,24 @@ pub fn metrics_router(
     findings: LatestFindings,
     exporter: Arc<crate::telemetry::metrics::Exporter>,
 ) -> Router {
+    metrics_router_with_qps(flows, findings, exporter, None)
+}
+
+/// [`metrics_router`], and with `qps` the QP table's and the visibility's families
+/// of its last refresh.
+pub fn metrics_router_with_qps(
+    flows: Latest,
+    findings: LatestFindings,
+    exporter: Arc<crate::telemetry::metrics::Exporter>,
+    qps: Option<LatestQps>,
+) -> Router {
     Router::new()
         .route("/metrics", get(serve_metrics))
         .with_state(MetricsSources {
             flows,
             findings,
             exporter,
+            qps,
         })
 }
 
@@ -200,11 +332,14 @@ pub fn metrics_router(
 async fn serve_metrics(State(s): State<MetricsSources>, headers: HeaderMap) -> Response {
     let doc = s.flows.borrow().clone();
     let findings = s.findings.borrow().clone();
+    let qps = s.qps.as_ref().map(|q| q.borrow().clone());
     let compress = accepts_gzip(&headers);
     // sysfs, ioctls, netlink, a pass over every flow and the compression: not on an
     // async worker.
     let made = tokio::task::spawn_blocking(move || {
-        let text = s.exporter.render(&doc, &findings.findings)?;
+        let text = s
+            .exporter
+            .render_with(&doc, &findings.findings, qps.as_deref())?;
         let body = if compress {
             gzip(text.as_bytes())
                 .map_err(
@@ -388,6 +523,95 @@ mod tests {
         server.abort();
     }
 
+    /// A QP view of one QP (rxe0 17 on eth1) joined with `doc`, eth1 on the kernel
+    /// path.
+    fn qp_view(doc: &Document) -> QpView {
+        let mut q = crate::telemetry::qps::join::tests::qp("rxe0", "eth1", 17, Some(18));
+        q.src = Some("198.18.0.1".parse().unwrap());
+        q.dst = Some("198.18.0.2".parse().unwrap());
+        let joined = crate::telemetry::qps::join(vec![q], doc.flows.clone());
+        QpView {
+            document: QpDocument {
+                qps: joined.qps,
+                ports: Vec::new(),
+                error: None,
+            },
+            owners: joined.owners,
+            counts: joined.counts,
+            visibility: vec![("eth1".to_string(), crate::telemetry::qps::Mode::KernelPath)],
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn qps_are_served_and_flows_carry_their_owner() {
+        let mut doc = Document::default();
+        let mut mine = crate::doc::test_flow("eth1", "198.18.0.2", "198.18.0.1", 17);
+        mine.packets = 4;
+        doc.flows = vec![
+            mine,
+            crate::doc::test_flow("eth1", "198.18.0.3", "198.18.0.1", 99),
+        ];
+        let (_tx, rx) = watch::channel(Arc::new(LiveDocument::from(doc.clone())));
+        let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
+        let (_qtx, qrx) = watch::channel(Arc::new(qp_view(&doc)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let routes = router_with_qps(rx, frx, None, Some(qrx));
+        let server = tokio::spawn(async move { axum::serve(listener, routes).await });
+
+        let body = client_get(&addr, "/qps", Duration::from_secs(5))
+            .await
+            .unwrap();
+        let text = String::from_utf8(body.clone()).unwrap();
+        assert!(
+            text.starts_with(r#"{"qps":[{"device":"rxe0","port":1,"lqpn":17,"rqpn":18,"type":"RC","state":"RTS","#),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                r#""ports":[],"error":null,"visibility":[{"ifname":"eth1","mode":"kernel_path"}]}"#
+            ),
+            "{text}"
+        );
+        let answer: QpAnswer = serde_json::from_slice(&body).unwrap();
+        assert!(answer.document.qps[0].seen_on_wire);
+        assert_eq!(answer.document.qps[0].wire.as_ref().unwrap().rx_packets, 4);
+
+        let body = client_get(&addr, "/flows", Duration::from_secs(5))
+            .await
+            .unwrap();
+        let got: Document = serde_json::from_slice(&body).unwrap();
+        let owner = got.flows[0]
+            .owner
+            .as_ref()
+            .expect("the flow of QP 17 has its owner");
+        assert_eq!(
+            (owner.device.as_str(), owner.lqpn, owner.pid),
+            ("rxe0", 17, Some(117))
+        );
+        assert_eq!(got.flows[1].owner, None);
+        // The rest of the document is as the collector made it.
+        let mut without = got.clone();
+        without.flows[0].owner = None;
+        assert_eq!(without, doc);
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn an_agent_without_a_qp_table_answers_404() {
+        let (_tx, rx) = watch::channel(Arc::new(LiveDocument::default()));
+        let (_ftx, frx) = watch::channel(Arc::new(Findings::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server =
+            tokio::spawn(async move { axum::serve(listener, router(rx, frx, None)).await });
+        let e = client_get(&addr, "/qps", Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ClientError::Status { status: 404, .. }), "{e}");
+        server.abort();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_large_table_is_streamed_as_the_same_bytes() {
         use roce_common::flow::FlowStats;
@@ -452,12 +676,14 @@ mod tests {
             reloads: Default::default(),
             events_ring: None,
         });
-        let routes = router(rx.clone(), frx.clone(), None).merge(metrics_router(rx, frx, exporter));
+        let (qtx, qrx) = watch::channel(Arc::new(qp_view(&Document::default())));
+        let routes = router_with_qps(rx.clone(), frx.clone(), None, Some(qrx.clone()))
+            .merge(metrics_router_with_qps(rx, frx, exporter, Some(qrx)));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             // The senders live as long as the server.
-            let _keep = (tx, ftx);
+            let _keep = (tx, ftx, qtx);
             axum::serve(listener, routes).await.unwrap();
         });
         (addr, server)
@@ -522,6 +748,15 @@ mod tests {
         assert!(body.contains(
             "roce_rnic_np_cnp_packets_sent_total{device=\"mlx5_0\",port=\"1\",netdev=\"eth1\"} 18234\n"
         ));
+        // The QP table's families, from the last refresh.
+        assert!(
+            body.contains("roce_qp_info{device=\"rxe0\",port=\"1\",type=\"RC\",state=\"RTS\",comm=\"app17\",pod=\"\"} 1\n"),
+            "{body}"
+        );
+        assert!(
+            body.contains("roce_visibility{ifname=\"eth1\",mode=\"kernel_path\"} 1\n"),
+            "{body}"
+        );
         // The other routes are still there.
         let flows = client_get(&addr.to_string(), "/flows", Duration::from_secs(5))
             .await
@@ -631,7 +866,7 @@ mod tests {
             "{head}"
         );
         let page = String::from_utf8(body).unwrap();
-        for endpoint in ["/metrics", "/flows", "/findings", "/events"] {
+        for endpoint in ["/metrics", "/flows", "/findings", "/qps", "/events"] {
             assert!(
                 page.contains(&format!("<a href=\"{endpoint}\">")),
                 "no link to {endpoint}:\n{page}"
@@ -642,7 +877,7 @@ mod tests {
             "{page}"
         );
         // The links lead somewhere.
-        for endpoint in ["/metrics", "/flows", "/findings"] {
+        for endpoint in ["/metrics", "/flows", "/findings", "/qps"] {
             let (head, _) = get_raw(addr, endpoint, &[]).await;
             assert!(head.starts_with("http/1.0 200"), "{endpoint}: {head}");
         }

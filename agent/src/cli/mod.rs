@@ -15,6 +15,7 @@ pub mod check;
 pub mod detach;
 pub mod events;
 pub mod flows;
+pub mod qps;
 pub mod run;
 pub mod top;
 
@@ -30,6 +31,7 @@ use check::CheckArgs;
 use detach::DetachArgs;
 use events::EventsArgs;
 use flows::FlowsArgs;
+use qps::QpsArgs;
 use run::RunArgs;
 
 /// Exit code of a runtime error.
@@ -47,7 +49,8 @@ pub const EXIT_USAGE: u8 = 2;
         it sees (plain or in VXLAN): packets, bytes, ECN marks, CNPs, ACK/NAK/RNR NAKs and \
         PSN gaps; tc programs apply the host DSCP policy on egress (audit or enforce) and \
         carry inner DSCP/ECN to the outer header on VTEP underlays. `flows` shows what a \
-        running agent counted and did.\n\n\
+        running agent counted and did; `qps` the host's queue pairs (RDMA netlink) with \
+        their owners and what the wire showed of them.\n\n\
         Exit status: 0 success, 1 runtime error, 2 usage or configuration error."
 )]
 pub struct Cli {
@@ -143,6 +146,9 @@ pub enum Command {
     /// Live view of a running agent's flows, worst first, refreshed every interval (like top)
     #[command(after_help = top::AFTER_HELP)]
     Top(top::TopArgs),
+    /// Print the QP table of a running agent (GET /qps): each queue pair with its owner and what the wire showed of it
+    #[command(after_help = qps::AFTER_HELP)]
+    Qps(QpsArgs),
 }
 
 /// The exit code for an error: 2 when it is a usage or configuration error (a bad
@@ -195,6 +201,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Check(args) => check::check(args),
         Command::Events(args) => events::events(args),
         Command::Top(args) => top::top(args),
+        Command::Qps(args) => qps::qps(args),
         Command::Detach(args) => detach::detach(args),
     }
 }
@@ -293,7 +300,7 @@ mod tests {
             Command::Flows(f) => assert_eq!(f.api.addr, "127.0.0.1:9474"),
             other => panic!("{other:?}"),
         }
-        for sub in ["flows", "events", "top"] {
+        for sub in ["flows", "events", "top", "qps"] {
             let e = Cli::try_parse_from(["roce-agent", sub, "--api", "9473"]).unwrap_err();
             assert_eq!(e.exit_code(), i32::from(EXIT_USAGE), "{sub}: {e}");
             assert!(e.to_string().contains("is not HOST:PORT"), "{sub}: {e}");

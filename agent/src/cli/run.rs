@@ -12,6 +12,9 @@ pub struct RunArgs {
     /// Interface to attach to (XDP ingress); repeat for more. Replaces `interfaces` of the config file
     #[arg(long = "iface", value_name = "IF")]
     pub iface: Vec<String>,
+    /// Mirror collector interface: XDP decapsulates GRE (transparent Ethernet bridging) and ERSPAN II/III copies arriving there and counts the mirrored RoCE flows with their session and sender (no tc QoS unless it is also an --iface); repeat for more. Replaces `mirror_interfaces` of the config file
+    #[arg(long = "mirror", value_name = "IF")]
+    pub mirror: Vec<String>,
     /// Address of the HTTP API (GET /flows, /findings, /metrics); :PORT is every address [default: 127.0.0.1:9473, loopback only]
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: Option<String>,
@@ -70,6 +73,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         interval_secs: args.interval,
         mode: args.mode,
         vteps: args.vtep,
+        mirror_interfaces: args.mirror,
         ecn_propagation: args.ecn_propagation,
         mtu: args.mtu,
         peers: args.peer,

@@ -20,7 +20,8 @@ pub const AFTER_HELP: &str = concat!(
     n            sort by CNPs/s\n  \
     b            sort by bits/s\n  \
     r            reverse the order\n  \
-    /            filter flows: interface, address, VNI or QP (Enter keeps, Esc clears)\n  \
+    /            filter rows: interface, address, VNI, QP or owner (Enter keeps, Esc clears)\n  \
+    o            the hardware-only QPs (the agent's QP table, never seen on the wire), and back\n  \
     Up/Down      scroll one line (also k/j)\n  \
     PgUp/PgDn    scroll one page\n  \
     Home/End     first/last flow (also g/G)\n  \
@@ -28,7 +29,10 @@ pub const AFTER_HELP: &str = concat!(
     Every sort looks at the rates over the agent's last interval first and then at the \
     totals since the flow was first seen, so flows with problems now come first. A rate \
     the agent has not computed (yet) shows as \"-\". When the agent stops answering, the \
-    header says so and the last answer stays on screen; the view keeps trying.\n\n",
+    header says so and the last answer stays on screen; the view keeps trying. The \
+    owner column names the local process of each flow's queue pair (command, and pod UID \
+    in a pod); a header line says what the agent sees of RoCE on each interface \
+    (kernel_path, offloaded, mirror, none). An agent without GET /qps shows no owners.\n\n",
     api_help!(),
     "\n\n\
     Exit status: 0 on quit, 1 when stdout is not a terminal or the terminal fails, 2 usage \

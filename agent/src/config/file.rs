@@ -114,6 +114,8 @@ pub struct FileConfig {
     pub mode: Option<Spanned<HostMode>>,
     /// VTEP underlay interfaces.
     pub vteps: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Mirror collector interfaces: XDP decapsulates GRE and ERSPAN copies there.
+    pub mirror_interfaces: Option<Spanned<Vec<Spanned<String>>>>,
     pub ecn_propagation: Option<Spanned<EcnPropagation>>,
     /// Flows named one by one on `GET /metrics` (`roce_top_flow_*`).
     pub top_flows: Option<Spanned<u32>>,
@@ -233,12 +235,13 @@ impl ConfigFile {
             .map(|(span, key)| (self.origin(span), key))
     }
 
-    /// Where the file names interface `name` (in `interfaces` or `vteps`), and which
-    /// of the two keys it is under.
+    /// Where the file names interface `name` (in `interfaces`, `vteps` or
+    /// `mirror_interfaces`), and which key it is under.
     pub fn interface_origin(&self, name: &str) -> Option<(Origin, &'static str)> {
         for (key, list) in [
             ("interfaces", &self.values.interfaces),
             ("vteps", &self.values.vteps),
+            ("mirror_interfaces", &self.values.mirror_interfaces),
         ] {
             let Some(list) = list else { continue };
             if let Some(i) = list.get_ref().iter().find(|i| i.get_ref() == name) {

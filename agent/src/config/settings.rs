@@ -48,6 +48,8 @@ pub struct Overrides {
     pub mode: Option<HostMode>,
     /// `--vtep`: replaces `vteps` of the file when given.
     pub vteps: Vec<String>,
+    /// `--mirror`: replaces `mirror_interfaces` of the file when given.
+    pub mirror_interfaces: Vec<String>,
     pub ecn_propagation: Option<EcnPropagation>,
     pub mtu: Option<u32>,
     pub peers: Vec<std::net::IpAddr>,
@@ -63,6 +65,10 @@ pub struct Overrides {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
     pub interfaces: Vec<String>,
+    /// Mirror collector interfaces (`mirror_interfaces`, `--mirror`): XDP decapsulates
+    /// GRE and ERSPAN II/III copies there (`xdp_mirror`). One that is also in
+    /// `interfaces` gets the host policy's tc programs too.
+    pub mirror_interfaces: Vec<String>,
     /// `HOST:PORT` of the JSON API.
     pub listen: String,
     pub interval: Duration,
@@ -104,6 +110,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             interfaces: Vec::new(),
+            mirror_interfaces: Vec::new(),
             listen: DEFAULT_LISTEN.to_string(),
             interval: Duration::from_secs_f64(DEFAULT_INTERVAL_SECS),
             flows_map_size: DEFAULT_FLOWS_MAP_SIZE,
@@ -169,15 +176,43 @@ impl Settings {
                 ));
             }
         }
-        if require_interfaces && ifaces.is_empty() {
+        // Mirror collector interfaces: the flags replace the file's list.
+        let mut mirrors: Vec<(String, Origin)> = flags
+            .mirror_interfaces
+            .iter()
+            .map(|i| (i.clone(), Origin::Flag("--mirror")))
+            .collect();
+        if mirrors.is_empty() {
+            if let Some((f, list)) =
+                file.and_then(|f| f.values.mirror_interfaces.as_ref().map(|l| (f, l)))
+            {
+                mirrors = list
+                    .get_ref()
+                    .iter()
+                    .map(|i| (i.get_ref().clone(), f.origin(i.span())))
+                    .collect();
+            }
+        }
+        for (i, (name, origin)) in mirrors.iter().enumerate() {
+            check_ifname(name).map_err(|m| invalid(origin.clone(), "mirror_interfaces", m))?;
+            if mirrors[..i].iter().any(|(n, _)| n == name) {
+                return Err(invalid(
+                    origin.clone(),
+                    "mirror_interfaces",
+                    format!("interface {name} is listed twice"),
+                ));
+            }
+        }
+        if require_interfaces && ifaces.is_empty() && mirrors.is_empty() {
             return Err(invalid(
                 ifaces_origin,
                 "interfaces",
-                "no interface to attach to: give --iface IF or set `interfaces = [\"IF\"]` in the config file"
+                "no interface to attach to: give --iface IF (or --mirror IF) or set `interfaces = [\"IF\"]` in the config file"
                     .to_string(),
             ));
         }
         s.interfaces = ifaces.into_iter().map(|(n, _)| n).collect();
+        s.mirror_interfaces = mirrors.into_iter().map(|(n, _)| n).collect();
 
         // Listen address.
         if let Some(l) = &flags.listen {

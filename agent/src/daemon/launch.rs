@@ -33,6 +33,7 @@ impl Launch {
             .interfaces
             .iter()
             .chain(settings.vteps.iter())
+            .chain(settings.mirror_interfaces.iter())
             .filter(|i| netif::index_of(i).is_none())
             .cloned()
             .collect();

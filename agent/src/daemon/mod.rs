@@ -1,5 +1,6 @@
 //! The `run` daemon: launch (load, attach, pin), the collector loop, SIGHUP reload,
-//! the periodic audit task, shutdown, and the log's formats (`log`).
+//! the periodic audit task, the QP table after every poll (`qp_task`), shutdown, and
+//! the log's formats (`log`).
 //!
 //! May import every library module below it (`datapath`, `audit`, `telemetry`, `api`,
 //! `config`, `doc`, `sys`); never `cli` (it takes a plain launch struct) or `top`.
@@ -7,6 +8,7 @@
 pub mod audit_task;
 mod launch;
 pub mod log;
+pub mod qp_task;
 mod reload;
 mod serve;
 pub mod throttle;

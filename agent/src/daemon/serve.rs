@@ -82,7 +82,19 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
             Arc::new(crate::telemetry::live::LiveDocument::default())
         }
     };
+    // The QP table joined with that first poll, so that GET /qps answers from the
+    // start.
+    let mut qp_watcher = crate::daemon::qp_task::QpWatcher::new(Default::default());
+    let (watched_tx, watched_rx) = watch::channel(watched_of(&settings));
+    let first_qps = tokio::task::block_in_place(|| qp_watcher.round(&first, &watched_rx.borrow()));
+    let (qps_tx, qps_rx) = watch::channel(Arc::new(first_qps));
     let (tx, rx) = watch::channel(first);
+    let qp_task = tokio::spawn(crate::daemon::qp_task::every(
+        qp_watcher,
+        rx.clone(),
+        watched_rx,
+        qps_tx,
+    ));
 
     let mut auditor = launch.auditor(&settings);
     let findings = tokio::task::block_in_place(|| auditor.round(None));
@@ -114,9 +126,14 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
         sender: e.sender,
         sample: events_sample.clone(),
     });
-    let routes = api::server::router(rx.clone(), findings_rx.clone(), feed).merge(
-        api::server::metrics_router(rx.clone(), findings_rx, exporter.clone()),
-    );
+    let routes =
+        api::server::router_with_qps(rx.clone(), findings_rx.clone(), feed, Some(qps_rx.clone()))
+            .merge(api::server::metrics_router_with_qps(
+                rx.clone(),
+                findings_rx,
+                exporter.clone(),
+                Some(qps_rx),
+            ));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let web_summary = web_rx.borrow().summary();
@@ -130,7 +147,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
             let _ = stop_rx.await;
         },
     ));
-    tracing::info!(listen = %local, web = %web_summary, max_connections, interval_s = settings.interval.as_secs_f64(), required_mtu = settings.required_mtu(), "serving GET /flows, GET /findings and GET /metrics");
+    tracing::info!(listen = %local, web = %web_summary, max_connections, interval_s = settings.interval.as_secs_f64(), required_mtu = settings.required_mtu(), "serving GET /flows, GET /findings, GET /qps and GET /metrics");
 
     let mut ticker = new_ticker(settings.interval).await;
     // Link changes wake the loop at once; the interval check catches what they miss.
@@ -208,6 +225,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
                     events_sample.store(new.events_sample, std::sync::atomic::Ordering::Relaxed);
                     if let Some(k) = &events_keep { k.set(&new); }
                     exporter.set_interfaces(new.tc_interfaces());
+                    watched_tx.send_replace(watched_of(&new));
                     settings = *new;
                 }
             }
@@ -218,6 +236,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
     }
 
     audit_task.abort();
+    qp_task.abort();
     attachments.release(collector.loaded_mut());
     match pin_dir {
         Some(dir) => {
@@ -239,6 +258,15 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
             }
             Ok(())
         }
+    }
+}
+
+/// The interfaces whose RoCE visibility the agent reports: the classifier's and the
+/// mirror collectors.
+fn watched_of(settings: &Settings) -> crate::telemetry::qps::Watched {
+    crate::telemetry::qps::Watched {
+        interfaces: settings.interfaces.clone(),
+        mirrors: settings.mirror_interfaces.clone(),
     }
 }
 

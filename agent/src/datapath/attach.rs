@@ -3,7 +3,8 @@
 //! function, [`Attachments::apply`], makes the kernel side match a [`Settings`]:
 //!
 //! 1. the runtime configuration and policy switch in one generation (`Loaded::commit`);
-//! 2. `xdp_classify` on every `interfaces` entry, `tc_egress` on interfaces and VTEPs,
+//! 2. `xdp_classify` on every `interfaces` entry (`xdp_mirror` on the
+//!    `mirror_interfaces`), `tc_egress` on interfaces and VTEPs,
 //!    `tc_ingress` on VTEPs, with IFACE_QOS saying what each does; pinned links of an
 //!    earlier agent are adopted (their program swapped in place);
 //! 3. whatever is attached but no longer asked for is detached, pinned or not.
@@ -19,7 +20,9 @@ use aya::programs::TcAttachType;
 
 use crate::config::{HostMode, Settings};
 use crate::datapath::clsact::{self, Hook};
-use crate::datapath::loader::{AttachMode, LoadError, Loaded, TC_EGRESS, TC_INGRESS, XDP_PROGRAM};
+use crate::datapath::loader::{
+    AttachMode, LoadError, Loaded, TC_EGRESS, TC_INGRESS, XDP_MIRROR, XDP_PROGRAM,
+};
 use crate::datapath::qos::{caused_by_os_error, iface_qos, QosError, TcInterface, TcMechanism};
 use crate::sys::netif;
 
@@ -49,11 +52,31 @@ impl From<QosError> for AttachError {
     }
 }
 
+/// The interfaces that get an XDP program, and which: `xdp_mirror` on the mirror
+/// collector interfaces (also those among `interfaces`: their own RoCE is counted
+/// there as `xdp_classify` counts it), `xdp_classify` on the other `interfaces`.
+fn xdp_interfaces(settings: &Settings) -> Vec<(String, &'static str)> {
+    let mut out: Vec<(String, &'static str)> = settings
+        .interfaces
+        .iter()
+        .filter(|n| !settings.mirror_interfaces.contains(n))
+        .map(|n| (n.clone(), XDP_PROGRAM))
+        .collect();
+    out.extend(
+        settings
+            .mirror_interfaces
+            .iter()
+            .map(|n| (n.clone(), XDP_MIRROR)),
+    );
+    out
+}
+
 /// The interfaces `run` has programs on.
 #[derive(Default)]
 pub struct Attachments {
-    /// Interfaces with `xdp_classify`: their ifindex then, and how it got there.
-    xdp: BTreeMap<String, (u32, AttachMode)>,
+    /// Interfaces with `xdp_classify` or `xdp_mirror`: their ifindex then, how it got
+    /// there, and which program.
+    xdp: BTreeMap<String, (u32, AttachMode, &'static str)>,
     /// Interfaces with tc programs, and their ifindex then.
     tc: BTreeMap<String, (u32, TcInterface)>,
     /// Configured interfaces that do not exist (yet).
@@ -95,10 +118,9 @@ impl Attachments {
     /// Whether an interface of `settings` is not where its programs are: it appeared,
     /// went away, or was re-created or renamed (another ifindex under the name).
     pub fn drifted(&self, settings: &Settings) -> bool {
-        let xdp = settings
-            .interfaces
+        let xdp = xdp_interfaces(settings)
             .iter()
-            .any(|n| self.xdp.get(n).map(|(i, _)| *i) != netif::index_of(n));
+            .any(|(n, _)| self.xdp.get(n).map(|(i, _, _)| *i) != netif::index_of(n));
         let tc = !self.tc_unavailable
             && settings
                 .tc_interfaces()
@@ -137,11 +159,12 @@ impl Attachments {
     }
 
     fn apply_xdp(&mut self, loaded: &mut Loaded, settings: &Settings) -> Result<(), AttachError> {
+        let wanted = xdp_interfaces(settings);
         let stale: Vec<String> = self
             .xdp
             .iter()
-            .filter(|(n, (i, _))| {
-                !settings.interfaces.contains(n) || netif::index_of(n) != Some(*i)
+            .filter(|(n, (i, _, p))| {
+                !wanted.contains(&((*n).clone(), *p)) || netif::index_of(n) != Some(*i)
             })
             .map(|(n, _)| n.clone())
             .collect();
@@ -150,7 +173,7 @@ impl Attachments {
             self.xdp.remove(&ifname);
             tracing::info!(interface = %ifname, "XDP classifier detached");
         }
-        for ifname in &settings.interfaces {
+        for (ifname, program) in &wanted {
             if self.xdp.contains_key(ifname) {
                 continue;
             }
@@ -159,23 +182,25 @@ impl Attachments {
                 continue;
             };
             self.waiting.remove(ifname);
-            let mode = loaded.attach_xdp(ifname).map_err(|source| {
-                // An XDP link is exclusive: EEXIST/EBUSY when another program is there.
-                let hint = if caused_by_os_error(&source, &[libc::EEXIST, libc::EBUSY]) {
-                    format!(
+            let mode = loaded
+                .attach_xdp_program(ifname, program)
+                .map_err(|source| {
+                    // An XDP link is exclusive: EEXIST/EBUSY when another program is there.
+                    let hint = if caused_by_os_error(&source, &[libc::EEXIST, libc::EBUSY]) {
+                        format!(
                         " (another XDP program is attached there: see `ip link show dev {ifname}`)"
                     )
-                } else {
-                    String::new()
-                };
-                AttachError::Xdp {
-                    ifname: ifname.clone(),
-                    hint,
-                    source: Box::new(source),
-                }
-            })?;
-            tracing::info!(interface = %ifname, ifindex = index, %mode, "XDP classifier attached");
-            self.xdp.insert(ifname.clone(), (index, mode));
+                    } else {
+                        String::new()
+                    };
+                    AttachError::Xdp {
+                        ifname: ifname.clone(),
+                        hint,
+                        source: Box::new(source),
+                    }
+                })?;
+            tracing::info!(interface = %ifname, ifindex = index, %mode, program = %program, "XDP classifier attached");
+            self.xdp.insert(ifname.clone(), (index, mode, program));
         }
         Ok(())
     }
@@ -252,8 +277,8 @@ impl Attachments {
     /// The (program, ifindex) of every link that should be pinned now.
     fn wanted_links(&self) -> Vec<(&'static str, u32)> {
         let mut out = Vec::new();
-        for (i, _) in self.xdp.values() {
-            out.push((XDP_PROGRAM, *i));
+        for (i, _, program) in self.xdp.values() {
+            out.push((*program, *i));
         }
         for (i, t) in self.tc.values() {
             out.push((TC_EGRESS, *i));

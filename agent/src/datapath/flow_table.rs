@@ -18,6 +18,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use roce_common::flow::{FlowSlot, SLOT_EVICTED, SLOT_LIVE};
+use roce_common::mirror::MirrorTag;
 
 /// Slots mapped at a time while the table is read: 1 MiB. A window is mapped, read and
 /// unmapped in turn, so the agent's memory never holds the whole table (a million
@@ -32,6 +33,9 @@ const WINDOW_SLOTS: usize = 4096;
 /// written through the map (`Loaded`).
 pub struct FlowSlots {
     fd: OwnedFd,
+    /// MIRROR_TAGS: the mirror session of each slot whose key has KEY_MIRROR, mapped
+    /// a window at a time beside the slots' window, when that window holds one.
+    tags: Option<OwnedFd>,
     len: usize,
     page: usize,
 }
@@ -42,16 +46,26 @@ impl FlowSlots {
     pub fn new(fd: BorrowedFd<'_>, len: usize) -> io::Result<FlowSlots> {
         // SAFETY: sysconf has no memory arguments.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        if !(WINDOW_SLOTS * size_of::<FlowSlot>()).is_multiple_of(page) {
-            return Err(io::Error::other(format!(
-                "a window of slots is not a whole number of {page}-byte pages"
-            )));
+        for size in [size_of::<FlowSlot>(), size_of::<MirrorTag>()] {
+            if !(WINDOW_SLOTS * size).is_multiple_of(page) {
+                return Err(io::Error::other(format!(
+                    "a window of slots is not a whole number of {page}-byte pages"
+                )));
+            }
         }
         Ok(FlowSlots {
             fd: fd.try_clone_to_owned()?,
+            tags: None,
             len,
             page,
         })
+    }
+
+    /// The same, reading the mirror sessions of mirrored flows from MIRROR_TAGS
+    /// (`tags`, as many entries as slots; duplicated).
+    pub fn with_tags(mut self, tags: BorrowedFd<'_>) -> io::Result<FlowSlots> {
+        self.tags = Some(tags.try_clone_to_owned()?);
+        Ok(self)
     }
 
     /// Slots in the table.
@@ -65,10 +79,21 @@ impl FlowSlots {
 
     /// Calls `f(index, slot)` for every live slot, in order; returns how many there were.
     pub fn for_each_live(&self, mut f: impl FnMut(usize, &FlowSlot)) -> io::Result<usize> {
+        self.for_each_live_tagged(|i, slot, _| f(i, slot))
+    }
+
+    /// [`Self::for_each_live`], with the mirror session of each mirrored flow (None
+    /// for the others, and without MIRROR_TAGS). A window's sessions are mapped only
+    /// when the window holds a mirrored flow.
+    pub fn for_each_live_tagged(
+        &self,
+        mut f: impl FnMut(usize, &FlowSlot, Option<&MirrorTag>),
+    ) -> io::Result<usize> {
         let mut live = 0;
         for start in (0..self.len).step_by(WINDOW_SLOTS) {
             let n = WINDOW_SLOTS.min(self.len - start);
-            let window = Window::map(self, start, n)?;
+            let window: Window<FlowSlot> = Window::map(&self.fd, self.page, start, n)?;
+            let mut tags: Option<Window<MirrorTag>> = None;
             for i in 0..n {
                 // The state alone first: most slots of a roomy table are free.
                 if window.state(i) != SLOT_LIVE {
@@ -80,7 +105,16 @@ impl FlowSlots {
                     continue;
                 }
                 live += 1;
-                f(start + i, &slot);
+                let tag = match (&self.tags, slot.key.mirrored()) {
+                    (Some(fd), true) => {
+                        if tags.is_none() {
+                            tags = Some(Window::map(fd, self.page, start, n)?);
+                        }
+                        tags.as_ref().map(|t| t.read(i))
+                    }
+                    _ => None,
+                };
+                f(start + i, &slot, tag.as_ref());
             }
         }
         Ok(live)
@@ -91,7 +125,7 @@ impl FlowSlots {
         let mut out = Vec::new();
         for start in (0..self.len).step_by(WINDOW_SLOTS) {
             let n = WINDOW_SLOTS.min(self.len - start);
-            let window = Window::map(self, start, n)?;
+            let window: Window<FlowSlot> = Window::map(&self.fd, self.page, start, n)?;
             out.extend(
                 (0..n)
                     .filter(|&i| window.state(i) == SLOT_EVICTED)
@@ -108,18 +142,19 @@ impl std::fmt::Debug for FlowSlots {
     }
 }
 
-/// Slots `start..start + n` of the table, mapped read-only until dropped.
-struct Window {
-    base: *const FlowSlot,
+/// Entries `start..start + n` of an mmapable array of `T` (FLOW_SLOTS, MIRROR_TAGS),
+/// mapped read-only until dropped.
+struct Window<T> {
+    base: *const T,
     n: usize,
     bytes: usize,
 }
 
-impl Window {
-    fn map(slots: &FlowSlots, start: usize, n: usize) -> io::Result<Window> {
-        let bytes = (n * size_of::<FlowSlot>()).next_multiple_of(slots.page);
-        // `start` is a multiple of WINDOW_SLOTS, whose slots fill whole pages (`new`).
-        let offset = (start * size_of::<FlowSlot>()) as libc::off_t;
+impl<T: Copy> Window<T> {
+    fn map(fd: &OwnedFd, page: usize, start: usize, n: usize) -> io::Result<Window<T>> {
+        let bytes = (n * size_of::<T>()).next_multiple_of(page);
+        // `start` is a multiple of WINDOW_SLOTS, whose entries fill whole pages (`new`).
+        let offset = (start * size_of::<T>()) as libc::off_t;
         // SAFETY: a new shared, read-only mapping of the map's pages (the kernel checks
         // offset and size against the map); no existing memory is touched.
         let p = unsafe {
@@ -128,7 +163,7 @@ impl Window {
                 bytes,
                 libc::PROT_READ,
                 libc::MAP_SHARED,
-                slots.fd.as_fd().as_raw_fd(),
+                fd.as_fd().as_raw_fd(),
                 offset,
             )
         };
@@ -136,30 +171,32 @@ impl Window {
             return Err(io::Error::last_os_error());
         }
         Ok(Window {
-            base: p.cast::<FlowSlot>(),
+            base: p.cast::<T>(),
             n,
             bytes,
         })
     }
 
-    fn at(&self, i: usize) -> *const FlowSlot {
-        assert!(i < self.n, "slot {i} of a window of {}", self.n);
+    fn at(&self, i: usize) -> *const T {
+        assert!(i < self.n, "entry {i} of a window of {}", self.n);
         // SAFETY: within the mapping (checked above).
         unsafe { self.base.add(i) }
     }
 
-    fn state(&self, i: usize) -> u32 {
-        // SAFETY: an aligned slot of the live mapping, one field.
-        unsafe { std::ptr::read_volatile(&raw const (*self.at(i)).state) }
-    }
-
-    fn read(&self, i: usize) -> FlowSlot {
-        // SAFETY: an aligned slot of the live mapping.
+    fn read(&self, i: usize) -> T {
+        // SAFETY: an aligned entry of the live mapping.
         unsafe { std::ptr::read_volatile(self.at(i)) }
     }
 }
 
-impl Drop for Window {
+impl Window<FlowSlot> {
+    fn state(&self, i: usize) -> u32 {
+        // SAFETY: an aligned slot of the live mapping, one field.
+        unsafe { std::ptr::read_volatile(&raw const (*self.at(i)).state) }
+    }
+}
+
+impl<T> Drop for Window<T> {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, of `bytes` bytes, unmapped once.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.bytes) };

@@ -24,7 +24,8 @@ use roce_common::counters::{
 };
 
 use roce_common::flow::FlowStats;
-use roce_common::key::FlowKey;
+use roce_common::key::{FlowKey, FlowKeyMirror};
+use roce_common::mirror::MirrorTag;
 use roce_common::parsed::{CLASS_NAMES, REASON_NAMES};
 use roce_common::policy::{VtepKey, VtepStats};
 use roce_common::wire::{ECN_CE, ECN_ECT0, ECN_ECT1, ECN_NOT_ECT};
@@ -243,6 +244,7 @@ impl Flow {
             .then(self.inner_src.cmp(&other.inner_src))
             .then(self.inner_dst.cmp(&other.inner_dst))
             .then(self.dest_qp.cmp(&other.dest_qp))
+            .then(self.mirror.cmp(&other.mirror))
     }
 }
 
@@ -255,6 +257,13 @@ pub struct Counters {
     pub other_udp: u64,
     pub other_ip: u64,
     pub non_ip: u64,
+    /// Added: mirror copies (GRE, ERSPAN II/III on a mirror interface, or in
+    /// `analyze`) whose mirrored frame is not RoCE.
+    #[serde(default)]
+    pub mirror_other: u64,
+    /// Added: mirror copies cut before their mirrored frame's BTH.
+    #[serde(default)]
+    pub mirror_truncated: u64,
     /// Frames that could not be parsed as far as the BTH, by reason (every reason
     /// is present, zero or not).
     pub parse_errors: BTreeMap<String, u64>,
@@ -419,6 +428,8 @@ impl Counters {
             other_udp: class("other_udp"),
             other_ip: class("other_ip"),
             non_ip: class("non_ip"),
+            mirror_other: class("mirror_other"),
+            mirror_truncated: class("mirror_truncated"),
             parse_errors,
             flows_created: created,
             flow_insert_failed: at(STAT_FLOW_INSERT_FAILED),
@@ -501,6 +512,37 @@ impl Flow {
             owner: None,
         }
     }
+
+    /// [`Flow::from_entry`] of a mirrored flow: the mirrored packet's key, and the
+    /// session it arrived in.
+    pub fn from_mirrored_entry(
+        key: &FlowKeyMirror,
+        st: &FlowStats,
+        resolve: Option<IfnameResolver<'_>>,
+    ) -> Flow {
+        Flow {
+            mirror: Mirror::from_tag(&key.tag),
+            ..Flow::from_entry(&key.key, st, resolve)
+        }
+    }
+}
+
+impl Mirror {
+    /// The session of a mirror tag as the document shows it (None for a kind this
+    /// agent does not know).
+    pub fn from_tag(tag: &MirrorTag) -> Option<Mirror> {
+        let kind = match tag.encapsulation() {
+            roce_common::mirror::MIRROR_GRE => MirrorKind::Gre,
+            roce_common::mirror::MIRROR_ERSPAN2 => MirrorKind::Erspan2,
+            roce_common::mirror::MIRROR_ERSPAN3 => MirrorKind::Erspan3,
+            _ => return None,
+        };
+        Some(Mirror {
+            kind,
+            session: tag.session,
+            source: key_addr(&tag.source, tag.source_v6()),
+        })
+    }
 }
 
 impl Document {
@@ -512,11 +554,28 @@ impl Document {
         stats: &[u64],
         resolve: Option<IfnameResolver<'_>>,
     ) -> Document {
-        let present = flows.len();
+        Document::build_with_mirrored(flows, Vec::new(), stats, resolve)
+    }
+
+    /// [`Document::build`] with the mirrored flows too (FLOWS_MIRROR, or a capture
+    /// of a mirror port), each under its key and session.
+    pub fn build_with_mirrored(
+        flows: Vec<(FlowKey, FlowStats)>,
+        mirrored: Vec<(FlowKeyMirror, FlowStats)>,
+        stats: &[u64],
+        resolve: Option<IfnameResolver<'_>>,
+    ) -> Document {
+        let present = flows.len() + mirrored.len();
         let mut out: Vec<Flow> = flows
             .iter()
             .filter(|(_, st)| st.packets > 0)
             .map(|(k, st)| Flow::from_entry(k, st, resolve))
+            .chain(
+                mirrored
+                    .iter()
+                    .filter(|(_, st)| st.packets > 0)
+                    .map(|(k, st)| Flow::from_mirrored_entry(k, st, resolve)),
+            )
             .collect();
         out.sort_by(Flow::canonical_cmp);
         Document {
@@ -889,7 +948,7 @@ mod tests {
             text.contains(r#""dest_qp":30,"dest_qp_hex":"0x1e","packets":2"#),
             "{text}"
         );
-        assert!(text.ends_with(r#""rates":null,"extra":7}"#), "{text}");
+        assert!(text.ends_with(r#""rates":null,"mirror":null,"owner":null,"extra":7}"#), "{text}");
         assert_eq!(serde_json::from_str::<Wrapped>(&text).unwrap(), w);
     }
 

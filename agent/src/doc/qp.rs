@@ -58,6 +58,11 @@ pub struct Qp {
     /// Per-QP hardware counters where the driver binds a counter to the QP (mlx5,
     /// `rdma statistic qp set ... auto type on`), by the driver's names; empty otherwise.
     pub counters: BTreeMap<String, u64>,
+    /// Added: the id of the hardware counter bound to the QP (`rdma statistic qp
+    /// show`: cntn), null when none. QPs bound to one counter (auto mode binds every
+    /// QP of a type on a port to one) show the same `counters`: sum per counter.
+    #[serde(default)]
+    pub counter_id: Option<u32>,
     /// Whether XDP or tc counted packets of this QP (either direction) on an interface.
     pub seen_on_wire: bool,
     /// Added: the netdev of the QP's port (`rdma link` shows it), null when none.

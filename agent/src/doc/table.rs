@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use crate::doc::{Direction, Document, Flow};
+use crate::doc::{Direction, Document, Flow, MirrorKind};
 
 const HEADERS: [&str; 13] = [
     "iface",
@@ -44,19 +44,37 @@ pub fn render(doc: &Document) -> String {
             .then(b.bytes.cmp(&a.bytes))
             .then(a.canonical_cmp(b))
     });
-    let rows: Vec<[String; 13]> = flows.iter().map(|f| row(f)).collect();
+    // A mirror column only when a flow came from mirror copies: the table of a host
+    // without mirror interfaces stays as it always was.
+    let mirrors = flows.iter().any(|f| f.mirror.is_some());
+    let rows: Vec<Vec<String>> = flows
+        .iter()
+        .map(|f| {
+            let mut r = row(f).to_vec();
+            if mirrors {
+                r.push(mirror_cell(f));
+            }
+            r
+        })
+        .collect();
+    let mut headers: Vec<&str> = HEADERS.to_vec();
+    let mut right = RIGHT.to_vec();
+    if mirrors {
+        headers.push(MIRROR_TITLE);
+        right.push(false);
+    }
 
     let mut out = String::new();
     if rows.is_empty() {
         out.push_str("no RoCE flows seen\n");
     } else {
-        let mut widths = HEADERS.map(|h| h.chars().count());
+        let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
         for r in &rows {
             for (w, cell) in widths.iter_mut().zip(r) {
                 *w = (*w).max(cell.chars().count());
             }
         }
-        let header = HEADERS.map(String::from);
+        let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
         for r in std::iter::once(&header).chain(&rows) {
             let mut line = String::new();
             for (i, cell) in r.iter().enumerate() {
@@ -64,7 +82,7 @@ pub fn render(doc: &Document) -> String {
                     line.push_str("  ");
                 }
                 let pad = widths[i] - cell.chars().count();
-                if RIGHT[i] {
+                if right[i] {
                     line.extend(std::iter::repeat_n(' ', pad));
                     line.push_str(cell);
                 } else {
@@ -79,6 +97,25 @@ pub fn render(doc: &Document) -> String {
     out.push_str(&counters_line(doc));
     out.push('\n');
     out
+}
+
+/// The title of the column of mirrored flows' sessions.
+pub const MIRROR_TITLE: &str = "mirror";
+
+/// A mirrored flow's session as `KIND:SESSION@SENDER` (`erspan3:17@198.18.9.1`),
+/// `-` for the others.
+pub fn mirror_cell(f: &Flow) -> String {
+    match &f.mirror {
+        Some(m) => {
+            let kind = match m.kind {
+                MirrorKind::Erspan2 => "erspan2",
+                MirrorKind::Erspan3 => "erspan3",
+                MirrorKind::Gre => "gre",
+            };
+            format!("{kind}:{}@{}", m.session, m.source)
+        }
+        None => "-".to_string(),
+    }
 }
 
 fn row(f: &Flow) -> [String; 13] {
@@ -154,6 +191,13 @@ pub fn counters_line(doc: &Document) -> String {
     if !nonzero.is_empty() {
         let _ = write!(s, " ({})", nonzero.join(", "));
     }
+    if c.mirror_other > 0 || c.mirror_truncated > 0 {
+        let _ = write!(
+            s,
+            "; mirror copies without RoCE: mirror_other {}, mirror_truncated {}",
+            c.mirror_other, c.mirror_truncated
+        );
+    }
     if c.flows_evicted > 0 {
         let _ = write!(s, "; flows evicted {}", c.flows_evicted);
     }
@@ -219,6 +263,41 @@ mod tests {
         assert!(lines[3].contains("5.0k"), "{text}");
         assert!(lines[0].contains("  bytes(k=1000)  "), "{text}");
         assert!(lines[5].starts_with("flows 4; frames: roce 0"), "{text}");
+    }
+
+    #[test]
+    fn mirrored_flows_get_a_column_and_the_others_a_dash() {
+        use crate::doc::Mirror;
+        let plain = flow("198.18.0.1", 1, 100, 0, 10);
+        let text = render(&Document {
+            flows: vec![plain.clone()],
+            counters: Counters::default(),
+        });
+        assert!(!text.contains(MIRROR_TITLE), "no mirror, no column: {text}");
+        let mirrored = Flow {
+            mirror: Some(Mirror {
+                kind: MirrorKind::Erspan3,
+                session: 17,
+                source: "198.18.9.1".parse().unwrap(),
+            }),
+            ..flow("198.18.0.3", 3, 5000, 0, 10)
+        };
+        let doc = Document {
+            flows: vec![plain, mirrored],
+            counters: Counters {
+                mirror_truncated: 4,
+                ..Counters::default()
+            },
+        };
+        let text = render(&doc);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("  mirror"), "{text}");
+        assert!(lines[1].ends_with("  erspan3:17@198.18.9.1"), "{text}");
+        assert!(lines[2].ends_with("  -"), "{text}");
+        assert!(
+            lines[3].contains("; mirror copies without RoCE: mirror_other 0, mirror_truncated 4"),
+            "{text}"
+        );
     }
 
     #[test]

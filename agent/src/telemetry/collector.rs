@@ -54,7 +54,7 @@ impl Collector {
             .unix_offset_ns(monotonic_to_unix_offset_ns());
         let entries = self
             .loaded
-            .for_each_flow(|key, stats| builder.add(key, stats))?;
+            .for_each_flow_tagged(|key, stats, mirror| builder.add_tagged(key, stats, mirror))?;
         let read = start.elapsed();
         self.loaded.maintain_flows(entries)?;
         let stats = self.loaded.stats()?;

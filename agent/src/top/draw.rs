@@ -1,8 +1,9 @@
 //! The drawing: one frame of a [`TopState`] on any ratatui backend, in three parts —
 //! the header (the agent's status, frame counters and the flows the filter lets
-//! through, rate totals, the audit), the flow table (columns left out on a narrow
-//! terminal) and the footer (keys or the filter prompt, filter, order, rows shown).
-//! Reads the state, never changes it.
+//! through, rate totals, the audit, what the agent sees of RoCE on each interface and
+//! its QP table), the table of flows or of hardware-only QPs (columns left out on a
+//! narrow terminal) and the footer (keys or the filter prompt, filter, order, rows
+//! shown). Reads the state, never changes it.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -10,18 +11,20 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 
+use crate::doc::qp::Qp;
 use crate::doc::{Direction, Document, Flow};
 
-use super::state::{SortKey, TopState};
+use super::state::{flow_owner, owner_label, QpTable, Rows, SortKey, TopState};
 use super::text::{clock, count, plural, printable, seconds, si};
 
 /// The table's columns, in screen order.
-const COLUMNS: [&str; 17] = [
+const COLUMNS: [&str; 18] = [
     "iface",
     "src→dst",
     "vni",
     "inner",
     "qp",
+    "owner",
     "pkts/s",
     "bits/s",
     "CE/s",
@@ -36,29 +39,44 @@ const COLUMNS: [&str; 17] = [
     "dscp",
 ];
 /// Columns that hold numbers are right-aligned.
-const RIGHT: [bool; 17] = [
-    false, false, true, false, true, true, true, true, true, true, true, true, true, true, true,
-    true, true,
+const RIGHT: [bool; 18] = [
+    false, false, true, false, true, false, true, true, true, true, true, true, true, true, true,
+    true, true, true,
 ];
 /// On a narrow terminal, columns are left out in this order until the rest fits
 /// (addresses and QP, which name the flow, stay).
-const DROP_ORDER: [usize; 15] = [16, 3, 2, 15, 14, 13, 12, 11, 10, 7, 5, 0, 9, 6, 8];
+const DROP_ORDER: [usize; 16] = [17, 3, 2, 16, 15, 14, 13, 5, 12, 11, 8, 6, 0, 10, 7, 9];
 /// The rate columns: left out first when no row shown has rates (they are all "-").
-const RATE_COLUMNS: [usize; 6] = [5, 6, 7, 8, 9, 10];
+const RATE_COLUMNS: [usize; 6] = [6, 7, 8, 9, 10, 11];
 const COLUMN_GAP: u16 = 2;
 /// The column that the sort key names, marked in the table's header.
 fn sort_column(key: SortKey) -> Option<usize> {
     match key {
         SortKey::Problems => None,
-        SortKey::CeRatio => Some(8),
-        SortKey::CnpRate => Some(9),
-        SortKey::Bitrate => Some(6),
+        SortKey::CeRatio => Some(9),
+        SortKey::CnpRate => Some(10),
+        SortKey::Bitrate => Some(7),
     }
 }
 
+/// The columns of the hardware-only QPs, in screen order.
+const QP_COLUMNS: [&str; 8] = [
+    "device/port",
+    "lqpn",
+    "rqpn",
+    "type",
+    "state",
+    "owner",
+    "src→dst",
+    "hw counters",
+];
+const QP_RIGHT: [bool; 8] = [false, true, true, false, false, false, false, true];
+/// Left out in this order on a narrow terminal (device and QPN stay).
+const QP_DROP_ORDER: [usize; 6] = [7, 6, 3, 2, 4, 5];
+
 /// Header lines shown when the terminal has room for them (else only the first).
 const FULL_HEADER_MIN_HEIGHT: u16 = 10;
-const HEADER_LINES: u16 = 4;
+const HEADER_LINES: u16 = 5;
 
 /// Splits the screen into header, table and footer.
 fn split(area: Rect) -> [Rect; 3] {
@@ -181,7 +199,43 @@ fn header_lines(state: &TopState) -> Vec<Line<'static>> {
         None => Line::from("audit: -"),
     };
 
-    vec![status, Line::from(counters), Line::from(rates), audit]
+    vec![
+        status,
+        Line::from(counters),
+        Line::from(rates),
+        audit,
+        Line::from(visibility_line(state)),
+    ]
+}
+
+/// `visibility: va kernel_path, eth2 offloaded; QPs 12, 3 hardware-only`.
+fn visibility_line(state: &TopState) -> String {
+    match state.qp_table() {
+        QpTable::Unknown => "visibility: -".to_string(),
+        QpTable::Absent => "visibility: - (the agent has no QP table)".to_string(),
+        QpTable::Failed(e) => format!("visibility: - ({})", printable(e)),
+        QpTable::Answered(a) => {
+            let modes: Vec<String> = a
+                .visibility
+                .iter()
+                .map(|v| format!("{} {}", printable(&v.ifname), printable(&v.mode)))
+                .collect();
+            let modes = if modes.is_empty() {
+                "-".to_string()
+            } else {
+                modes.join(", ")
+            };
+            let mut line = format!(
+                "visibility: {modes}; QPs {}, {} hardware-only",
+                a.document.qps.len(),
+                state.hardware_qp_count()
+            );
+            if let Some(e) = &a.document.error {
+                line.push_str(&format!(" (QP table not read: {})", printable(e)));
+            }
+            line
+        }
+    }
 }
 
 /// Whether a filter leaves rows out (a blank one lets every flow through).
@@ -208,11 +262,15 @@ fn draw_table(frame: &mut Frame, area: Rect, state: &TopState) {
     if area.height == 0 || area.width == 0 {
         return;
     }
+    if state.showing() == Rows::HardwareQps {
+        draw_qp_table(frame, area, state);
+        return;
+    }
     let visible = usize::from(area.height.saturating_sub(1));
     let first = state
         .scroll()
         .min(state.row_count().saturating_sub(visible));
-    let cells: Vec<[String; 17]> = state.rows().skip(first).take(visible).map(cells).collect();
+    let cells: Vec<[String; 18]> = state.rows().skip(first).take(visible).map(cells).collect();
 
     let (key, reverse) = state.sort();
     let mut titles = COLUMNS.map(String::from);
@@ -230,7 +288,12 @@ fn draw_table(frame: &mut Frame, area: Rect, state: &TopState) {
         .skip(first)
         .take(visible)
         .any(|f| f.rates.is_some());
-    let shown = fit_columns(&widths, area.width, any_rates);
+    let empty_first = if any_rates {
+        &[][..]
+    } else {
+        &RATE_COLUMNS[..]
+    };
+    let shown = fit_columns(&widths, area.width, empty_first, &DROP_ORDER);
 
     let header = Row::new(shown.iter().map(|&i| aligned(&titles[i], RIGHT[i])))
         .style(Style::default().add_modifier(Modifier::REVERSED));
@@ -260,6 +323,78 @@ fn draw_table(frame: &mut Frame, area: Rect, state: &TopState) {
     }
 }
 
+/// The hardware-only QPs: those of the agent's QP table that no flow was joined to.
+fn draw_qp_table(frame: &mut Frame, area: Rect, state: &TopState) {
+    let visible = usize::from(area.height.saturating_sub(1));
+    let first = state
+        .scroll()
+        .min(state.row_count().saturating_sub(visible));
+    let cells: Vec<[String; 8]> = state
+        .qp_rows()
+        .skip(first)
+        .take(visible)
+        .map(qp_cells)
+        .collect();
+    let mut widths = QP_COLUMNS.map(width_of);
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(width_of(cell));
+        }
+    }
+    let shown = fit_columns(&widths, area.width, &[], &QP_DROP_ORDER);
+    let header = Row::new(shown.iter().map(|&i| aligned(QP_COLUMNS[i], QP_RIGHT[i])))
+        .style(Style::default().add_modifier(Modifier::REVERSED));
+    let rows: Vec<Row> = cells
+        .iter()
+        .map(|row| Row::new(shown.iter().map(|&i| aligned(&row[i], QP_RIGHT[i]))))
+        .collect();
+    let constraints = shown.iter().map(|&i| Constraint::Length(widths[i]));
+    let table = Table::new(rows, constraints)
+        .header(header)
+        .column_spacing(COLUMN_GAP);
+    frame.render_widget(table, area);
+    if cells.is_empty() && area.height > 1 {
+        let note = match state.qp_table() {
+            QpTable::Answered(a) if a.document.qps.is_empty() => {
+                "the agent's QP table is empty: no RDMA device or no QP on its host"
+            }
+            QpTable::Answered(_) if state.hardware_qp_count() > 0 => "no QP matches the filter",
+            QpTable::Answered(_) => {
+                "no hardware-only QPs: every QP of the table was seen on the wire"
+            }
+            QpTable::Absent => "the agent has no QP table (GET /qps)",
+            QpTable::Failed(_) | QpTable::Unknown => "no QP table from the agent yet",
+        };
+        let below_header = Rect {
+            y: area.y + 1,
+            height: 1,
+            ..area
+        };
+        frame.render_widget(Paragraph::new(note), below_header);
+    }
+}
+
+/// One hardware-only QP's cells, in [`QP_COLUMNS`] order.
+fn qp_cells(q: &Qp) -> [String; 8] {
+    let dash = || "-".to_string();
+    [
+        match q.port {
+            Some(p) => format!("{}/{p}", printable(&q.device)),
+            None => printable(&q.device),
+        },
+        format!("{:#x}", q.lqpn),
+        q.rqpn.map_or_else(dash, |r| format!("{r:#x}")),
+        printable(&q.qp_type),
+        printable(&q.state),
+        printable(&owner_label(q.pid, q.comm.as_deref(), q.pod_uid.as_deref())),
+        match (q.src, q.dst) {
+            (Some(s), Some(d)) => format!("{s}→{d}"),
+            _ => dash(),
+        },
+        q.counters.len().to_string(),
+    ]
+}
+
 fn aligned(text: &str, right: bool) -> Cell<'static> {
     let line = Line::from(text.to_string());
     Cell::from(if right { line.right_aligned() } else { line })
@@ -270,21 +405,23 @@ fn width_of(s: &str) -> u16 {
 }
 
 /// The columns (indices, in screen order) that fit in `width`, leaving out columns
-/// in [`DROP_ORDER`] (the empty rate columns first when `any_rates` is false) until
-/// the rest fits.
-fn fit_columns(widths: &[u16; 17], width: u16, any_rates: bool) -> Vec<usize> {
+/// in `empty_first` and then in `drop_order` until the rest fits.
+fn fit_columns(
+    widths: &[u16],
+    width: u16,
+    empty_first: &[usize],
+    drop_order: &[usize],
+) -> Vec<usize> {
     let mut shown: Vec<usize> = (0..widths.len()).collect();
     let total = |shown: &[usize]| -> u32 {
-        let cells: u32 = shown.iter().map(|&i| u32::from(widths[i])).sum();
+        let cells: u32 = shown
+            .iter()
+            .map(|&i| u32::from(widths.get(i).copied().unwrap_or(0)))
+            .sum();
         let gaps = u32::from(COLUMN_GAP) * shown.len().saturating_sub(1) as u32;
         cells + gaps
     };
-    let empty_first = if any_rates {
-        &[][..]
-    } else {
-        &RATE_COLUMNS[..]
-    };
-    for &drop in empty_first.iter().chain(&DROP_ORDER) {
+    for &drop in empty_first.iter().chain(drop_order) {
         if total(&shown) <= u32::from(width) {
             break;
         }
@@ -294,7 +431,7 @@ fn fit_columns(widths: &[u16; 17], width: u16, any_rates: bool) -> Vec<usize> {
 }
 
 /// One flow's cells, in [`COLUMNS`] order.
-fn cells(f: &Flow) -> [String; 17] {
+fn cells(f: &Flow) -> [String; 18] {
     let iface = match (f.ifname.as_deref().map(printable), f.direction) {
         (Some(n), Some(Direction::Ingress)) => format!("{n}/in"),
         (Some(n), Some(Direction::Egress)) => format!("{n}/out"),
@@ -314,6 +451,7 @@ fn cells(f: &Flow) -> [String; 17] {
         inner,
         // Hex, as `roce-agent flows`, the findings, tshark and perftest print QPs.
         format!("{:#x}", f.dest_qp),
+        printable(&flow_owner(f.owner.as_ref())),
         rate(|r| r.packets_per_s),
         rate(|r| r.bits_per_s),
         rate(|r| r.ce_per_s),
@@ -338,12 +476,16 @@ fn draw_footer(frame: &mut Frame, area: Rect, state: &TopState) {
     let (key, reverse) = state.sort();
     let arrow = if reverse { '▲' } else { '▼' };
     let n = state.row_count();
+    let what = match state.showing() {
+        Rows::Flows => "flows",
+        Rows::HardwareQps => "hardware-only QPs",
+    };
     let position = if n == 0 {
-        "no flows".to_string()
+        format!("no {what}")
     } else {
         let first = state.scroll().min(n.saturating_sub(state.page())) + 1;
         let last = (first - 1 + state.page()).min(n);
-        format!("flows {first}-{last} of {n}")
+        format!("{what} {first}-{last} of {n}")
     };
     let mut status = format!("sort: {}{arrow}  {position}", key.label());
     if filtering(state) && !state.filter_prompt_open() {
@@ -373,6 +515,13 @@ fn draw_footer(frame: &mut Frame, area: Rect, state: &TopState) {
             ("b", "bits/s"),
             ("r", "reverse"),
             ("/", "filter"),
+            (
+                "o",
+                match state.showing() {
+                    Rows::Flows => "hardware-only QPs",
+                    Rows::HardwareQps => "flows",
+                },
+            ),
             ("↑↓ PgUp PgDn Home End", "scroll"),
         ] {
             if !keys.is_empty() {
@@ -415,6 +564,7 @@ mod tests {
             at: SystemTime::now(),
             flows: Err("bad\x07\x1b]0;title\x07".into()),
             findings: Err(String::new()),
+            qps: Err(String::new()),
         });
         let lines = screen(&mut s, 200, 14);
         assert!(lines[0].contains(": bad??]0;title?"), "{lines:?}");
@@ -441,12 +591,12 @@ mod tests {
             .collect()
     }
 
-    /// The QP column of each table row on the screen (the header line is row 4; a
+    /// The QP column of each table row on the screen (the header line is row 5; a
     /// flow row has an arrow between its addresses, the footer none).
     fn screen_qps(lines: &[String]) -> Vec<String> {
         lines
             .iter()
-            .skip(5)
+            .skip(6)
             .filter(|l| l.contains('→'))
             .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("0x")))
             .map(String::from)
@@ -469,10 +619,15 @@ mod tests {
         );
         assert_eq!(lines[2], "rates: -");
         assert_eq!(lines[3], "audit: 2 errors, 1 warning, 1 info");
+        assert_eq!(
+            lines[4],
+            "visibility: va kernel_path, eth2 offloaded; QPs 4, 2 hardware-only"
+        );
         for col in [
             "iface",
             "src→dst",
             "qp",
+            "owner",
             "pkts/s",
             "bits/s",
             "CE%",
@@ -480,10 +635,10 @@ mod tests {
             "NAK/RNR",
             "dscp",
         ] {
-            assert!(lines[4].contains(col), "{col}: {all}");
+            assert!(lines[5].contains(col), "{col}: {all}");
         }
         assert!(
-            lines[5].starts_with("va/in  198.18.0.2→198.18.0.1"),
+            lines[6].starts_with("va/in  198.18.0.2→198.18.0.1"),
             "{all}"
         );
         assert_eq!(
@@ -492,7 +647,7 @@ mod tests {
             "{all}"
         );
         // No rates: every rate cell is "-", the totals are there.
-        let words: Vec<&str> = lines[5].split_whitespace().collect();
+        let words: Vec<&str> = lines[6].split_whitespace().collect();
         assert_eq!(
             words,
             [
@@ -501,6 +656,7 @@ mod tests {
                 "-",
                 "-",
                 "0x10",
+                "-",
                 "-",
                 "-",
                 "-",
@@ -517,7 +673,7 @@ mod tests {
             "{all}"
         );
         assert!(
-            lines[8].contains("198.19.0.1→198.19.0.2") && lines[8].contains("5001"),
+            lines[9].contains("198.19.0.1→198.19.0.2") && lines[9].contains("5001"),
             "{all}"
         );
         let footer = lines.last().unwrap();
@@ -534,11 +690,11 @@ mod tests {
         s.apply(Command::SortBy(SortKey::CeRatio));
         let lines = screen(&mut s, 200, 14);
         assert_eq!(screen_qps(&lines), vec!["0x20", "0x10", "0x30", "0x40"]);
-        assert!(lines[4].contains("CE%▼"), "{}", lines[4]);
+        assert!(lines[5].contains("CE%▼"), "{}", lines[5]);
         s.apply(Command::Reverse);
         let lines = screen(&mut s, 200, 14);
         assert_eq!(screen_qps(&lines), vec!["0x30", "0x40", "0x10", "0x20"]);
-        assert!(lines[4].contains("CE%▲"), "{}", lines[4]);
+        assert!(lines[5].contains("CE%▲"), "{}", lines[5]);
         assert!(lines.last().unwrap().contains("sort: CE ratio▲"));
     }
 
@@ -554,17 +710,17 @@ mod tests {
             lines[2], "rates: 1.00k pkts/s, 10.3G bits/s, CE 250/s, CNPs 40/s, NAKs 0/s",
             "{all}"
         );
-        let words: Vec<&str> = lines[5].split_whitespace().collect();
+        let words: Vec<&str> = lines[6].split_whitespace().collect();
         assert_eq!(
-            &words[4..11],
-            ["0x10", "1.00k", "10.3G", "250", "25.0", "40", "0"],
+            &words[4..12],
+            ["0x10", "-", "1.00k", "10.3G", "250", "25.0", "40", "0"],
             "{all}"
         );
         // The other flows have none: "-".
-        let words: Vec<&str> = lines[6].split_whitespace().collect();
+        let words: Vec<&str> = lines[7].split_whitespace().collect();
         assert_eq!(
-            &words[4..11],
-            ["0x20", "-", "-", "-", "-", "-", "-"],
+            &words[4..12],
+            ["0x20", "-", "-", "-", "-", "-", "-", "-"],
             "{all}"
         );
     }
@@ -576,6 +732,7 @@ mod tests {
             at: SystemTime::now(),
             flows: Err("Connection refused (os error 111)".into()),
             findings: Err("Connection refused (os error 111)".into()),
+            qps: Err("Connection refused (os error 111)".into()),
         });
         let lines = screen(&mut s, 120, 12);
         assert_eq!(
@@ -584,8 +741,9 @@ mod tests {
         );
         assert_eq!(lines[1], "frames: -");
         assert_eq!(lines[3], "audit: -");
+        assert_eq!(lines[4], "visibility: -");
         assert!(
-            lines[5].contains("no answer from the agent yet"),
+            lines[6].contains("no answer from the agent yet"),
             "{lines:?}"
         );
 
@@ -595,6 +753,7 @@ mod tests {
             at: SystemTime::now(),
             flows: Err("timed out".into()),
             findings: Err("timed out".into()),
+            qps: Err("timed out".into()),
         });
         let lines = screen(&mut s, 200, 14);
         assert!(
@@ -613,6 +772,7 @@ mod tests {
             at: SystemTime::now(),
             flows: Ok(Document::default()),
             findings: Err("127.0.0.1:9473 answered /findings with HTTP status 404: ".into()),
+            qps: Ok(None),
         });
         let lines = screen(&mut s, 120, 12);
         assert!(lines[0].ends_with(", every 0.5s"), "{lines:?}");
@@ -620,7 +780,8 @@ mod tests {
             lines[3].starts_with("audit: - (127.0.0.1:9473 answered /findings"),
             "{lines:?}"
         );
-        assert!(lines[5].contains("no RoCE flows seen"), "{lines:?}");
+        assert_eq!(lines[4], "visibility: - (the agent has no QP table)");
+        assert!(lines[6].contains("no RoCE flows seen"), "{lines:?}");
         assert!(lines.last().unwrap().ends_with("no flows"), "{lines:?}");
     }
 
@@ -698,7 +859,7 @@ mod tests {
         s.apply(Command::FilterOpen);
         s.apply(Command::FilterPush('z'));
         let lines = screen(&mut s, 200, 14);
-        assert!(lines[5].contains("no flow matches the filter"), "{lines:?}");
+        assert!(lines[6].contains("no flow matches the filter"), "{lines:?}");
         assert!(
             lines[1].ends_with("0 of 4 flows match filter \"0x2z\""),
             "{lines:?}"
@@ -713,18 +874,148 @@ mod tests {
     }
 
     #[test]
+    fn flows_show_the_owner_of_their_qp() {
+        use crate::doc::qp::QpOwner;
+        let mut doc = document();
+        let owner = |comm: &str, pod: Option<&str>| QpOwner {
+            device: "rxe0".into(),
+            lqpn: 0x10,
+            pid: Some(577),
+            comm: Some(comm.into()),
+            cgroup: None,
+            pod_uid: pod.map(String::from),
+            container_id: None,
+        };
+        for f in &mut doc.flows {
+            match f.dest_qp {
+                0x10 => f.owner = Some(owner("ib_write_bw", None)),
+                0x20 => f.owner = Some(owner("nccl", Some("0f3c2a7e-1111-2222-3333-444455556666"))),
+                _ => {}
+            }
+        }
+        let mut s = state_with(doc);
+        let lines = screen(&mut s, 200, 14);
+        let all = lines.join("\n");
+        let row = |qp: &str| -> Vec<String> {
+            lines
+                .iter()
+                .find(|l| l.contains(&format!(" {qp} ")))
+                .map(|l| l.split_whitespace().map(String::from).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(row("0x10")[5], "ib_write_bw", "{all}");
+        assert_eq!(&row("0x20")[5..8], ["nccl", "pod", "0f3c2a7e"], "{all}");
+        assert_eq!(row("0x30")[5], "-", "{all}");
+        // The filter finds flows by their owner.
+        s.apply(Command::FilterOpen);
+        for c in "nccl".chars() {
+            s.apply(Command::FilterPush(c));
+        }
+        let lines = screen(&mut s, 200, 14);
+        assert_eq!(screen_qps(&lines), vec!["0x20"], "{lines:?}");
+    }
+
+    #[test]
+    fn o_shows_the_hardware_only_qps_and_back() {
+        let mut s = state_with(document());
+        s.apply(Command::ToggleQps);
+        let lines = screen(&mut s, 200, 14);
+        let all = lines.join("\n");
+        assert_eq!(
+            lines[5],
+            "device/port  lqpn  rqpn  type  state  owner              src→dst  hw counters",
+            "{all}"
+        );
+        // The QPs no flow was joined to, by device: not the one seen, not the gone one.
+        assert_eq!(
+            lines[6],
+            "mlx5_0/1     0x2a  0x2b  RC    RTS    nccl pod 0f3c2a7e  -                  1",
+            "{all}"
+        );
+        assert_eq!(
+            lines[7],
+            "rxe0/1       0x11  0x12  RC    RTS    ib_write_bw        -                  0",
+            "{all}"
+        );
+        assert_eq!(lines[8], "", "{all}");
+        let footer = lines.last().unwrap();
+        assert!(footer.contains("o flows"), "{all}");
+        assert!(
+            footer.ends_with("sort: problems▼  hardware-only QPs 1-2 of 2"),
+            "{all}"
+        );
+        // The filter applies to the QPs: by owner, pod, QPN.
+        for (text, want) in [
+            ("nccl", 1),
+            ("0f3c2a7e", 1),
+            ("0x11", 1),
+            ("17", 1),
+            ("rc", 2),
+        ] {
+            s.apply(Command::FilterOpen);
+            for c in text.chars() {
+                s.apply(Command::FilterPush(c));
+            }
+            assert_eq!(s.row_count(), want, "{text}");
+            s.apply(Command::FilterClear);
+        }
+        s.apply(Command::FilterOpen);
+        s.apply(Command::FilterPush('z'));
+        let lines = screen(&mut s, 200, 14);
+        assert!(lines[6].contains("no QP matches the filter"), "{lines:?}");
+        s.apply(Command::FilterClear);
+        s.apply(Command::ToggleQps);
+        let lines = screen(&mut s, 200, 14);
+        assert_eq!(screen_qps(&lines).len(), 4, "{lines:?}");
+        assert!(lines.last().unwrap().contains("o hardware-only QPs"));
+    }
+
+    #[test]
+    fn an_empty_qp_table_says_so_in_the_qp_view() {
+        let mut s = state_with(document());
+        s.update(Snapshot {
+            qps: Ok(Some(crate::api::server::QpAnswer::default())),
+            ..crate::top::tests::answered(document())
+        });
+        s.apply(Command::ToggleQps);
+        let lines = screen(&mut s, 200, 14);
+        assert_eq!(lines[4], "visibility: -; QPs 0, 0 hardware-only");
+        assert!(
+            lines[6].contains("the agent's QP table is empty: no RDMA device or no QP on its host"),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn an_agent_without_a_qp_table_says_so_in_the_qp_view() {
+        let mut s = state_with(document());
+        s.update(Snapshot {
+            qps: Ok(None),
+            ..crate::top::tests::answered(document())
+        });
+        s.apply(Command::ToggleQps);
+        let lines = screen(&mut s, 200, 14);
+        assert_eq!(lines[4], "visibility: - (the agent has no QP table)");
+        assert!(
+            lines[6].contains("the agent has no QP table (GET /qps)"),
+            "{lines:?}"
+        );
+        assert!(lines.last().unwrap().ends_with("no hardware-only QPs"));
+    }
+
+    #[test]
     fn scrolled_view_shows_later_rows() {
         let mut doc = document();
         for i in 0..20 {
             doc.flows.push(flow("198.18.1.1", 0x100 + i));
         }
         let mut s = state_with(doc);
-        screen(&mut s, 200, 14); // sets the page: 14 - 4 header - 1 table header - 1 footer
+        screen(&mut s, 200, 14); // sets the page: 14 - 5 header - 1 table header - 1 footer
         s.apply(Command::PageDown);
         let lines = screen(&mut s, 200, 14);
-        assert_eq!(screen_qps(&lines)[0], "0x104", "{lines:?}");
+        assert_eq!(screen_qps(&lines)[0], "0x103", "{lines:?}");
         assert!(
-            lines.last().unwrap().ends_with("flows 9-16 of 24"),
+            lines.last().unwrap().ends_with("flows 8-14 of 24"),
             "{lines:?}"
         );
     }

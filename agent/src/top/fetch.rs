@@ -1,11 +1,13 @@
-//! Asking the agent: one round of `GET /flows` and `GET /findings` makes a
+//! Asking the agent: one round of `GET /flows`, `GET /findings` and `GET /qps` makes a
 //! [`Snapshot`], and [`spawn_fetcher`] asks every interval on its own thread, so a slow
-//! or dead agent never holds up keys or drawing.
+//! or dead agent never holds up keys or drawing. An agent older than the QP table
+//! answers `/qps` with 404: that is no error, the view goes without it.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::api::client::{Client, ClientError};
+use crate::api::server::QpAnswer;
 use crate::doc::finding::Findings;
 use crate::doc::Document;
 
@@ -22,6 +24,8 @@ pub struct Snapshot {
     pub at: SystemTime,
     pub flows: Result<Document, String>,
     pub findings: Result<Findings, String>,
+    /// The QP table and the interfaces' visibility; None: an agent without `/qps`.
+    pub qps: Result<Option<QpAnswer>, String>,
 }
 
 /// Asks the agent of `client` for `/flows` and `/findings`.
@@ -44,10 +48,21 @@ pub fn fetch(client: &Client, timeout: Duration) -> Snapshot {
             }),
         Err(e) => Err(e.clone()),
     };
+    let qps = match &flows {
+        Ok(_) => match client.get_body("/qps", timeout) {
+            Ok(body) => serde_json::from_slice::<QpAnswer>(&body)
+                .map(Some)
+                .map_err(|e| format!("the answer is not a QP table: {e}")),
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(e) => Err(short_error(&e, timeout)),
+        },
+        Err(e) => Err(e.clone()),
+    };
     Snapshot {
         at: SystemTime::now(),
         flows,
         findings,
+        qps,
     }
 }
 
@@ -97,6 +112,7 @@ mod tests {
         let snap = fetch(&client, Duration::from_millis(200));
         assert_eq!(snap.flows.unwrap_err(), "no answer within 0.2s");
         assert_eq!(snap.findings.unwrap_err(), "no answer within 0.2s");
+        assert_eq!(snap.qps.unwrap_err(), "no answer within 0.2s");
         drop(silent);
         let e = fetch(&client, Duration::from_millis(200))
             .flows

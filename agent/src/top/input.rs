@@ -59,6 +59,7 @@ pub fn action(key: KeyEvent, prompt_open: bool) -> Action {
         KeyCode::Char('n') => Command::SortBy(SortKey::CnpRate),
         KeyCode::Char('b') => Command::SortBy(SortKey::Bitrate),
         KeyCode::Char('r') => Command::Reverse,
+        KeyCode::Char('o') => Command::ToggleQps,
         KeyCode::Up | KeyCode::Char('k') => Command::Up,
         KeyCode::Down | KeyCode::Char('j') => Command::Down,
         KeyCode::PageUp => Command::PageUp,
@@ -165,6 +166,7 @@ mod tests {
             (KeyCode::End, Last),
             (KeyCode::Char('G'), Last),
             (KeyCode::Char('/'), FilterOpen),
+            (KeyCode::Char('o'), ToggleQps),
         ] {
             assert_eq!(press(code), Action::Apply(command), "{code:?}");
         }

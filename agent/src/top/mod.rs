@@ -1,5 +1,7 @@
-//! `roce-agent top`: a live terminal view of a running agent's flows (`GET /flows`)
-//! and of its host audit (`GET /findings`), refreshed every interval.
+//! `roce-agent top`: a live terminal view of a running agent's flows (`GET /flows`),
+//! of its host audit (`GET /findings`) and of its QP table (`GET /qps`: the owner of
+//! each flow, the QPs never seen on the wire, what the agent sees of RoCE on each
+//! interface), refreshed every interval.
 //!
 //! One role a file, so that the model and the drawing are tested without a terminal:
 //! - [`fetch`]: asking the agent, one [`Snapshot`] a round, on a background thread;
@@ -109,7 +111,9 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use super::*;
+    use crate::api::server::{InterfaceVisibility, QpAnswer};
     use crate::doc::finding::{Finding, Findings, Severity};
+    use crate::doc::qp::{Qp, QpDocument};
     use crate::doc::{test_flow, Counters, Document, Ecn, Flow, Rates};
 
     pub(super) fn flow(src: &str, qp: u32) -> Flow {
@@ -200,11 +204,73 @@ mod tests {
         }
     }
 
+    /// A QP of rxe0 port 1 on `va`, RC, RTS, owned by ib_write_bw[577].
+    pub(super) fn qp(lqpn: u32) -> Qp {
+        Qp {
+            device: "rxe0".into(),
+            port: Some(1),
+            lqpn,
+            rqpn: Some(lqpn + 1),
+            qp_type: "RC".into(),
+            state: "RTS".into(),
+            sq_psn: Some(0),
+            rq_psn: Some(0),
+            pid: Some(577),
+            comm: Some("ib_write_bw".into()),
+            cgroup: None,
+            pod_uid: None,
+            container_id: None,
+            src: None,
+            dst: None,
+            counters: Default::default(),
+            counter_id: None,
+            seen_on_wire: false,
+            netdev: Some("va".into()),
+            src_port: None,
+            dst_port: None,
+            gone: false,
+            wire: None,
+        }
+    }
+
+    /// The QP table: 0x10 seen on the wire; 0x2a of mlx5_0 in a pod and 0x11 of rxe0
+    /// not (hardware-only); 0x12 gone. `va` is on the kernel path.
+    pub(super) fn qp_answer() -> QpAnswer {
+        let mut seen = qp(0x10);
+        seen.seen_on_wire = true;
+        let mut offloaded = qp(0x2a);
+        offloaded.device = "mlx5_0".into();
+        offloaded.comm = Some("nccl".into());
+        offloaded.pid = Some(900);
+        offloaded.pod_uid = Some("0f3c2a7e-1111-2222-3333-444455556666".into());
+        offloaded.counters.insert("rx_write_requests".into(), 3);
+        let mut gone = qp(0x12);
+        gone.gone = true;
+        QpAnswer {
+            document: QpDocument {
+                qps: vec![offloaded, gone, seen, qp(0x11)],
+                ports: Vec::new(),
+                error: None,
+            },
+            visibility: vec![
+                InterfaceVisibility {
+                    ifname: "va".into(),
+                    mode: "kernel_path".into(),
+                },
+                InterfaceVisibility {
+                    ifname: "eth2".into(),
+                    mode: "offloaded".into(),
+                },
+            ],
+        }
+    }
+
     pub(super) fn answered(doc: Document) -> Snapshot {
         Snapshot {
             at: SystemTime::now(),
             flows: Ok(doc),
             findings: Ok(findings()),
+            qps: Ok(Some(qp_answer())),
         }
     }
 

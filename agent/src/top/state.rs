@@ -1,11 +1,14 @@
 //! The view's model, [`TopState`]: the agent's last answers in (a [`Snapshot`]),
 //! [`Command`]s from the user in, the rows the filter lets through, sorted, and the
-//! scroll position out. Pure: no terminal, no network, no clock, so every rule of the
-//! order and of the filter is tested here.
+//! scroll position out. The rows are the flows, or (key `o`) the hardware-only QPs:
+//! those of the agent's QP table that no flow was joined to. Pure: no terminal, no
+//! network, no clock, so every rule of the order and of the filter is tested here.
 
 use std::time::{Duration, SystemTime};
 
+use crate::api::server::QpAnswer;
 use crate::doc::finding::{Findings, Severity};
+use crate::doc::qp::{Qp, QpOwner};
 use crate::doc::{Document, Flow};
 
 use super::fetch::Snapshot;
@@ -86,6 +89,27 @@ pub enum Command {
     FilterKeep,
     /// Close the prompt and clear the filter.
     FilterClear,
+    /// Show the hardware-only QPs instead of the flows, or the flows again (`o`).
+    ToggleQps,
+}
+
+/// What the table shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    Flows,
+    /// The QPs of the table that were not seen on the wire (offloaded or idle).
+    HardwareQps,
+}
+
+/// The agent's QP table as the view last got it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum QpTable {
+    /// Not asked yet.
+    Unknown,
+    /// The agent has no `/qps` (an older agent).
+    Absent,
+    Failed(String),
+    Answered(QpAnswer),
 }
 
 /// The host audit's findings, counted by severity.
@@ -130,8 +154,12 @@ pub struct TopState {
     /// The filter prompt is open: typed characters go into `filter`.
     prompt: bool,
     /// Indices into `doc.flows` of the flows the filter lets through, in display
-    /// order (filtered and sorted once per answer or key, not once per frame).
+    /// order (filtered and sorted once per answer or key, not once per frame); in
+    /// the QP view, indices into the table's QPs.
     order: Vec<usize>,
+    /// The last QP table, kept like the flows when a round fails.
+    qps: QpTable,
+    rows: Rows,
     /// Index of the first row shown.
     scroll: usize,
     /// Rows the table shows at once (set from the terminal's size).
@@ -152,6 +180,8 @@ impl TopState {
             filter: String::new(),
             prompt: false,
             order: Vec::new(),
+            qps: QpTable::Unknown,
+            rows: Rows::Flows,
             scroll: 0,
             page: 1,
         }
@@ -165,6 +195,11 @@ impl TopState {
                 self.answered_at = Some(snap.at);
                 self.error = None;
                 self.audit = Some(snap.findings.map(|f| AuditCounts::of(&f)));
+                self.qps = match snap.qps {
+                    Ok(Some(answer)) => QpTable::Answered(answer),
+                    Ok(None) => QpTable::Absent,
+                    Err(e) => QpTable::Failed(e),
+                };
                 self.resort();
             }
             // The audit counts of the last answer stay: they are as old as the flows.
@@ -216,6 +251,13 @@ impl TopState {
                     self.refilter();
                 }
             }
+            Command::ToggleQps => {
+                self.rows = match self.rows {
+                    Rows::Flows => Rows::HardwareQps,
+                    Rows::HardwareQps => Rows::Flows,
+                };
+                self.refilter();
+            }
         }
         self.clamp_scroll();
     }
@@ -226,10 +268,46 @@ impl TopState {
         self.clamp_scroll();
     }
 
-    /// The flows in display order.
+    /// The flows in display order (none in the QP view).
     pub fn rows(&self) -> impl Iterator<Item = &Flow> + '_ {
-        let flows = self.doc.as_ref().map_or(&[][..], |d| &d.flows[..]);
+        let flows = match self.rows {
+            Rows::Flows => self.doc.as_ref().map_or(&[][..], |d| &d.flows[..]),
+            Rows::HardwareQps => &[][..],
+        };
         self.order.iter().filter_map(move |&i| flows.get(i))
+    }
+
+    /// The hardware-only QPs in display order (none in the flow view).
+    pub fn qp_rows(&self) -> impl Iterator<Item = &Qp> + '_ {
+        let qps = match self.rows {
+            Rows::HardwareQps => self.qp_answer().map_or(&[][..], |a| &a.document.qps[..]),
+            Rows::Flows => &[][..],
+        };
+        self.order.iter().filter_map(move |&i| qps.get(i))
+    }
+
+    /// What the table shows.
+    pub fn showing(&self) -> Rows {
+        self.rows
+    }
+
+    /// The agent's QP table as last answered.
+    pub fn qp_table(&self) -> &QpTable {
+        &self.qps
+    }
+
+    fn qp_answer(&self) -> Option<&QpAnswer> {
+        match &self.qps {
+            QpTable::Answered(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// QPs of the table no flow was joined to.
+    pub fn hardware_qp_count(&self) -> usize {
+        self.qp_answer().map_or(0, |a| {
+            a.document.qps.iter().filter(|q| hardware_only(q)).count()
+        })
     }
 
     /// Rows the filter lets through.
@@ -312,6 +390,10 @@ impl TopState {
     }
 
     fn resort(&mut self) {
+        if self.rows == Rows::HardwareQps {
+            self.order = self.qp_order();
+            return;
+        }
         let Some(doc) = &self.doc else {
             self.order.clear();
             return;
@@ -338,6 +420,27 @@ impl TopState {
         self.order = order;
     }
 
+    /// The hardware-only QPs the filter lets through, by device, port and local QPN.
+    fn qp_order(&self) -> Vec<usize> {
+        let Some(answer) = self.qp_answer() else {
+            return Vec::new();
+        };
+        let qps = &answer.document.qps;
+        let needle = self.filter.trim().to_ascii_lowercase();
+        let mut text = String::new();
+        let mut order: Vec<usize> = (0..qps.len())
+            .filter(|&i| {
+                hardware_only(&qps[i])
+                    && (needle.is_empty() || qp_matches(&qps[i], &needle, &mut text))
+            })
+            .collect();
+        order.sort_by(|&a, &b| {
+            let (a, b) = (&qps[a], &qps[b]);
+            (&a.device, a.port, a.lqpn).cmp(&(&b.device, b.port, b.lqpn))
+        });
+        order
+    }
+
     fn max_scroll(&self) -> usize {
         self.order.len().saturating_sub(self.page)
     }
@@ -347,10 +450,65 @@ impl TopState {
     }
 }
 
+/// A QP of the table that no flow was joined to: its packets never crossed XDP or tc
+/// (an RNIC that offloads RoCE), or it sent nothing; gone QPs are left out.
+pub fn hardware_only(q: &Qp) -> bool {
+    !q.seen_on_wire && !q.gone
+}
+
+/// How the view names an owner: its command (`[PID]` without one), and the first 8
+/// characters of its pod UID when it runs in a pod.
+pub fn owner_label(pid: Option<u32>, comm: Option<&str>, pod_uid: Option<&str>) -> String {
+    let mut s = match (comm, pid) {
+        (Some(c), _) => c.to_string(),
+        (None, Some(p)) => format!("[{p}]"),
+        (None, None) => "-".to_string(),
+    };
+    if let Some(pod) = pod_uid {
+        s.push_str(" pod ");
+        s.extend(pod.chars().take(8));
+    }
+    s
+}
+
+/// [`owner_label`] of a flow's owner.
+pub fn flow_owner(owner: Option<&QpOwner>) -> String {
+    owner.map_or_else(
+        || "-".to_string(),
+        |o| owner_label(o.pid, o.comm.as_deref(), o.pod_uid.as_deref()),
+    )
+}
+
+/// Whether a QP's row shows `needle` (lowercase, not empty): its device, QPNs (hex
+/// and decimal), type, state, owner, pod UID and addresses.
+pub fn qp_matches(q: &Qp, needle: &str, text: &mut String) -> bool {
+    use std::fmt::Write as _;
+    text.clear();
+    let _ = writeln!(text, "{}", q.device);
+    let _ = writeln!(text, "{:#x}\n{}", q.lqpn, q.lqpn);
+    if let Some(r) = q.rqpn {
+        let _ = writeln!(text, "{r:#x}\n{r}");
+    }
+    let _ = writeln!(text, "{}\n{}", q.qp_type, q.state);
+    let _ = writeln!(
+        text,
+        "{}",
+        owner_label(q.pid, q.comm.as_deref(), q.pod_uid.as_deref())
+    );
+    if let Some(pod) = &q.pod_uid {
+        let _ = writeln!(text, "{pod}");
+    }
+    if let (Some(s), Some(d)) = (q.src, q.dst) {
+        let _ = writeln!(text, "{s}→{d}");
+    }
+    text.make_ascii_lowercase();
+    text.contains(needle)
+}
+
 /// Whether a flow's row shows `needle` (lowercase, not empty): its interface as the
 /// row names it (`va/in`), its outer and inner addresses (each, and as `src→dst`),
-/// its VNI, its QP in hex (`0x1a`) and in decimal (`26`). `text` is room to write
-/// them in, reused from one flow to the next.
+/// its VNI, its QP in hex (`0x1a`) and in decimal (`26`), its owner. `text` is room to
+/// write them in, reused from one flow to the next.
 pub fn matches(f: &Flow, needle: &str, text: &mut String) -> bool {
     use std::fmt::Write as _;
     text.clear();
@@ -370,7 +528,10 @@ pub fn matches(f: &Flow, needle: &str, text: &mut String) -> bool {
     if let (Some(s), Some(d)) = (f.inner_src, f.inner_dst) {
         let _ = writeln!(text, "{s}→{d}");
     }
-    let _ = write!(text, "{:#x}\n{}", f.dest_qp, f.dest_qp);
+    let _ = writeln!(text, "{:#x}\n{}", f.dest_qp, f.dest_qp);
+    if let Some(o) = &f.owner {
+        let _ = write!(text, "{}", flow_owner(Some(o)));
+    }
     text.make_ascii_lowercase();
     text.contains(needle)
 }
@@ -557,6 +718,7 @@ mod tests {
             at: SystemTime::now(),
             flows: Err("Connection refused (os error 111)".into()),
             findings: Err("Connection refused (os error 111)".into()),
+            qps: Err("Connection refused (os error 111)".into()),
         });
         assert_eq!(s.row_count(), 4);
         assert_eq!(

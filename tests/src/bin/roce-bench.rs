@@ -30,6 +30,8 @@ use std::time::Instant;
 mod bench_agent;
 #[path = "../bench_analyze.rs"]
 mod bench_analyze;
+#[path = "../bench_qps.rs"]
+mod bench_qps;
 
 #[derive(Parser)]
 #[command(
@@ -91,6 +93,10 @@ struct Args {
     /// tenth of them: the agent keeps such counters apart for the flows that have any.
     #[arg(long)]
     agent_troubled: bool,
+    /// Refreshes of the QP table in the `qp_table_10k` case (the median is reported;
+    /// 0: no QP table case).
+    #[arg(long, default_value_t = 7)]
+    qp_table_runs: usize,
     /// Internal: run the agent section itself (in the child process it starts).
     #[arg(long, hide = true)]
     agent_child: bool,
@@ -848,6 +854,12 @@ fn main() -> Result<()> {
     }
     if args.agent_flows > 0 && args.wants("agent") {
         bench_agent::run(&agent)?;
+    }
+    if args.qp_table_runs > 0 && args.wants("qp_table") {
+        bench_qps::run(&bench_qps::Options {
+            json: args.json,
+            runs: args.qp_table_runs,
+        })?;
     }
     Ok(())
 }

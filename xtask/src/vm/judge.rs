@@ -18,13 +18,15 @@ use roce_testkit::tshark;
 use super::Scenario;
 
 /// The checks a scenario may name in scenarios.list.
-pub const CHECKS: [&str; 7] = [
+pub const CHECKS: [&str; 9] = [
     "flows",
     "qos",
     "netem",
     "lifecycle",
     "rnic_metrics",
     "check_rdma",
+    "qp_table",
+    "mirror",
     "overhead",
 ];
 
@@ -117,6 +119,8 @@ fn judge(dir: &Path, check: &str, o: &mut Outcome) -> Result<()> {
     match check {
         "rnic_metrics" => return super::host::rnic_metrics(dir, o),
         "check_rdma" => return super::host::check_rdma(dir, o),
+        "qp_table" => return super::qp::qp_table(dir, o),
+        "mirror" => return super::mirror::mirror(dir, o),
         "overhead" => return super::overhead::judge(dir, o),
         _ => {}
     }
@@ -192,7 +196,7 @@ fn from(table: &FlowTable, src: &str) -> FlowTable {
 /// The frames tcpdump lost, from its exit report: those "dropped by kernel" (its
 /// ring was full) and those "received by filter" but never "captured" (still in
 /// the ring when it was stopped).
-fn tcpdump_dropped(path: &Path) -> u64 {
+pub(super) fn tcpdump_dropped(path: &Path) -> u64 {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let figure = |suffix: &str| -> u64 {
         text.lines()
@@ -206,7 +210,7 @@ fn tcpdump_dropped(path: &Path) -> u64 {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Compare {
+pub(super) enum Compare {
     /// Every figure equal.
     Exact,
     /// The agent counts before a loss the capture comes after: packets and bytes
@@ -232,7 +236,13 @@ fn figures(c: &FlowCounts) -> [(&'static str, u64); 12] {
     ]
 }
 
-fn compare(where_: &str, agent: &FlowTable, wire: &FlowTable, how: Compare, o: &mut Outcome) {
+pub(super) fn compare(
+    where_: &str,
+    agent: &FlowTable,
+    wire: &FlowTable,
+    how: Compare,
+    o: &mut Outcome,
+) {
     o.flows += agent.len();
     for (id, a) in agent {
         let Some(w) = wire.get(id) else {

@@ -15,8 +15,10 @@
 mod host;
 mod image;
 mod judge;
+mod mirror;
 mod overhead;
 mod qemu;
+mod qp;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -8,7 +8,8 @@ use std::os::fd::AsFd;
 use aya::maps::{Array, HashMap, Map, MapData, MapError, Queue};
 use aya::Ebpf;
 use roce_common::flow::{FlowSlot, FlowStats, SLOT_EVICTED, SLOT_LIVE};
-use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, ShapedKey};
+use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, ShapedKey};
+use roce_common::mirror::MirrorTag;
 use roce_common::names::map;
 
 use super::{map_error, typed_map, typed_map_mut, LoadError, LoadOptions, Loaded};
@@ -17,7 +18,8 @@ use crate::datapath::flow_table::{self, FlowSlots};
 
 /// The kernel memory of the flow table at `entries` flows on a host of `cpus` possible
 /// CPUs: FLOWS4, FLOWS_MID and FLOWS (hash maps allocate every entry up front, plus
-/// one spare a CPU), FLOW_SLOTS (256 bytes a flow, shared by all CPUs) and FLOW_FREE.
+/// one spare a CPU), FLOWS_MIRROR's buckets (its entries come with mirrored flows), FLOW_SLOTS (256 bytes a flow, shared by
+/// all CPUs), MIRROR_TAGS (24 bytes a flow) and FLOW_FREE.
 /// 65,536 flows cost about 40 MB whatever the CPU count. `tests/tests/names.rs` holds this against
 /// the kernel's own figure (a map's `memlock` in fdinfo).
 pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
@@ -31,11 +33,15 @@ pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
             + n.next_power_of_two() * BUCKET
     };
     let slots = (n * size_of::<FlowSlot>() as u64).next_multiple_of(4096);
+    let tags = (n * size_of::<MirrorTag>() as u64).next_multiple_of(4096);
     let free = (n + 1) * 4;
     table(size_of::<FlowKey4>())
         + table(size_of::<FlowKeyMid>())
         + table(size_of::<FlowKey>())
+        // Not preallocated: its buckets; each mirrored flow adds about 170 bytes.
+        + n.next_power_of_two() * BUCKET
         + slots
+        + tags
         + free
 }
 
@@ -49,14 +55,23 @@ pub(super) fn map_slots(ebpf: &Ebpf) -> Result<FlowSlots, LoadError> {
         .info()
         .map_err(map_error(map::FLOW_SLOTS))?
         .max_entries();
-    FlowSlots::new(data.fd().as_fd(), entries as usize).map_err(LoadError::Slots)
+    let slots = FlowSlots::new(data.fd().as_fd(), entries as usize).map_err(LoadError::Slots)?;
+    let Some(Map::Array(tags)) = ebpf.map(map::MIRROR_TAGS) else {
+        return Err(LoadError::Missing(map::MIRROR_TAGS));
+    };
+    slots.with_tags(tags.fd().as_fd()).map_err(LoadError::Slots)
 }
 
 impl Loaded {
-    /// Every flow of the table, under its wide key.
+    /// Every flow of the table but the mirrored ones, under its wide key (a mirrored
+    /// flow is known by its key and session: [`Self::mirrored_flows`]).
     pub fn flows(&self) -> Result<Vec<(FlowKey, FlowStats)>, LoadError> {
         let mut out = Vec::new();
-        self.for_each_flow(|key, stats| out.push((*key, *stats)))?;
+        self.for_each_flow(|key, stats| {
+            if !key.mirrored() {
+                out.push((*key, *stats));
+            }
+        })?;
         Ok(out)
     }
 
@@ -72,14 +87,64 @@ impl Loaded {
             .map_err(LoadError::Slots)
     }
 
+    /// [`Self::for_each_flow`], with the mirror session of each mirrored flow (its
+    /// key has `KEY_MIRROR`; None for the others).
+    pub fn for_each_flow_tagged(
+        &self,
+        mut f: impl FnMut(&FlowKey, &FlowStats, Option<&MirrorTag>),
+    ) -> Result<usize, LoadError> {
+        self.slots
+            .for_each_live_tagged(|_, slot, tag| f(&slot.key, &slot.stats, tag))
+            .map_err(LoadError::Slots)
+    }
+
+    /// Every mirrored flow of the table, under its key and session.
+    pub fn mirrored_flows(&self) -> Result<Vec<(FlowKeyMirror, FlowStats)>, LoadError> {
+        let mut out = Vec::new();
+        self.for_each_flow_tagged(|key, stats, tag| {
+            if let Some(tag) = tag {
+                out.push((
+                    FlowKeyMirror {
+                        key: *key,
+                        tag: *tag,
+                    },
+                    *stats,
+                ));
+            }
+        })?;
+        Ok(out)
+    }
+
     /// The FLOW_SLOTS index that FLOWS4, FLOWS_MID or FLOWS (by the key's shape) gives
-    /// `key`'s flow, if it is in the table.
+    /// `key`'s flow, if it is in the table. A mirrored flow's key is
+    /// [`Self::mirrored_flow_index`]'s.
     pub fn flow_index(&self, key: &FlowKey) -> Result<Option<u32>, LoadError> {
         match ShapedKey::of(key) {
             ShapedKey::Plain4(k) => self.index_in(map::FLOWS4, &k),
             ShapedKey::Mid(k) => self.index_in(map::FLOWS_MID, &k),
             ShapedKey::Wide(k) => self.index_in(map::FLOWS, &k),
         }
+    }
+
+    /// The FLOW_SLOTS index FLOWS_MIRROR gives a mirrored flow, if it is there.
+    pub fn mirrored_flow_index(&self, key: &FlowKeyMirror) -> Result<Option<u32>, LoadError> {
+        self.index_in(map::FLOWS_MIRROR, key)
+    }
+
+    /// The table key of the flow in slot `i`, whose wide key is `key`: for a mirrored
+    /// flow with its session from MIRROR_TAGS.
+    fn index_of_slot(&self, i: u32, key: &FlowKey) -> Result<Option<u32>, LoadError> {
+        if !key.mirrored() {
+            return self.flow_index(key);
+        }
+        let tag = self.read_tag(i)?;
+        self.mirrored_flow_index(&FlowKeyMirror { key: *key, tag })
+    }
+
+    /// The mirror session of slot `i` (MIRROR_TAGS).
+    fn read_tag(&self, i: u32) -> Result<MirrorTag, LoadError> {
+        let tags: Array<&MapData, MirrorTag> = typed_map(&self.ebpf, map::MIRROR_TAGS)?;
+        tags.get(&i, 0).map_err(map_error(map::MIRROR_TAGS))
     }
 
     /// The slot index flow table `name` holds under `key`.
@@ -133,8 +198,8 @@ impl Loaded {
             // points elsewhere (or nowhere) is not this slot's to delete: the slot was
             // left live by an agent that died mid-eviction, and is taken back all the
             // same.
-            if self.flow_index(&slot.key)? == Some(i) {
-                self.forget_key(&slot.key)?;
+            if self.index_of_slot(i, &slot.key)? == Some(i) {
+                self.forget_key(i, &slot.key)?;
             }
             slot.state = SLOT_EVICTED;
             self.write_slot(i, &slot)?;
@@ -149,8 +214,12 @@ impl Loaded {
         Ok(self.evicted.len())
     }
 
-    /// Removes `key` from its flow table (already gone is fine).
-    fn forget_key(&mut self, key: &FlowKey) -> Result<(), LoadError> {
+    /// Removes `key`, the key of slot `i`, from its flow table (already gone is fine).
+    fn forget_key(&mut self, i: u32, key: &FlowKey) -> Result<(), LoadError> {
+        if key.mirrored() {
+            let tag = self.read_tag(i)?;
+            return self.remove_from(map::FLOWS_MIRROR, &FlowKeyMirror { key: *key, tag });
+        }
         match ShapedKey::of(key) {
             ShapedKey::Plain4(k) => self.remove_from(map::FLOWS4, &k),
             ShapedKey::Mid(k) => self.remove_from(map::FLOWS_MID, &k),
@@ -277,6 +346,7 @@ impl Loaded {
         self.empty_flow_map::<FlowKey4>(map::FLOWS4)?;
         self.empty_flow_map::<FlowKeyMid>(map::FLOWS_MID)?;
         self.empty_flow_map::<FlowKey>(map::FLOWS)?;
+        self.empty_flow_map::<FlowKeyMirror>(map::FLOWS_MIRROR)?;
         let mut used = self.slots.evicted().map_err(LoadError::Slots)?;
         self.slots
             .for_each_live(|i, _| used.push(i as u32))

@@ -32,6 +32,7 @@ use roce_common::event::EVENTS_RING_BYTES;
 use roce_common::names::map;
 pub use roce_common::names::program::{
     TC_BASELINE, TC_EGRESS, TC_EGRESS_FLOWS, TC_INGRESS, XDP_BASELINE, XDP_CLASSIFY as XDP_PROGRAM,
+    XDP_MIRROR,
 };
 
 use crate::config::Settings;
@@ -188,8 +189,9 @@ where
 /// The loaded kernel programs and maps.
 pub struct Loaded {
     ebpf: Ebpf,
-    /// XDP links this process owns (unpinned: they detach with it).
-    attached: Vec<(String, XdpLinkId)>,
+    /// XDP links this process owns (unpinned: they detach with it): interface,
+    /// program, link.
+    attached: Vec<(String, &'static str, XdpLinkId)>,
     /// Where maps, programs and links are pinned (None: nothing is).
     pins: Option<PinDir>,
     /// FLOW_SLOTS, read through mapped windows.
@@ -231,6 +233,8 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
         .map_max_entries(map::FLOWS, opts.flows_max_entries)
         .map_max_entries(map::FLOWS4, opts.flows_max_entries)
         .map_max_entries(map::FLOWS_MID, opts.flows_max_entries)
+        .map_max_entries(map::FLOWS_MIRROR, opts.flows_max_entries)
+        .map_max_entries(map::MIRROR_TAGS, opts.flows_max_entries)
         .map_max_entries(map::FLOW_SLOTS, opts.flows_max_entries)
         .map_max_entries(map::FLOW_FREE, opts.flows_max_entries)
         .map_max_entries(map::EVENTS, opts.events_ring_bytes);

@@ -7,14 +7,16 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use aya::maps::{MapData, MapError, ProgramArray};
 use aya::programs::links::FdLink;
+use aya::programs::xdp::XdpLinkId;
 use aya::programs::{SchedClassifier, Xdp, XdpMode};
 use aya::Ebpf;
 use roce_common::names::map;
-use roce_common::names::tail::TC_TAIL_EGRESS_FLOWS;
+use roce_common::names::program::XDP_MIRROR_FLOWS;
+use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, XDP_TAIL_MIRROR_FLOWS};
 
 use super::{
     map_error, program_error, typed_map_mut, typed_program, typed_program_mut, LoadError, Loaded,
-    TC_EGRESS, TC_EGRESS_FLOWS, TC_INGRESS, XDP_BASELINE, XDP_PROGRAM,
+    TC_EGRESS, TC_EGRESS_FLOWS, TC_INGRESS, XDP_BASELINE, XDP_MIRROR, XDP_PROGRAM,
 };
 use crate::datapath::pin::{self, PinDir};
 
@@ -38,14 +40,52 @@ impl std::fmt::Display for AttachMode {
 }
 
 impl Loaded {
-    fn xdp(&mut self) -> Result<&mut Xdp, LoadError> {
-        typed_program_mut(&mut self.ebpf, XDP_PROGRAM)
-    }
-
     /// The loaded XDP program, for BPF_PROG_TEST_RUN.
     pub fn xdp_fd(&self) -> Result<BorrowedFd<'_>, LoadError> {
         let prog: &Xdp = typed_program(&self.ebpf, XDP_PROGRAM)?;
         Ok(prog.fd().map_err(program_error(XDP_PROGRAM))?.as_fd())
+    }
+
+    /// The instructions the verifier processed to load program `name` (the kernel's
+    /// `verified_insns`, 5.16 and later), to watch the headroom below its limit.
+    pub fn verified_insns(&self, name: &'static str) -> Result<Option<u32>, LoadError> {
+        let prog = self.ebpf.program(name).ok_or(LoadError::Missing(name))?;
+        let info = prog.info().map_err(program_error(name))?;
+        Ok(info.verified_instruction_count())
+    }
+
+    /// XDP program `name`, once loaded (BPF_PROG_TEST_RUN of `xdp_mirror`).
+    pub fn loaded_xdp_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, LoadError> {
+        let prog: &Xdp = typed_program(&self.ebpf, name)?;
+        Ok(prog.fd().map_err(program_error(name))?.as_fd())
+    }
+
+    /// `xdp_mirror`, loaded (and pinned, with pins) the first time it is asked for:
+    /// a datapath without mirror interfaces never verifies it.
+    /// Its second step, `xdp_mirror_flows`, is loaded first and put in XDP_TAIL.
+    pub fn xdp_mirror_fd(&mut self) -> Result<BorrowedFd<'_>, LoadError> {
+        let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_MIRROR)?;
+        if prog.fd().is_err() {
+            let flows: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_MIRROR_FLOWS)?;
+            flows.load().map_err(program_error(XDP_MIRROR_FLOWS))?;
+            let fd = flows
+                .fd()
+                .map_err(program_error(XDP_MIRROR_FLOWS))?
+                .try_clone()
+                .map_err(|source| LoadError::Fd {
+                    name: XDP_MIRROR_FLOWS,
+                    source,
+                })?;
+            let mut tail: ProgramArray<&mut MapData> =
+                typed_map_mut(&mut self.ebpf, map::XDP_TAIL)?;
+            tail.set(XDP_TAIL_MIRROR_FLOWS, &fd, 0)
+                .map_err(map_error(map::XDP_TAIL))?;
+            let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_MIRROR)?;
+            prog.load().map_err(program_error(XDP_MIRROR))?;
+            self.pin_program(XDP_MIRROR)?;
+        }
+        let prog: &Xdp = typed_program(&self.ebpf, XDP_MIRROR)?;
+        Ok(prog.fd().map_err(program_error(XDP_MIRROR))?.as_fd())
     }
 
     /// Loads the empty baseline program (benchmarks) and returns its fd.
@@ -72,34 +112,88 @@ impl Loaded {
         typed_program_mut(&mut self.ebpf, name)
     }
 
-    /// Attaches `xdp_classify` to `ifname`: native mode, or generic mode when the
-    /// driver has no native XDP. With pins: a link pinned for this interface gets the
-    /// new program in place (no packet goes unclassified); a new link is pinned.
+    /// Attaches `xdp_classify` to `ifname`: see [`Self::attach_xdp_program`].
     pub fn attach_xdp(&mut self, ifname: &str) -> Result<AttachMode, LoadError> {
+        self.attach_xdp_program(ifname, XDP_PROGRAM)
+    }
+
+    /// Attaches `program` (`xdp_classify`, or `xdp_mirror` on a mirror collector
+    /// interface) to `ifname`: native mode, or generic mode when the driver has no
+    /// native XDP. With pins: a link pinned for this interface gets the new program in
+    /// place (no packet goes unclassified), also a link of the other XDP program (the
+    /// interface became, or stopped being, a mirror interface: the link's pin is
+    /// renamed); a new link is pinned.
+    pub fn attach_xdp_program(
+        &mut self,
+        ifname: &str,
+        program: &'static str,
+    ) -> Result<AttachMode, LoadError> {
         let Some(ifindex) = crate::sys::netif::index_of(ifname) else {
             return Err(LoadError::NoInterface(ifname.to_string()));
         };
-        if self.adopt_link(XDP_PROGRAM, ifindex)? {
+        if program == XDP_MIRROR {
+            self.xdp_mirror_fd()?;
+        }
+        if self.adopt_link(program, ifindex)? {
             return Ok(AttachMode::Adopted);
         }
-        let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_PROGRAM)?;
+        let other = if program == XDP_MIRROR {
+            XDP_PROGRAM
+        } else {
+            XDP_MIRROR
+        };
+        if self.adopt_link_of(other, program, ifindex)? {
+            return Ok(AttachMode::Adopted);
+        }
+        let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, program)?;
         let (link, mode) = match prog.attach(ifname, XdpMode::Driver) {
             Ok(link) => (link, AttachMode::Native),
             Err(native) => {
                 tracing::info!(interface = ifname, error = %native, "native XDP refused, falling back to generic mode");
                 let link = prog
                     .attach(ifname, XdpMode::Skb)
-                    .map_err(program_error(XDP_PROGRAM))?;
+                    .map_err(program_error(program))?;
                 (link, AttachMode::Generic)
             }
         };
         if self.pins.is_some() {
-            let owned = prog.take_link(link).map_err(program_error(XDP_PROGRAM))?;
-            self.pin_link(XDP_PROGRAM, ifindex, owned)?;
+            let owned = prog.take_link(link).map_err(program_error(program))?;
+            self.pin_link(program, ifindex, owned)?;
         } else {
-            self.attached.push((ifname.to_string(), link));
+            self.attached.push((ifname.to_string(), program, link));
         }
         Ok(mode)
+    }
+
+    /// With pins, when `was` has a live pinned link on `ifindex`: swaps `program` into
+    /// it and renames its pin to `program`'s; says true.
+    fn adopt_link_of(
+        &self,
+        was: &'static str,
+        program: &'static str,
+        ifindex: u32,
+    ) -> Result<bool, LoadError> {
+        let Some(pins) = &self.pins else {
+            return Ok(false);
+        };
+        let Some(link) = pins.live_link(was, ifindex)? else {
+            return Ok(false);
+        };
+        let prog = self
+            .ebpf
+            .program(program)
+            .ok_or(LoadError::Missing(program))?;
+        let prog_fd = prog.fd().map_err(program_error(program))?;
+        pin::link_update(link.as_fd(), prog_fd.as_fd()).map_err(|source| LoadError::Link {
+            what: format!("updating the pinned link of {was} on ifindex {ifindex} to {program}"),
+            source,
+        })?;
+        let (from, to) = (pins.link(was, ifindex), pins.link(program, ifindex));
+        std::fs::rename(&from, &to).map_err(|source| LoadError::Link {
+            what: format!("renaming the pin {} to {}", from.display(), to.display()),
+            source,
+        })?;
+        Ok(true)
     }
 
     /// With pins, when `program` has a live pinned link on `ifindex`: swaps the
@@ -183,49 +277,50 @@ impl Loaded {
                 .collect();
         self.tc_fd(TC_EGRESS)?;
         self.tc_fd(TC_INGRESS)?;
-        for (name, path) in paths {
-            if path.exists() {
-                std::fs::remove_file(&path).map_err(|source| LoadError::Link {
-                    what: format!("removing the old pin {}", path.display()),
-                    source,
-                })?;
-            }
-            let prog = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(LoadError::Missing(name))?;
-            prog.pin(&path).map_err(|source| LoadError::Pinning {
-                what: name,
-                path: path.clone(),
+        for (name, _) in paths {
+            self.pin_program(name)?;
+        }
+        Ok(())
+    }
+
+    /// Pins loaded program `name` (replacing an earlier agent's pin), with pins.
+    fn pin_program(&mut self, name: &'static str) -> Result<(), LoadError> {
+        let Some(pins) = &self.pins else {
+            return Ok(());
+        };
+        let path = pins.program(name);
+        if path.exists() {
+            std::fs::remove_file(&path).map_err(|source| LoadError::Link {
+                what: format!("removing the old pin {}", path.display()),
                 source,
             })?;
         }
-        Ok(())
+        let prog = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(LoadError::Missing(name))?;
+        prog.pin(&path).map_err(|source| LoadError::Pinning {
+            what: name,
+            path: path.clone(),
+            source,
+        })
     }
 
     /// Detaches the XDP link this process made on `ifname` (a pinned one stays: the
     /// caller prunes pins).
     pub fn detach_xdp(&mut self, ifname: &str) {
-        let Some(at) = self.attached.iter().position(|(n, _)| n == ifname) else {
+        let Some(at) = self.attached.iter().position(|(n, _, _)| n == ifname) else {
             return;
         };
-        let (_, link) = self.attached.remove(at);
-        if let Ok(prog) = self.xdp() {
-            if let Err(e) = prog.detach(link) {
-                tracing::warn!(interface = %ifname, error = %e, "detaching XDP failed");
-            }
-        }
+        let (_, program, link) = self.attached.remove(at);
+        detach_link(&mut self.ebpf, ifname, program, link);
     }
 
     /// Detaches every XDP link this process made.
     pub fn detach_all(&mut self) {
         let links: Vec<_> = self.attached.drain(..).collect();
-        if let Ok(prog) = self.xdp() {
-            for (ifname, link) in links {
-                if let Err(e) = prog.detach(link) {
-                    tracing::warn!(interface = %ifname, error = %e, "detaching XDP failed");
-                }
-            }
+        for (ifname, program, link) in links {
+            detach_link(&mut self.ebpf, &ifname, program, link);
         }
     }
 
@@ -235,6 +330,15 @@ impl Loaded {
     /// fills it.
     pub fn set_egress_flow_counting(&mut self, on: bool) -> Result<(), LoadError> {
         set_egress_flows_slot(&mut self.ebpf, on)
+    }
+}
+
+/// Detaches `link` of XDP program `program` from `ifname`, logging a failure.
+fn detach_link(ebpf: &mut Ebpf, ifname: &str, program: &'static str, link: XdpLinkId) {
+    let detached = typed_program_mut::<&mut Xdp>(ebpf, program)
+        .and_then(|prog| prog.detach(link).map_err(program_error(program)));
+    if let Err(e) = detached {
+        tracing::warn!(interface = %ifname, error = %e, "detaching XDP failed");
     }
 }
 

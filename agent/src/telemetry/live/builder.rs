@@ -8,9 +8,12 @@
 use std::collections::HashMap;
 
 use roce_common::flow::FlowStats;
-use roce_common::key::{FlowKey, KEY_INNER_V6, KEY_TUNNELLED};
+use roce_common::key::{FlowKey, KEY_INNER_V6, KEY_MIRROR, KEY_TUNNELLED};
+use roce_common::mirror::MirrorTag;
 
-use super::rows::{key_words, push_addr, Delta, DeltaState, Rare, Row, RowTable, Tail, ROW_FLAGS};
+use super::rows::{
+    push_addr, push_mirror, Delta, DeltaState, MirrorOrder, Rare, Row, RowTable, Tail, ROW_FLAGS,
+};
 use super::{Flows, LiveDocument};
 use crate::doc::Counters;
 
@@ -92,6 +95,12 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
     /// Adds one flow of the table. Entries without a packet are counted as present and
     /// left out, as `Document::build` leaves them out.
     pub fn add(&mut self, k: &FlowKey, st: &FlowStats) {
+        self.add_tagged(k, st, None);
+    }
+
+    /// [`Self::add`], with a mirrored flow's session (`Loaded::for_each_flow_tagged`).
+    /// A key with KEY_MIRROR but no session is shown as the flow it is, without one.
+    pub fn add_tagged(&mut self, k: &FlowKey, st: &FlowStats, mirror: Option<&MirrorTag>) {
         self.entries += 1;
         if st.packets == 0 {
             return;
@@ -122,11 +131,18 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
         if flags & KEY_TUNNELLED == 0 {
             flags &= !KEY_INNER_V6; // no inner header, no inner family
         }
+        let mirror = mirror.filter(|_| k.mirrored());
+        if mirror.is_none() {
+            flags &= !KEY_MIRROR;
+        }
         row.flags = flags as u8;
         row.dest_qp = k.dest_qp;
         row.iface = self.iface(k.ifindex);
         if row.wide() {
             row.src = self.words.len() as u32;
+            if let Some(tag) = mirror {
+                push_mirror(&mut self.words, tag);
+            }
             push_addr(&mut self.words, &k.src, k.outer_v6());
             push_addr(&mut self.words, &k.dst, k.outer_v6());
             if k.tunnelled() {
@@ -215,9 +231,12 @@ impl RowTable {
         if !a.wide() {
             return a.src == b.src && a.dst == b.dst;
         }
-        let n = key_words(a);
-        self.words[a.src as usize..a.src as usize + n]
-            == other.words[b.src as usize..b.src as usize + n]
+        // Equal flags: the same shape, but a session's sender may be of another
+        // family, which `key_span` reads from the first word.
+        if a.mirrored() && self.words[a.src as usize] != other.words[b.src as usize] {
+            return false;
+        }
+        self.words[self.key_span(a)] == other.words[other.key_span(b)]
     }
 
     /// For each row, the index of the same flow's row in `before` (u32::MAX: none).
@@ -353,6 +372,7 @@ fn sorted_subset(t: &RowTable, subset: Vec<u32>) -> Vec<u32> {
     // (The std hasher: addresses come from the network, a weak hash could be attacked.)
     let mut v6: HashMap<u128, u32> = HashMap::new();
     let mut tails: HashMap<Tail, u32> = HashMap::new();
+    let mut mirrors: HashMap<MirrorOrder, u32> = HashMap::new();
     let rows = || {
         subset
             .iter()
@@ -367,12 +387,17 @@ fn sorted_subset(t: &RowTable, subset: Vec<u32>) -> Vec<u32> {
         if r.tunnelled() {
             tails.insert(t.tail(r), 0);
         }
+        if let Some(m) = t.mirror_order(r) {
+            mirrors.insert(m, 0);
+        }
     }
     rank_in_place(&mut v6);
     rank_in_place(&mut tails);
+    rank_in_place(&mut mirrors);
     let rank = |m: &HashMap<u128, u32>, v: u128| m.get(&v).copied().unwrap_or(0);
 
-    let mut keys: Vec<(u128, u64)> = rows()
+    // After the QP, the mirror session (none first, then by rank), then the row.
+    let mut keys: Vec<(u128, u64, u32)> = rows()
         .map(|(i, r)| {
             let (a, b) = t.outer_values(r);
             // IPv4 addresses order by value, IPv6 ones by rank: both fit 32 bits.
@@ -392,12 +417,15 @@ fn sorted_subset(t: &RowTable, subset: Vec<u32>) -> Vec<u32> {
                 | (a as u128) << 78
                 | (b as u128) << 46
                 | tail << 13;
-            (hi, (r.dest_qp as u64) << 32 | i as u64)
+            let mirror = t
+                .mirror_order(r)
+                .map_or(0, |m| 1 + mirrors.get(&m).copied().unwrap_or(0) as u64);
+            (hi, (r.dest_qp as u64) << 32 | mirror, i)
         })
         .collect();
     drop(subset);
     keys.sort_unstable();
-    keys.iter().map(|(_, lo)| *lo as u32).collect()
+    keys.iter().map(|(_, _, i)| *i).collect()
 }
 
 /// Replaces each key's value by the key's rank among all the keys.

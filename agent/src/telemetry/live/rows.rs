@@ -12,7 +12,12 @@
 //! `order` lists them in the document's order ([`Flow::canonical_cmp`]).
 
 use roce_common::flow::FlowStats;
-use roce_common::key::{FlowKey, KEY_EGRESS, KEY_INNER_V6, KEY_OUTER_V6, KEY_TUNNELLED};
+use roce_common::key::{
+    FlowKey, FlowKeyMirror, KEY_EGRESS, KEY_INNER_V6, KEY_MIRROR, KEY_OUTER_V6, KEY_TUNNELLED,
+};
+use roce_common::mirror::{
+    MirrorTag, MIRROR_ERSPAN2, MIRROR_ERSPAN3, MIRROR_GRE, MIRROR_KIND_MASK, MIRROR_SOURCE_V6,
+};
 
 use super::Figures;
 use crate::doc::{Direction, Ecn, Flow};
@@ -41,18 +46,26 @@ pub(super) struct Row {
     /// The interface's name: an index into `RowTable::names`, which is sorted.
     pub(super) iface: u16,
     pub(super) sport: u16,
-    /// `KEY_OUTER_V6 | KEY_INNER_V6 | KEY_TUNNELLED | KEY_EGRESS` of the flow key.
+    /// `KEY_OUTER_V6 | KEY_INNER_V6 | KEY_TUNNELLED | KEY_EGRESS | KEY_MIRROR` of the
+    /// flow key.
     pub(super) flags: u8,
     pub(super) last_dscp: u8,
 }
 
 /// Key bits a row keeps (all `FlowKey::flags` has).
-pub(super) const ROW_FLAGS: u32 = KEY_OUTER_V6 | KEY_INNER_V6 | KEY_TUNNELLED | KEY_EGRESS;
+pub(super) const ROW_FLAGS: u32 =
+    KEY_OUTER_V6 | KEY_INNER_V6 | KEY_TUNNELLED | KEY_EGRESS | KEY_MIRROR;
 
 impl Row {
-    /// Whether the key lies in `words` (IPv6 or tunnelled) rather than in the row.
+    /// Whether the key lies in `words` (IPv6, tunnelled or mirrored) rather than in
+    /// the row.
     pub(super) fn wide(&self) -> bool {
-        self.flags as u32 & (KEY_OUTER_V6 | KEY_TUNNELLED) != 0
+        self.flags as u32 & (KEY_OUTER_V6 | KEY_TUNNELLED | KEY_MIRROR) != 0
+    }
+    /// A mirrored flow: its session's words (kind, session, sender) come first in
+    /// `words`, before the rest of the key.
+    pub(super) fn mirrored(&self) -> bool {
+        self.flags as u32 & KEY_MIRROR != 0
     }
     pub(super) fn tunnelled(&self) -> bool {
         self.flags as u32 & KEY_TUNNELLED != 0
@@ -118,6 +131,21 @@ fn addr_words(v6: bool) -> usize {
     }
 }
 
+/// A mirrored row's session words: kind (with `MIRROR_SOURCE_V6`), session, sender.
+pub(super) fn push_mirror(words: &mut Vec<u32>, tag: &MirrorTag) {
+    words.extend([tag.kind, tag.session]);
+    push_addr(words, &tag.source, tag.source_v6());
+}
+
+/// Words of a mirrored row's session whose kind word is `kind`.
+fn mirror_words(kind: u32) -> usize {
+    2 + addr_words(kind & MIRROR_SOURCE_V6 != 0)
+}
+
+/// A mirror session as numbers that order as the document's `mirror` orders: kind
+/// (erspan2, erspan3, gre), session, sender (IPv4 before IPv6, then by value).
+pub(super) type MirrorOrder = (u8, u32, bool, u128);
+
 pub(super) fn push_addr(words: &mut Vec<u32>, a: &[u32; 4], v6: bool) {
     if v6 {
         words.extend_from_slice(a);
@@ -164,6 +192,7 @@ pub(super) struct CanonKey<'a> {
     /// (inner family is IPv6, inner source, inner destination) when tunnelled.
     inner: Option<(bool, u128, u128)>,
     dest_qp: u32,
+    mirror: Option<MirrorOrder>,
 }
 
 /// The rows of one poll.
@@ -254,6 +283,50 @@ impl Delta {
 }
 
 impl RowTable {
+    /// Where a wide row's key starts in `words`: after its session, when mirrored.
+    fn key_at(&self, r: &Row) -> usize {
+        if r.mirrored() {
+            r.src as usize + mirror_words(self.words[r.src as usize])
+        } else {
+            r.src as usize
+        }
+    }
+
+    /// A mirrored row's session (None for the others).
+    pub(super) fn mirror_tag(&self, r: &Row) -> Option<MirrorTag> {
+        if !r.mirrored() {
+            return None;
+        }
+        let w = &self.words[r.src as usize..];
+        let kind = w[0];
+        Some(MirrorTag {
+            source: read_addr(&w[2..], kind & MIRROR_SOURCE_V6 != 0),
+            session: w[1],
+            kind,
+        })
+    }
+
+    /// A mirrored row's session in the document's order.
+    pub(super) fn mirror_order(&self, r: &Row) -> Option<MirrorOrder> {
+        let tag = self.mirror_tag(r)?;
+        let rank = match tag.kind & MIRROR_KIND_MASK {
+            MIRROR_ERSPAN2 => 0,
+            MIRROR_ERSPAN3 => 1,
+            MIRROR_GRE => 2,
+            _ => 3,
+        };
+        let v6 = tag.source_v6();
+        let value = word_value(&self.words[r.src as usize + 2..], v6);
+        Some((rank, tag.session, v6, value))
+    }
+
+    /// The words of a wide row's key to compare with another row's: its session (when
+    /// mirrored) and its key, not the inner ECN counts after them.
+    pub(super) fn key_span(&self, r: &Row) -> std::ops::Range<usize> {
+        let at = r.src as usize;
+        at..self.key_at(r) + key_words(r)
+    }
+
     pub(super) fn wide_key(&self, r: &Row) -> WideKey {
         let mut k = WideKey::default();
         if !r.wide() {
@@ -261,7 +334,7 @@ impl RowTable {
             k.dst = roce_common::key::addr_v4_mapped(r.dst);
             return k;
         }
-        let w = &self.words[r.src as usize..];
+        let w = &self.words[self.key_at(r)..];
         let n = addr_words(r.outer_v6());
         k.src = read_addr(w, r.outer_v6());
         k.dst = read_addr(&w[n..], r.outer_v6());
@@ -284,7 +357,7 @@ impl RowTable {
         if !r.wide() {
             return (u32::from_be(r.src) as u128, u32::from_be(r.dst) as u128);
         }
-        let w = &self.words[r.src as usize..];
+        let w = &self.words[self.key_at(r)..];
         let v6 = r.outer_v6();
         let n = addr_words(v6);
         (word_value(w, v6), word_value(&w[n..], v6))
@@ -292,7 +365,7 @@ impl RowTable {
 
     /// Where a tunnelled row's VNI, inner addresses and inner ECN start in `words`.
     fn tail_at(&self, r: &Row) -> usize {
-        r.src as usize + 2 * addr_words(r.outer_v6())
+        self.key_at(r) + 2 * addr_words(r.outer_v6())
     }
 
     /// A tunnelled row's VNI and inner addresses, ordered as the document orders them.
@@ -332,6 +405,7 @@ impl RowTable {
             vni,
             inner,
             dest_qp: r.dest_qp,
+            mirror: self.mirror_order(r),
         }
     }
 
@@ -369,7 +443,12 @@ impl RowTable {
             ..FlowStats::default()
         };
         let name = |i: u32| self.names.get(i as usize).cloned();
-        let mut f = Flow::from_entry(&key, &stats, Some(&name));
+        let mut f = match self.mirror_tag(r) {
+            Some(tag) => {
+                Flow::from_mirrored_entry(&FlowKeyMirror { key, tag }, &stats, Some(&name))
+            }
+            None => Flow::from_entry(&key, &stats, Some(&name)),
+        };
         f.psn_split = rare.psn_split;
         f.rates = self.rates(i);
         f
@@ -476,6 +555,92 @@ mod tests {
             assert_eq!(live.len(), doc.flows.len());
             assert_eq!(live.to_document(), doc, "seed {seed}");
             assert_eq!(live.counters.flows_evicted, 5000 - e.len() as u64);
+        }
+    }
+
+    /// Mirrored twins of some of `e`'s flows: the same keys with KEY_MIRROR, each in
+    /// two or three sessions (ERSPAN II/III, GRE; IPv4 and IPv6 senders), so that
+    /// only the session tells some of them apart.
+    fn mirrored(e: &[crate::telemetry::live::tests::Entry]) -> Vec<(FlowKeyMirror, FlowStats)> {
+        use roce_common::key::addr_v4_mapped;
+        let v6 = [
+            u32::from_ne_bytes([0x20, 1, 0x0d, 0xb8]),
+            0,
+            0,
+            9u32.to_be(),
+        ];
+        let tags = [
+            MirrorTag {
+                source: addr_v4_mapped(u32::from_ne_bytes([198, 18, 9, 1])),
+                session: 17,
+                kind: MIRROR_ERSPAN3,
+            },
+            MirrorTag {
+                source: addr_v4_mapped(u32::from_ne_bytes([198, 18, 9, 1])),
+                session: 18,
+                kind: MIRROR_ERSPAN2,
+            },
+            MirrorTag {
+                source: v6,
+                session: 0xA1B2_C3D4,
+                kind: MIRROR_GRE | MIRROR_SOURCE_V6,
+            },
+        ];
+        let mut out = Vec::new();
+        for (i, x) in e.iter().enumerate().filter(|(i, _)| i % 7 == 0) {
+            let (mut key, mut st) = x.wide();
+            key.flags = (key.flags & !KEY_EGRESS) | KEY_MIRROR;
+            for tag in &tags[..2 + i % 2] {
+                st.bytes += 1;
+                out.push((FlowKeyMirror { key, tag: *tag }, st));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn mirrored_rows_read_back_as_the_document_builds_them_and_pair_across_polls() {
+        use crate::telemetry::live::tests::stats_array;
+        use crate::telemetry::live::Builder;
+        let names = |i: u32| (i == 2).then(|| "eth1".to_string());
+        let e = entries(5, 1500);
+        let m = mirrored(&e);
+        assert!(m.len() > 300);
+        let build = |before: Option<(&crate::telemetry::live::LiveDocument, f64)>| {
+            let mut b = Builder::new(0, names);
+            // Interleaved, as the kernel's slots hold them.
+            let mut mi = m.iter();
+            for x in &e {
+                let (k, st) = x.wide();
+                b.add(&k, &st);
+                if let Some((mk, mst)) = mi.next() {
+                    b.add_tagged(&mk.key, mst, Some(&mk.tag));
+                }
+            }
+            for (mk, mst) in mi {
+                b.add_tagged(&mk.key, mst, Some(&mk.tag));
+            }
+            b.finish(&stats_array(), before)
+        };
+        let live = build(None);
+        let doc = crate::doc::Document::build_with_mirrored(
+            e.iter().map(|x| x.wide()).collect(),
+            m.clone(),
+            &stats_array(),
+            Some(&names),
+        );
+        assert_eq!(live.to_document(), doc);
+        assert!(doc.flows.iter().filter(|f| f.mirror.is_some()).count() > 300);
+        // The next poll pairs every mirrored row with its own session's.
+        let again = build(Some((&live, 1.0)));
+        let d = again.to_document();
+        assert_eq!(d.flows.len(), doc.flows.len());
+        for f in d
+            .flows
+            .iter()
+            .filter(|f| f.mirror.is_some() && f.packets > 0)
+        {
+            assert!(f.rates.is_some(), "a mirrored flow without its rate: {f:?}");
         }
     }
 

@@ -14,12 +14,15 @@
 //! - `snapshot`: one scrape's families and samples, as prometheus-client writes them;
 //! - `rnic_names`: the names of the RNIC port counters;
 //! - `process`: the agent's own `process_*` families (CPU, memory, descriptors), from
-//!   `/proc/self` at each scrape.
+//!   `/proc/self` at each scrape;
+//! - `qps`: the QP table's families and the interfaces' visibility, from the last
+//!   refresh of the table (`telemetry::qps::QpView`).
 
 mod encode;
 mod flow_pass;
 mod host;
 mod process;
+mod qps;
 mod rnic_names;
 mod snapshot;
 
@@ -35,6 +38,7 @@ use encode::{encode_ring, encode_snapshot};
 pub use flow_pass::problems;
 pub use host::{HostReadings, HostSources, RnicPortCounters};
 pub use process::ProcessStats;
+pub use qps::encode_qps;
 
 /// The `Content-Type` of `GET /metrics`: the text format 0.0.4.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -145,6 +149,17 @@ impl Exporter {
         document: &LiveDocument,
         findings: &[Finding],
     ) -> Result<String, MetricsError> {
+        self.render_with(document, findings, None)
+    }
+
+    /// [`Exporter::render`] with the QP table's and the visibility's families of
+    /// `qps` (None: an agent without them).
+    pub fn render_with(
+        &self,
+        document: &LiveDocument,
+        findings: &[Finding],
+        qps: Option<&crate::telemetry::qps::QpView>,
+    ) -> Result<String, MetricsError> {
         let host = self
             .host
             .read()
@@ -163,6 +178,9 @@ impl Exporter {
         text.push_str(&self.reloads.encode()?);
         if let Some(ring) = &self.events_ring {
             text.push_str(&encode_ring(ring.read())?);
+        }
+        if let Some(view) = qps {
+            text.push_str(&encode_qps(view)?);
         }
         text.push_str(&encode_snapshot(ProcessStats::read().snapshot())?);
         Ok(text)
