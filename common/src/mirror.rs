@@ -137,20 +137,19 @@ pub struct MirrorCopy {
     pub wire_len: u32,
 }
 
-/// What `xdp_mirror` hands the program it tail-calls (`xdp_mirror_flows`), through a
-/// per-CPU map entry: where the frame to walk starts and ends, and the copy's session.
+/// What `xdp_mirror` hands the program it tail-calls for a mirror copy
+/// (`xdp_mirror_flows`), through a per-CPU map entry: where the mirrored frame starts
+/// and ends, and the copy's session.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MirrorScratch {
     pub tag: MirrorTag,
-    /// Offset of the mirrored frame in the copy (0: not a copy): `xdp_mirror` moved
-    /// the packet's start there, `xdp_mirror_flows` moves it back.
+    /// Offset of the mirrored frame in the copy: `xdp_mirror` moved the packet's start
+    /// there, `xdp_mirror_flows` moves it back.
     pub eth: u32,
     /// Where the frame to walk ends, from its first byte (a copy's outer datagram
     /// ends there).
     pub end: u32,
-    /// 1: a mirror copy, 0: the frame itself.
-    pub copy: u32,
     /// The ERSPAN T bit.
     pub truncated: u32,
 }

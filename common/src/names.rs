@@ -22,7 +22,8 @@ pub mod map {
     pub const MIRROR_TAGS: &str = "MIRROR_TAGS";
     /// What `xdp_mirror` hands `xdp_mirror_flows` (`mirror::MirrorScratch`), per CPU.
     pub const MIRROR_SCRATCH: &str = "MIRROR_SCRATCH";
-    /// Programs `xdp_mirror` tail-calls (`tail::XDP_TAIL_MIRROR_FLOWS`).
+    /// Programs `xdp_mirror` tail-calls (`tail::XDP_TAIL_MIRROR_FLOWS`,
+    /// `tail::XDP_TAIL_CLASSIFY`).
     pub const XDP_TAIL: &str = "XDP_TAIL";
     /// The flows' counters and keys (`flow::FlowSlot`), shared by all CPUs; the agent
     /// maps it into its memory.
@@ -87,8 +88,8 @@ pub mod program {
     /// ERSPAN II/III copies and counts the mirrored flows, and every other frame as
     /// `xdp_classify` does.
     pub const XDP_MIRROR: &str = "xdp_mirror";
-    /// The second step of `xdp_mirror`, tail-called through XDP_TAIL (never attached):
-    /// walks the frame (or the copy's mirrored frame) and counts its flow. Two
+    /// The second step of `xdp_mirror` for a mirror copy, tail-called through XDP_TAIL
+    /// (never attached): walks the copy's mirrored frame and counts its flow. Two
     /// programs, so that each verifies well inside the verifier's limits.
     pub const XDP_MIRROR_FLOWS: &str = "xdp_mirror_flows";
     /// An empty XDP program: the benchmarks' baseline.
@@ -131,8 +132,10 @@ pub mod tail {
     pub const TC_TAIL_EGRESS_FLOWS: u32 = 0;
     /// Slots in TC_TAIL.
     pub const TC_TAIL_LEN: u32 = 1;
-    /// `program::XDP_MIRROR_FLOWS` in XDP_TAIL.
+    /// `program::XDP_MIRROR_FLOWS` in XDP_TAIL (a mirror copy's second step).
     pub const XDP_TAIL_MIRROR_FLOWS: u32 = 0;
+    /// `program::XDP_CLASSIFY` in XDP_TAIL (any other frame on a mirror interface).
+    pub const XDP_TAIL_CLASSIFY: u32 = 1;
     /// Slots in XDP_TAIL.
-    pub const XDP_TAIL_LEN: u32 = 1;
+    pub const XDP_TAIL_LEN: u32 = 2;
 }

@@ -9,7 +9,7 @@ use roce_common::flow::FlowSlot;
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror};
 use roce_common::mirror::{MirrorScratch, MirrorTag};
 pub use roce_common::names::tail::{
-    TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_LEN, XDP_TAIL_MIRROR_FLOWS,
+    TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_CLASSIFY, XDP_TAIL_LEN, XDP_TAIL_MIRROR_FLOWS,
 };
 use roce_common::policy::{
     DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,

@@ -7,13 +7,16 @@ use aya_ebpf::programs::XdpContext;
 use roce_common::classify::{
     classify_from_into, classify_into, mirror_start, MirrorStart, NotFlowSink,
 };
-use roce_common::counters::stat_indices;
+use roce_common::counters::{class_index, stat_indices};
 use roce_common::mirror::MirrorScratch;
-use roce_common::parsed::Outcome;
+use roce_common::packet::Packet as _;
+use roce_common::parsed::{Class, Outcome};
+use roce_common::wire::ETH_HLEN;
 
 use crate::flow::{count_on_flow, hidden_from_compiler};
 use crate::maps::{
-    bump, generation, runtime_config, MIRROR_SCRATCH, XDP_TAIL, XDP_TAIL_MIRROR_FLOWS,
+    bump, generation, runtime_config, MIRROR_SCRATCH, XDP_TAIL, XDP_TAIL_CLASSIFY,
+    XDP_TAIL_MIRROR_FLOWS,
 };
 use crate::packet::KernelPacket;
 
@@ -51,9 +54,11 @@ fn classify_and_count(ctx: &XdpContext) {
 /// Ethernet bridging) and ERSPAN II/III copies are decapsulated and the mirrored
 /// packet counted on its flow, keyed also by its session (FLOWS_MIRROR) and with its
 /// original length; every other frame is counted as `xdp_classify` counts it.
-/// Programs of their own, so that `xdp_classify` pays nothing for mirrors; two, this
-/// one finding where the frame to walk starts and `xdp_mirror_flows` (tail-called)
-/// walking it, since one program holding both took the verifier past its limit.
+/// Programs of their own, so that `xdp_classify` pays nothing for mirrors: this one
+/// finds whether a frame is a copy and where its mirrored frame starts, then
+/// tail-calls `xdp_mirror_flows` for a copy and `xdp_classify` for any other frame
+/// (one program holding the decapsulation and the walk took the verifier past its
+/// limit).
 #[xdp]
 pub fn xdp_mirror(ctx: XdpContext) -> u32 {
     start_mirror(&ctx);
@@ -63,41 +68,50 @@ pub fn xdp_mirror(ctx: XdpContext) -> u32 {
 #[inline(always)]
 fn start_mirror(ctx: &XdpContext) {
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
-    let mut scratch = MirrorScratch {
-        end: (ctx.data_end() - ctx.data()) as u32,
-        ..MirrorScratch::default()
-    };
-    match mirror_start(&pkt) {
-        MirrorStart::Frame => {}
-        MirrorStart::Copy(c, end) => {
-            scratch.tag = c.tag;
-            scratch.eth = c.eth as u32;
-            // The mirrored frame's end, from its own first byte.
-            scratch.end = (end - c.eth) as u32;
-            scratch.copy = 1;
-            scratch.truncated = c.truncated as u32;
-        }
+    let c = match mirror_start(&pkt) {
+        MirrorStart::Copy(c, end) => (c, end),
         MirrorStart::End(outcome) => {
             bump(stat_indices(&outcome).0);
             return;
         }
+        // Not a copy: `xdp_classify` counts it, as on any other interface.
+        MirrorStart::Frame => {
+            // SAFETY: XDP_TAIL holds XDP programs only (the agent fills it); the call
+            // returns only when the slot is empty.
+            let _ = unsafe { XDP_TAIL.tail_call(ctx, XDP_TAIL_CLASSIFY) };
+            return;
+        }
+    };
+    let (copy, end) = c;
+    // The kernel moves the packet's start only where an Ethernet header's worth is
+    // left; a shorter mirrored frame is what the walk would make of it: cut short.
+    if pkt.len() < copy.eth + ETH_HLEN {
+        bump(class_index(Class::MirrorTruncated));
+        return;
     }
     let Some(slot) = MIRROR_SCRATCH.get_ptr_mut(0) else {
         return;
     };
+    let eth = copy.eth as i32;
     // SAFETY: this CPU's entry, read by the program tail-called next on this CPU.
-    unsafe { *slot = scratch };
-    let eth = scratch.eth as i32;
+    unsafe {
+        *slot = MirrorScratch {
+            tag: copy.tag,
+            eth: copy.eth as u32,
+            // The mirrored frame's end, from its own first byte.
+            end: (end - copy.eth) as u32,
+            truncated: copy.truncated as u32,
+        }
+    };
     // The mirrored frame becomes the packet: `xdp_mirror_flows` walks it from offset
     // 0 as `xdp_classify` walks a frame (constant offsets, which the verifier follows
-    // at a sixth of the work of offsets from a variable start), and moves the start
+    // with far less work than offsets from a variable start), and moves the start
     // back when done: the bytes are never written, the packet leaves as it came.
     // SAFETY: ctx.ctx is this invocation's xdp_md; eth lies inside the frame.
-    if eth != 0 && unsafe { bpf_xdp_adjust_head(ctx.ctx, eth) } != 0 {
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, eth) } != 0 {
         return;
     }
-    // SAFETY: XDP_TAIL holds XDP programs only (the agent fills it). It returns only
-    // when its slot is empty: then the frame goes uncounted.
+    // SAFETY: as above.
     let _ = unsafe { XDP_TAIL.tail_call(ctx, XDP_TAIL_MIRROR_FLOWS) };
     restore_head(ctx, eth);
 }
@@ -105,15 +119,13 @@ fn start_mirror(ctx: &XdpContext) {
 /// Moves the packet's start back by `eth` bytes, to where `xdp_mirror` found it.
 #[inline(always)]
 fn restore_head(ctx: &XdpContext, eth: i32) {
-    if eth != 0 {
-        // SAFETY: ctx.ctx is this invocation's xdp_md; the same bytes as before the
-        // move, which nothing wrote.
-        let _ = unsafe { bpf_xdp_adjust_head(ctx.ctx, -eth) };
-    }
+    // SAFETY: ctx.ctx is this invocation's xdp_md; the same bytes as before the move,
+    // which nothing wrote.
+    let _ = unsafe { bpf_xdp_adjust_head(ctx.ctx, -eth) };
 }
 
-/// The second step of `xdp_mirror`: walks the frame (a copy's mirrored frame, moved to
-/// the packet's start) and counts it, then moves the packet's start back.
+/// The second step of `xdp_mirror` for a mirror copy: walks its mirrored frame (moved
+/// to the packet's start) and counts it, then moves the packet's start back.
 #[xdp]
 pub fn xdp_mirror_flows(ctx: XdpContext) -> u32 {
     let Some(scratch) = MIRROR_SCRATCH.get(0).copied() else {
@@ -128,9 +140,8 @@ pub fn xdp_mirror_flows(ctx: XdpContext) -> u32 {
 fn count_mirrored(ctx: &XdpContext, scratch: &MirrorScratch) {
     let cfg = runtime_config(generation());
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
-    let copy = scratch.copy != 0;
     let (outcome, wire_len) =
-        classify_from_into(&pkt, &cfg, (0, scratch.end as usize, copy), &mut StatsSink);
+        classify_from_into(&pkt, &cfg, (0, scratch.end as usize, true), &mut StatsSink);
     let Outcome::Flow(parsed) = outcome else {
         return;
     };
@@ -144,12 +155,15 @@ fn count_mirrored(ctx: &XdpContext, scratch: &MirrorScratch) {
     let parsed = hidden_from_compiler(parsed);
     // A copy counts the mirrored frame as it was sent, however much was kept; its
     // session from the map (carried through the walk, it cost stack).
-    let (frame_len, tag) = if copy {
-        (wire_len, Some(&scratch.tag))
-    } else {
-        ((ctx.data_end() - ctx.data()) as u32, None)
-    };
-    count_on_flow(ctx, &parsed, ifindex, false, frame_len, &cfg, tag);
+    count_on_flow(
+        ctx,
+        &parsed,
+        ifindex,
+        false,
+        wire_len,
+        &cfg,
+        Some(&scratch.tag),
+    );
 }
 
 /// Frames that are not flows count in STATS where their walk ends.

@@ -44,14 +44,14 @@ const LAYOUT_4: [(&str, u32, u32, u32, u32); 20] = [
     ("GENERATION", 2, 4, 8, 1),
     ("IFACE_QOS", 1, 4, 4, 256),
     ("IFACE_QOS_DIRECT", 2, 4, 4, 4096),
-    ("MIRROR_SCRATCH", 6, 4, 40, 1),
+    ("MIRROR_SCRATCH", 6, 4, 36, 1),
     ("MIRROR_TAGS", 2, 4, 24, 0),
     ("POLICY", 2, 4, 8, 128),
     ("QOS", 2, 4, 8, 2),
     ("STATS", 6, 4, 8, 0),
     ("TC_TAIL", 3, 4, 4, 1),
     ("VTEPS", 10, 16, 40, 4096),
-    ("XDP_TAIL", 3, 4, 4, 1),
+    ("XDP_TAIL", 3, 4, 4, 2),
 ];
 
 /// Maps whose size is not part of the layout (the configuration or a counter list

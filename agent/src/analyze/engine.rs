@@ -25,7 +25,6 @@ use roce_common::counters::{reason_index, STATS_LEN, STAT_FLOW_CREATED};
 use roce_common::flow::FlowStats;
 use roce_common::key::FlowKey;
 use roce_common::mirror::{MirrorCopy, MirrorTag};
-use roce_common::packet::SlicePacket;
 use roce_common::parsed::Outcome;
 use roce_common::parsed::Reason;
 use roce_common::policy::Policy;

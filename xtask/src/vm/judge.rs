@@ -1,7 +1,9 @@
 //! Judges a boot's results on the host, after the guest powered off: each
 //! scenario's agent flows against tshark's decode of the captures taken in the
 //! guest (`roce_testkit::lab::oracle`), flow for flow, plus what its check adds
-//! (the DSCP on the wire, the loss figures, the lifecycle's own checks).
+//! (the DSCP on the wire, the loss figures, the lifecycle's own checks). The
+//! scenarios with checks of their own are judged in `host` (RDMA devices), `qp` (the
+//! QP table), `mirror` (mirror sessions) and `overhead`.
 //!
 //! Where the agent's flows meet the captures: a capture on veth0 sees veth0's
 //! egress (frames from 198.18.0.1, after tc egress) and its ingress (frames from

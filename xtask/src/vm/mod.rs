@@ -7,7 +7,8 @@
 //!   pair, and the scenarios of `tests/vm/scenarios.list`, each leaving captures,
 //!   the agent's flows, rxe's counters and logs in the share.
 //! - `judge`: back on the host, each scenario's results against tshark's decode of
-//!   its captures, flow for flow, and the table per kernel.
+//!   its captures, flow for flow, and the table per kernel; `host`, `qp`, `mirror`
+//!   and `overhead` judge the scenarios with checks of their own.
 //!
 //! A run's share stays in `target/vm/runs/<kernel>/` when it failed or with
 //! `--keep`; a passing run without `--keep` keeps only the summary there.
@@ -76,7 +77,7 @@ impl Default for Args {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scenario {
     pub name: String,
-    /// How the host judges it: flows, qos, netem, lifecycle.
+    /// How the host judges it: one of `judge::CHECKS`.
     pub check: String,
     pub what: String,
 }

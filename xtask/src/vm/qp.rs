@@ -473,7 +473,9 @@ fn owners(
 
 /// The owner a flow should carry: the QP of the flow's interface's device that the
 /// packets belong to. Ingress: the QP they are addressed to (dest_qp). Egress: the QP
-/// that sent them, the one whose remote QP is dest_qp, when exactly one is.
+/// that sent them, the one whose remote QP is dest_qp, when exactly one is; packets to
+/// QP 1 (management datagrams: rdma_cm's handshake) come from the device's own QP 1,
+/// the GSI QP.
 fn expected_qp(
     rdma: &BTreeMap<QpKey, QpFigures>,
     device: &str,
@@ -481,6 +483,10 @@ fn expected_qp(
     dest_qp: u64,
 ) -> Option<QpKey> {
     match direction {
+        _ if dest_qp == 1 => {
+            let k = (device.to_string(), 1);
+            rdma.contains_key(&k).then_some(k)
+        }
         "ingress" => {
             let k = (device.to_string(), dest_qp);
             rdma.contains_key(&k).then_some(k)

@@ -12,7 +12,7 @@ use aya::programs::{SchedClassifier, Xdp, XdpMode};
 use aya::Ebpf;
 use roce_common::names::map;
 use roce_common::names::program::XDP_MIRROR_FLOWS;
-use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, XDP_TAIL_MIRROR_FLOWS};
+use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, XDP_TAIL_CLASSIFY, XDP_TAIL_MIRROR_FLOWS};
 
 use super::{
     map_error, program_error, typed_map_mut, typed_program, typed_program_mut, LoadError, Loaded,
@@ -62,7 +62,8 @@ impl Loaded {
 
     /// `xdp_mirror`, loaded (and pinned, with pins) the first time it is asked for:
     /// a datapath without mirror interfaces never verifies it.
-    /// Its second step, `xdp_mirror_flows`, is loaded first and put in XDP_TAIL.
+    /// What it tail-calls goes into XDP_TAIL first: `xdp_mirror_flows` for a copy,
+    /// `xdp_classify` (loaded with the object) for any other frame.
     pub fn xdp_mirror_fd(&mut self) -> Result<BorrowedFd<'_>, LoadError> {
         let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_MIRROR)?;
         if prog.fd().is_err() {
@@ -76,9 +77,20 @@ impl Loaded {
                     name: XDP_MIRROR_FLOWS,
                     source,
                 })?;
+            let classify: &Xdp = typed_program(&self.ebpf, XDP_PROGRAM)?;
+            let classify = classify
+                .fd()
+                .map_err(program_error(XDP_PROGRAM))?
+                .try_clone()
+                .map_err(|source| LoadError::Fd {
+                    name: XDP_PROGRAM,
+                    source,
+                })?;
             let mut tail: ProgramArray<&mut MapData> =
                 typed_map_mut(&mut self.ebpf, map::XDP_TAIL)?;
             tail.set(XDP_TAIL_MIRROR_FLOWS, &fd, 0)
+                .map_err(map_error(map::XDP_TAIL))?;
+            tail.set(XDP_TAIL_CLASSIFY, &classify, 0)
                 .map_err(map_error(map::XDP_TAIL))?;
             let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_MIRROR)?;
             prog.load().map_err(program_error(XDP_MIRROR))?;

@@ -10,6 +10,9 @@ use crate::doc::{Direction, Flow};
 
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+/// The general services QP: every port's QP 1, to which management datagrams go.
+const GSI_QPN: u32 = 1;
+
 /// What the wire showed on one interface in the flows joined.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WireSeen {
@@ -330,7 +333,14 @@ pub fn join(mut qps: Vec<Qp>, flows: impl IntoIterator<Item = Flow>) -> Joined {
     }
     let remotes = Remotes::of(&qps, &work.states);
     for p in pending {
-        let found = match_egress(&index, &remotes, &work.states, &p);
+        let found = if p.id.dest_qp == GSI_QPN {
+            // Management datagrams (rdma_cm's handshake among them) go from the GSI
+            // QP to the peer's QP 1, whatever the peer: the sender is this device's
+            // QP 1, which has no remote QPN of its own.
+            match_ingress(&index, &work.states, p.iface, p.tunnelled, GSI_QPN, p.local)
+        } else {
+            match_egress(&index, &remotes, &work.states, &p)
+        };
         work.settle(found, p.iface, p.id, |state| {
             add_figures(&mut state.wire, p.figures, true)
         });
@@ -1002,6 +1012,28 @@ pub(crate) mod tests {
             flows.push(ingress("eth9", &addr(i), "198.19.0.1", i));
         }
         (qps, flows)
+    }
+
+    #[test]
+    fn management_datagrams_sent_to_qp_1_belong_to_the_local_gsi_qp() {
+        let mut gsi = qp("rxe0", "eth1", 1, None);
+        gsi.qp_type = "GSI".into();
+        gsi.pid = None;
+        gsi.comm = Some("ib_core".into());
+        let other = qp("rxe1", "eth2", 1, None);
+        let flows = vec![
+            egress("eth1", "198.18.0.1", "198.18.0.2", 1),
+            egress("eth1", "198.18.0.1", "198.18.0.3", 1),
+            ingress("eth1", "198.18.0.2", "198.18.0.1", 1),
+        ];
+        let j = join(vec![gsi, other], flows.clone());
+        for f in &flows {
+            let owner = j.owners.owner_of(f).map(|o| (o.device.as_str(), o.lqpn));
+            assert_eq!(owner, Some(("rxe0", 1)), "{f:?}");
+        }
+        assert_eq!(j.counts.joined, 3);
+        assert_eq!(j.qps[0].wire.as_ref().map(|w| w.tx_packets > 0), Some(true));
+        assert!(!j.qps[1].seen_on_wire);
     }
 
     #[test]
