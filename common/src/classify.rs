@@ -16,6 +16,14 @@
 //! more than the frame holds is read as far as the frame goes (a capture's snap length
 //! cuts frames the same way). A datagram that ends before its BTH is not RoCE: it is
 //! counted under the truncation reason of the header it ends in.
+//!
+//! Mirror copies (docs/mirror.md): on a mirror collector interface `xdp_mirror` calls
+//! [`mirror_start`] (outer Ethernet/IP, GRE, ERSPAN II/III: where the mirrored frame
+//! starts, and the session) and `xdp_mirror_flows` [`classify_from_into`] (the walk
+//! above over the mirrored frame, its ends told as `mirror_other` /
+//! `mirror_truncated`, and the length the mirrored frame had); the reference and
+//! `analyze` call [`walk_mirror`], both steps at once. A truncated copy's mirrored IP
+//! header declares more than the copy holds: read as far as the copy goes, as above.
 
 use crate::bth::{self, Bth, BTH_LEN, XRCETH_LEN};
 use crate::config::RuntimeConfig;
@@ -437,6 +445,11 @@ fn walk_from<P: Packet, S: NotFlowSink>(
                 Some(ip) => mirrored_len(p, &ip, eth, end),
                 None => 0,
             };
+            // An AETH or RETH that the switch cut off with the rest of the copy is no
+            // parse error (`truncated_ext_header`): the copy was meant to be short.
+            if wire_len as usize > end - eth {
+                parsed.ext_truncated = false;
+            }
             (Outcome::Flow(parsed), wire_len)
         }
         other => (in_copy(other), 0),

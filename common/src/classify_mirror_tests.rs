@@ -347,6 +347,41 @@ fn truncated_copies_count_their_original_length() {
 }
 
 #[test]
+fn an_aeth_the_switch_cut_off_is_no_parse_error() {
+    // An ACKNOWLEDGE whose AETH (bytes 54..58 of the mirrored frame) the copy cuts:
+    // the copy keeps the BTH and no more.
+    let mut m = roce(false, 0);
+    m[42] = 0x11; // RC ACKNOWLEDGE: an AETH follows the BTH
+    m.resize(m.len() + 4, 0x61); // NAK syndrome, then the ICRC of `roce`
+    let total = (m.len() - 14) as u16;
+    m[16..18].copy_from_slice(&total.to_be_bytes());
+    let udp = (m.len() - 34) as u16;
+    m[38..40].copy_from_slice(&udp.to_be_bytes());
+    let Outcome::Flow(whole) = walk(&SlicePacket(&m), &cfg()).outcome else {
+        panic!("an ACK")
+    };
+    assert!(whole.has_syndrome);
+    let cut = copy_of(
+        false,
+        &[gre(GRE_FLAG_S, GRE_PROTO_ERSPAN2, 0), erspan2(1, true, 4)],
+        &m[..54],
+    );
+    let w = mirror_walk(&cut);
+    let Outcome::Flow(p) = w.walk.outcome else {
+        panic!("{:?}", w.walk.outcome)
+    };
+    assert_eq!((p.has_syndrome, p.ext_truncated), (false, false));
+    assert_eq!(w.copy.map(|c| c.wire_len as usize), Some(m.len()));
+    // The same cut in a frame that arrived itself is a truncated extension header.
+    let mut alone = m[..54].to_vec();
+    alone[16..18].copy_from_slice(&40u16.to_be_bytes());
+    alone[38..40].copy_from_slice(&20u16.to_be_bytes());
+    assert!(
+        matches!(walk(&SlicePacket(&alone), &cfg()).outcome, Outcome::Flow(p) if p.ext_truncated)
+    );
+}
+
+#[test]
 fn the_counted_length_is_the_declared_one_not_the_padding() {
     // A short mirrored frame padded to the Ethernet minimum: its IP header says
     // where it ends.

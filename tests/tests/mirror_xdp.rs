@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use roce_common::classify::classify;
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{class_index, reason_index, STAT_FLOW_CREATED};
-use roce_common::key::{addr_v4_mapped, FlowKeyMirror, KEY_MIRROR, KEY_OUTER_V6};
+use roce_common::key::{addr_v4_mapped, FlowKey, FlowKeyMirror, KEY_MIRROR, KEY_OUTER_V6};
 use roce_common::mirror::{
     MirrorTag, MIRROR_ERSPAN2, MIRROR_ERSPAN3, MIRROR_GRE, MIRROR_SOURCE_V6,
 };
@@ -271,18 +271,12 @@ fn copies_that_hold_no_roce_count_where_their_walk_ends() {
             Err(Reason::TruncatedGre),
         ),
         (
-            truncated_copy(
-                &eth,
-                &outer(false),
-                // Less than an Ethernet header of the mirrored frame left.
-                (
-                    truncated_copy(&eth, &outer(false), &Encap::erspan2(1), &m, 5),
-                    Ok(Class::MirrorTruncated),
-                ),
-                &Encap::erspan2(1),
-                &m,
-                40,
-            ),
+            truncated_copy(&eth, &outer(false), &Encap::erspan2(1), &m, 40),
+            Ok(Class::MirrorTruncated),
+        ),
+        // Less than an Ethernet header of the mirrored frame left.
+        (
+            truncated_copy(&eth, &outer(false), &Encap::erspan2(1), &m, 5),
             Ok(Class::MirrorTruncated),
         ),
     ];
@@ -343,4 +337,85 @@ fn the_mirror_programs_verify_well_inside_the_limit() {
         assert!(n < 500_000, "{name}: {n} instructions verified");
     }
     println!("verified instructions: {}", report.join(", "));
+}
+
+#[test]
+fn mirrored_flows_are_evicted_by_their_key_and_session_and_come_back_as_new_flows() {
+    use roce_common::counters::STAT_FLOW_CREATED;
+    let mut h = Harness::load_mirror_with(&roce_agent::datapath::loader::LoadOptions {
+        flows_max_entries: 64,
+        ..Default::default()
+    });
+    let eth = Eth::default();
+    let copy = |qp: u32, session: u16| {
+        mirror_frame(
+            &eth,
+            &outer(false),
+            &Encap::erspan2(session),
+            &roce(false, qp, 16),
+        )
+    };
+    // 31 flows in two sessions each (the same packets: only the session tells them
+    // apart): 62 of 64 slots taken; then one of them again, a few ticks later.
+    for qp in 1..=31 {
+        h.pass(&copy(qp, 1));
+        h.pass(&copy(qp, 2));
+    }
+    assert_eq!(h.mirrored_flows().len(), 62);
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    h.pass(&copy(1, 1));
+    // Fewer than a sixteenth free: six evicted, the least recently seen.
+    assert_eq!(h.loaded_mut().maintain_flows(62).expect("upkeep"), 6);
+    let left = h.mirrored_flows();
+    assert_eq!(left.len(), 56);
+    assert!(
+        left.keys()
+            .any(|k| k.key.dest_qp == 1 && k.tag.session == 1),
+        "seen last"
+    );
+    // Gone from FLOWS_MIRROR too: a gone flow's next copy makes it anew, once its slot
+    // came back (the next poll).
+    let gone: Vec<(u32, u16)> = (1..=31u32)
+        .flat_map(|qp| [(qp, 1u16), (qp, 2u16)])
+        .filter(|(qp, s)| {
+            !left
+                .keys()
+                .any(|k| k.key.dest_qp == *qp && k.tag.session == u32::from(*s))
+        })
+        .collect();
+    assert_eq!(gone.len(), 6);
+    for k in h.loaded().mirrored_flows().expect("read") {
+        assert!(h
+            .loaded()
+            .mirrored_flow_index(&k.0)
+            .expect("lookup")
+            .is_some());
+    }
+    let Some((some, _)) = left.iter().next() else {
+        panic!("flows left")
+    };
+    for (qp, session) in &gone {
+        let key = FlowKeyMirror {
+            key: FlowKey {
+                dest_qp: *qp,
+                ..some.key
+            },
+            tag: tag(false, MIRROR_ERSPAN2, u32::from(*session)),
+        };
+        assert_eq!(h.loaded().mirrored_flow_index(&key).expect("lookup"), None);
+    }
+    h.loaded_mut().maintain_flows(56).expect("give back");
+    let created = h.stats()[STAT_FLOW_CREATED as usize];
+    let (qp, session) = gone[0];
+    h.pass(&copy(qp, session));
+    assert_eq!(h.stats()[STAT_FLOW_CREATED as usize], created + 1);
+    let back = h.mirrored_flows();
+    let (_, st) = back
+        .iter()
+        .find(|(k, _)| k.key.dest_qp == qp && k.tag.session == u32::from(session))
+        .expect("made anew");
+    assert_eq!(
+        st.packets, 1,
+        "counted on a fresh slot, not the evicted one"
+    );
 }

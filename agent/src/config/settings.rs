@@ -834,6 +834,47 @@ mod tests {
     }
 
     #[test]
+    fn mirror_interfaces_come_from_the_file_or_the_flag_and_suffice_alone() {
+        // A pure collector: no `interfaces`, mirror interfaces only.
+        let s = resolve(
+            "mirror_interfaces = [\"mir0\", \"mir1\"]\n",
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(s.mirror_interfaces, vec!["mir0", "mir1"]);
+        assert!(s.interfaces.is_empty());
+        // The flag replaces the file's list; an interface may be both.
+        let flags = Overrides {
+            interfaces: vec!["eth1".into()],
+            mirror_interfaces: vec!["eth1".into()],
+            ..Default::default()
+        };
+        let s = resolve("mirror_interfaces = [\"mir0\"]\n", &flags).unwrap();
+        assert_eq!(
+            (s.interfaces, s.mirror_interfaces),
+            (vec!["eth1".to_string()], vec!["eth1".to_string()])
+        );
+        let e = resolve(
+            "mirror_interfaces = [\"m\", \"m\"]\n",
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.toml:1:27: mirror_interfaces: interface m is listed twice"
+        );
+        let e = resolve("mirror_interfaces = [\"a/b\"]\n", &Overrides::default()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("t.toml:1:22: mirror_interfaces: "),
+            "{e}"
+        );
+        // Neither list: still refused.
+        let e = resolve("mirror_interfaces = []\n", &Overrides::default()).unwrap_err();
+        assert!(e.to_string().contains("--mirror IF"), "{e}");
+    }
+
+    #[test]
     fn colon_port_listens_on_every_address_from_the_file_and_the_flag() {
         let s = resolve("listen = \":9473\"\n", &iface("e")).unwrap();
         assert_eq!(s.listen, ":9473");

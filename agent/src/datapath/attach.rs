@@ -312,3 +312,27 @@ impl Attachments {
         self.xdp.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirror_interfaces_get_xdp_mirror_and_the_others_xdp_classify() {
+        let settings = Settings {
+            interfaces: vec!["eth1".into(), "eth2".into()],
+            mirror_interfaces: vec!["eth2".into(), "mir0".into()],
+            ..Settings::default()
+        };
+        assert_eq!(
+            xdp_interfaces(&settings),
+            vec![
+                ("eth1".to_string(), XDP_PROGRAM),
+                ("eth2".to_string(), XDP_MIRROR),
+                ("mir0".to_string(), XDP_MIRROR),
+            ]
+        );
+        // tc goes where `interfaces` and VTEPs say, never on a pure mirror interface.
+        assert_eq!(settings.tc_interfaces(), vec!["eth1", "eth2"]);
+    }
+}

@@ -948,7 +948,10 @@ mod tests {
             text.contains(r#""dest_qp":30,"dest_qp_hex":"0x1e","packets":2"#),
             "{text}"
         );
-        assert!(text.ends_with(r#""rates":null,"mirror":null,"owner":null,"extra":7}"#), "{text}");
+        assert!(
+            text.ends_with(r#""rates":null,"mirror":null,"owner":null,"extra":7}"#),
+            "{text}"
+        );
         assert_eq!(serde_json::from_str::<Wrapped>(&text).unwrap(), w);
     }
 

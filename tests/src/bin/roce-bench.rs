@@ -507,6 +507,64 @@ fn report_per_packet(
     }
 }
 
+/// `xdp_mirror` (mirror collector interfaces, `run --mirror`) per packet against the
+/// empty program: RoCE copies in ERSPAN III and GRE (its walk in `xdp_mirror`, then
+/// the tail-called `xdp_mirror_flows`), and a plain RoCE frame, which it tail-calls to
+/// `xdp_classify`. No target: mirror collectors are not the hot path of a GPU host;
+/// the lines say what a copy costs.
+fn bench_xdp_mirror(args: &Args, rounds: usize) -> Result<()> {
+    use roce_testkit::mirror::{mirror_frame, Encap};
+    let eth = Eth::default();
+    let write = RoceMsg::write_only(0x1234, 100, 256);
+    let a4 = Ipv4Addr::new(198, 18, 0, 1);
+    let b4 = Ipv4Addr::new(198, 18, 0, 2);
+    let roce_v4 = frame::roce_frame(&eth, &L3::v4(a4, b4).with_tos(106), 0xC000, &write);
+    let outer4 = L3::v4(Ipv4Addr::new(198, 18, 9, 1), Ipv4Addr::new(198, 18, 9, 2));
+    let outer6 = L3::v6(
+        Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 1),
+        Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 2),
+    );
+    let cases = [
+        (
+            "xdp_mirror_erspan3_roce_ipv4",
+            mirror_frame(&eth, &outer4, &Encap::erspan3(17), &roce_v4),
+        ),
+        (
+            "xdp_mirror_gre_over_ipv6_roce_ipv4",
+            mirror_frame(&eth, &outer6, &Encap::gre(7), &roce_v4),
+        ),
+        ("xdp_mirror_plain_roce_ipv4", roce_v4.clone()),
+    ];
+    if !cases.iter().any(|(name, _)| args.wants(name)) {
+        return Ok(());
+    }
+    let mut loaded =
+        loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
+    loaded.xdp_mirror_fd()?;
+    for (name, frame) in cases.iter().filter(|(name, _)| args.wants(name)) {
+        let (mut base, mut ns) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            base.push(ns_per_packet(
+                loaded.baseline_xdp_fd()?,
+                frame,
+                args.repeat,
+            )?);
+            let fd = loaded.loaded_xdp_fd(roce_common::names::program::XDP_MIRROR)?;
+            ns.push(ns_per_packet(fd, frame, args.repeat)?);
+        }
+        report_per_packet(
+            args,
+            name,
+            f64::from(median(ns)),
+            f64::from(median(base)),
+            f64::INFINITY,
+            0,
+            rounds,
+        );
+    }
+    Ok(())
+}
+
 /// Flows in the cold-table case: each lookup finds its entry, none in the CPU's cache.
 const COLD_FLOWS: u32 = 65_536;
 
@@ -836,6 +894,7 @@ fn main() -> Result<()> {
     if cases().iter().any(|c| args.wants(c.name)) {
         bench_xdp(&args, rounds)?;
     }
+    bench_xdp_mirror(&args, rounds)?;
     bench_xdp_cold(&args, rounds)?;
     if tc_cases().iter().any(|c| args.wants(c.name)) {
         if !args.json {
