@@ -506,12 +506,13 @@ fn rxe_expected() -> Vec<Qp> {
             18515,
         ),
         // RESET: no port yet, and the remote QPN the kernel sends is the unset 0.
+        // rxe0 has one port: its netdev is the QP's all the same.
         owned(
             Qp {
                 port: None,
                 rq_psn: Some(0),
                 sq_psn: Some(0),
-                ..qp("rxe0", None, 21, "RC", "RESET")
+                ..qp("rxe0", veth, 21, "RC", "RESET")
             },
             2555,
             "all_reduce_perf",

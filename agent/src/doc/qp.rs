@@ -65,7 +65,9 @@ pub struct Qp {
     pub counter_id: Option<u32>,
     /// Whether XDP or tc counted packets of this QP (either direction) on an interface.
     pub seen_on_wire: bool,
-    /// Added: the netdev of the QP's port (`rdma link` shows it), null when none.
+    /// Added: the netdev of the QP's port (`rdma link` shows it); for a QP without a
+    /// port (before INIT, or the GSI QP on older kernels) that of its device's only
+    /// port; null when none or when the device has several ports.
     #[serde(default)]
     pub netdev: Option<String>,
     /// Added: the rdma_cm ports of the connection, null when not rdma_cm.

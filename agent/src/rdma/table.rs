@@ -61,6 +61,15 @@ pub struct BoundCounter {
     pub counters: BTreeMap<String, u64>,
 }
 
+/// The netdev of `device`'s port when the device has exactly one port.
+fn only_port_netdev(ports: &BTreeMap<(String, u32), RdmaPort>, device: &str) -> Option<String> {
+    let mut of_device = ports.values().filter(|p| p.device == device);
+    match (of_device.next(), of_device.next()) {
+        (Some(only), None) => only.netdev.clone(),
+        _ => None,
+    }
+}
+
 /// A QP's identity on the host: its device and local QPN.
 type Key = (String, u32);
 
@@ -175,10 +184,14 @@ impl QpTable {
             let key = (record.device.clone(), record.lqpn);
             let cm = cm_by_qp.get(&key);
             let counter = counters_by_qp.remove(&key);
-            let netdev = record
-                .port
-                .and_then(|p| ports.get(&(record.device.clone(), p)))
-                .and_then(|p| p.netdev.clone());
+            let netdev = match record.port {
+                Some(p) => ports
+                    .get(&(record.device.clone(), p))
+                    .and_then(|p| p.netdev.clone()),
+                // A QP before INIT has no port, nor the GSI QP on older kernels (5.10
+                // in the VM lab): on a device of one port, that port's netdev is its.
+                None => only_port_netdev(&ports, &record.device),
+            };
             let qp = self.qp(record, cm, counter, netdev);
             current.insert(key, qp);
         }
@@ -253,5 +266,35 @@ impl QpTable {
             gone: false,
             wire: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(device: &str, n: u32, netdev: &str) -> ((String, u32), RdmaPort) {
+        let p = RdmaPort {
+            device: device.into(),
+            port: n,
+            netdev: Some(netdev.into()),
+            ..RdmaPort::default()
+        };
+        ((device.into(), n), p)
+    }
+
+    #[test]
+    fn a_qp_without_a_port_has_the_netdev_of_its_device_only_port() {
+        let ports: BTreeMap<(String, u32), RdmaPort> = [
+            port("rxe0", 1, "veth0"),
+            port("mlx5_0", 1, "eth0"),
+            port("mlx5_0", 2, "eth1"),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(only_port_netdev(&ports, "rxe0").as_deref(), Some("veth0"));
+        // Two ports: which one the QP will use is not known yet.
+        assert_eq!(only_port_netdev(&ports, "mlx5_0"), None);
+        assert_eq!(only_port_netdev(&ports, "rxe9"), None);
     }
 }
