@@ -141,7 +141,7 @@ fn a_running_agent_serves_its_qp_table_and_the_visibility_of_its_interface() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
-        "no queue pairs: no RDMA device on this host\nqps 0: 0 seen on the wire, 0 offloaded\nvisibility: va none\n"
+        "no queue pairs: no RDMA device on this host\nqps 0: 0 seen on the wire, 0 offloaded, 0 not seen\nvisibility: va none\n"
     );
 
     // Before any RoCE: none, reported once the first interval is in.
@@ -230,6 +230,7 @@ fn qps_without_an_agent_is_a_runtime_error_and_a_bad_address_a_usage_error() {
         "--json",
         "--api",
         "offloaded",
+        "not seen",
         "ROCE_AGENT_AUTH",
         "Exit status",
     ] {
@@ -334,7 +335,7 @@ fn qps_prints_the_agents_table_and_names_an_agent_without_one() {
         "\
 device/port  lqpn  rqpn  type  state  owner             pod   src→dst                wire tx/rx pkts  hw counters
 rxe0/1       0x11  0x12  RC    RTS    ib_write_bw[577]  1111  198.18.0.1→198.18.0.2            10/12            0
-qps 1: 1 seen on the wire, 0 offloaded
+qps 1: 1 seen on the wire, 0 offloaded, 0 not seen
 visibility: va kernel_path
 "
     );

@@ -25,8 +25,9 @@ pub const AFTER_HELP: &str = concat!(
     remote QP numbers (hex), type, state, the owner (command[pid], or [kernel user] for a \
     QP the kernel made) and its pod UID, the rdma_cm addresses (src→dst, - when rdma_cm \
     did not make the QP), what the agent's XDP and tc programs counted of it (packets \
-    sent/received), or \"offloaded\" when none of its packets crossed the kernel's stack \
-    (an RNIC that handles RoCE in hardware), and how many per-QP hardware counters the \
+    sent/received), or, for a QP they never counted, \"offloaded\" when its interface is \
+    (an RNIC that handles RoCE in hardware) and \"not seen\" otherwise (an idle QP, or one \
+    on an interface the agent is not on), and how many per-QP hardware counters the \
     driver binds to it. The last lines name the RDMA ports with their netdevs and what \
     the agent sees of RoCE on each interface (kernel_path, offloaded, mirror, none). \
     --json prints the document as the agent served it, on one line. ",
@@ -123,7 +124,7 @@ pub fn render(answer: &QpAnswer) -> String {
             });
         }
     } else {
-        let rows: Vec<[String; 10]> = qps.iter().map(|q| row(q)).collect();
+        let rows: Vec<[String; 10]> = qps.iter().map(|q| row(q, answer)).collect();
         let mut widths = HEADERS.map(|h| h.chars().count());
         for r in &rows {
             for (w, cell) in widths.iter_mut().zip(r) {
@@ -151,11 +152,17 @@ pub fn render(answer: &QpAnswer) -> String {
         }
     }
     let seen = doc.qps.iter().filter(|q| q.seen_on_wire).count();
+    let offloaded = doc
+        .qps
+        .iter()
+        .filter(|q| unseen(q, answer) == Some(OFFLOADED))
+        .count();
     out.push_str(&format!(
-        "qps {}: {} seen on the wire, {} offloaded",
+        "qps {}: {} seen on the wire, {} offloaded, {} not seen",
         doc.qps.len(),
         seen,
-        doc.qps.len() - seen
+        offloaded,
+        doc.qps.len() - seen - offloaded
     ));
     if !doc.ports.is_empty() {
         let ports: Vec<String> = doc
@@ -194,11 +201,29 @@ pub fn owner(pid: Option<u32>, comm: Option<&str>) -> String {
     }
 }
 
-fn row(q: &Qp) -> [String; 10] {
+const OFFLOADED: &str = "offloaded";
+const NOT_SEEN: &str = "not seen";
+
+/// What the wire column says of a QP that XDP and tc never counted: "offloaded" when
+/// its netdev is an offloaded interface (the RNIC moves RoCE past the kernel's
+/// stack), else "not seen" (an idle QP on an interface whose RoCE the agent does see,
+/// or one on an interface it is not on). None for a QP seen on the wire.
+fn unseen(q: &Qp, answer: &QpAnswer) -> Option<&'static str> {
+    if q.seen_on_wire {
+        return None;
+    }
+    let offloaded = answer
+        .visibility
+        .iter()
+        .any(|v| q.netdev.as_deref() == Some(v.ifname.as_str()) && v.mode == OFFLOADED);
+    Some(if offloaded { OFFLOADED } else { NOT_SEEN })
+}
+
+fn row(q: &Qp, answer: &QpAnswer) -> [String; 10] {
     let dash = || "-".to_string();
-    let wire = match &q.wire {
-        Some(w) if q.seen_on_wire => format!("{}/{}", w.tx_packets, w.rx_packets),
-        _ => "offloaded".to_string(),
+    let wire = match (&q.wire, unseen(q, answer)) {
+        (Some(w), None) => format!("{}/{}", w.tx_packets, w.rx_packets),
+        (_, label) => label.unwrap_or(NOT_SEEN).to_string(),
     };
     let state = if q.gone {
         format!("{} (gone)", q.state)
@@ -275,6 +300,7 @@ mod tests {
         });
         let mut offloaded = qp(0x2a);
         offloaded.device = "mlx5_0".into();
+        offloaded.netdev = Some("eth2".into());
         offloaded.counters.insert("rx_write_requests".into(), 5);
         offloaded.counters.insert("out_of_sequence".into(), 0);
         let mut kernel = qp(1);
@@ -319,10 +345,10 @@ mod tests {
             "\
 device/port  lqpn  rqpn  type  state       owner             pod                                   src→dst                wire tx/rx pkts  hw counters
 mlx5_0/1     0x2a  0x2b  RC    RTS         ib_write_bw[577]  -                                     -                            offloaded            2
-rxe0/1        0x1     -  GSI   RTS         [ib_core]         -                                     -                            offloaded            0
+rxe0/1        0x1     -  GSI   RTS         [ib_core]         -                                     -                             not seen            0
 rxe0/1       0x11  0x12  RC    RTS         ib_write_bw[577]  0f3c2a7e-1111-2222-3333-444455556666  198.18.0.1→198.18.0.2         1200/600            0
-rxe0/1       0x12  0x13  RC    RTS (gone)  ib_write_bw[577]  -                                     -                            offloaded            0
-qps 4: 1 seen on the wire, 3 offloaded; ports: rxe0/1 eth1, mlx5_0/1 eth2
+rxe0/1       0x12  0x13  RC    RTS (gone)  ib_write_bw[577]  -                                     -                             not seen            0
+qps 4: 1 seen on the wire, 1 offloaded, 2 not seen; ports: rxe0/1 eth1, mlx5_0/1 eth2
 visibility: eth1 kernel_path, eth2 offloaded
 "
         );
@@ -333,12 +359,12 @@ visibility: eth1 kernel_path, eth2 offloaded
         let mut answer = QpAnswer::default();
         assert_eq!(
             render(&answer),
-            "no queue pairs: no RDMA device on this host\nqps 0: 0 seen on the wire, 0 offloaded\n"
+            "no queue pairs: no RDMA device on this host\nqps 0: 0 seen on the wire, 0 offloaded, 0 not seen\n"
         );
         answer.document.error = Some("RDMA netlink: Permission denied".into());
         assert_eq!(
             render(&answer),
-            "the agent could not read the QP table: RDMA netlink: Permission denied\nqps 0: 0 seen on the wire, 0 offloaded\n"
+            "the agent could not read the QP table: RDMA netlink: Permission denied\nqps 0: 0 seen on the wire, 0 offloaded, 0 not seen\n"
         );
     }
 

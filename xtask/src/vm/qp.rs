@@ -709,7 +709,12 @@ mod tests {
             expected_qp(&t, "rxe0", "ingress", 17),
             Some(("rxe0".to_string(), 17))
         );
-        assert_eq!(expected_qp(&t, "rxe0", "egress", 1), None);
+        // Management datagrams to the peer's QP 1 come from the device's own GSI QP.
+        assert_eq!(
+            expected_qp(&t, "rxe0", "egress", 1),
+            Some(("rxe0".to_string(), 1))
+        );
+        assert_eq!(expected_qp(&t, "rxe1", "egress", 1), None);
         assert_eq!(expected_qp(&t, "rxe1", "ingress", 17), None);
     }
 
