@@ -571,9 +571,13 @@ sc_mirror() {
 		ip netns exec $COL_NS curl -sS "http://$API/metrics" >"$D/flows.metrics" || true
 		agent_stop
 	fi
-	capture_stop
 	tc -s filter show dev veth0 ingress >"$D/mirror-tc-stats.txt" 2>&1 || true
 	tc -s filter show dev veth0 egress >>"$D/mirror-tc-stats.txt" 2>&1 || true
+	# The mirroring stops before the captures do: matchall copies every frame of
+	# veth0 (ARP and ND too, at any moment), and a copy in tcpdump's ring when it
+	# is stopped counts as received but not captured, voiding the comparison.
+	tc qdisc del dev veth0 clsact
+	capture_stop
 	mirror_teardown
 	rc=0
 	"$AGENT" analyze "$D/mir1.pcap" --json --fail-on never >"$D/analyze.json" 2>"$D/analyze.err" || rc=$?
