@@ -127,6 +127,18 @@ pub fn is_acknowledge(opcode: u8) -> bool {
     opcode == op::ACKNOWLEDGE || opcode == TRANSPORT_XRC | op::ACKNOWLEDGE
 }
 
+/// True for RC and XRC responses: READ RESPONSE FIRST, MIDDLE, LAST and ONLY,
+/// ACKNOWLEDGE and ATOMIC ACKNOWLEDGE. A response's PSN is one of the requests the
+/// responder took (or, in a NAK, the one it expected).
+#[inline(always)]
+pub fn is_response(opcode: u8) -> bool {
+    let t = opcode & 0xE0;
+    if t != TRANSPORT_RC && t != TRANSPORT_XRC {
+        return false;
+    }
+    (op::READ_RESPONSE_FIRST..=op::ATOMIC_ACKNOWLEDGE).contains(&(opcode & 0x1F))
+}
+
 /// True for RC and XRC request opcodes: the packets whose PSNs are tracked for gaps.
 #[inline(always)]
 pub fn is_tracked_request(opcode: u8) -> bool {

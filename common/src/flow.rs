@@ -3,8 +3,9 @@
 use crate::bth::{self, SyndromeClass};
 use crate::event::{Trouble, EVENT_CNP, EVENT_NAK, EVENT_NONE, EVENT_PSN_GAP, EVENT_RNR_NAK};
 use crate::key::FlowKey;
+use crate::nak::{NakKey, NakMemory};
 use crate::parsed::Parsed;
-use crate::psn;
+use crate::psn::{self, Seen};
 use crate::wire::ECN_CE;
 
 /// The counters of one flow. In the kernel one value is shared by all CPUs (a slot of
@@ -37,6 +38,14 @@ pub struct FlowStats {
     /// The clock tick (jiffies, low 32 bits, in the kernel) `last_seen_ns` was read
     /// in: the clock is read again only when the tick changed (see `record`).
     pub seen_tick: u32,
+    /// Requests whose PSN was behind the flow's expected one (sent before), and their
+    /// frame bytes. Written only by retransmissions, after the lines every packet
+    /// writes.
+    pub retransmitted_packets: u64,
+    pub retransmitted_bytes: u64,
+    /// Go-backs that no NAK or RNR NAK asked for: the requester's ACK timeout fired
+    /// (`nak`).
+    pub retransmit_timeouts: u64,
 }
 
 /// Adds `n` to a counter. In the kernel another CPU may count on the same flow at the
@@ -66,8 +75,10 @@ pub const SLOT_LIVE: u32 = 1;
 pub const SLOT_EVICTED: u32 = 2;
 
 /// One entry of FLOW_SLOTS, the array the flow tables point into: a flow's counters
-/// and its wide key, in four cache lines. The agent maps the array into its memory and
-/// reads it in order (docs/architecture.md, "The flow table").
+/// and its wide key, in five cache lines (320 bytes: the budget of BENCHMARKS.md, "The
+/// flow slot"). What every packet writes lies in the first three; the agent maps the
+/// array into its memory and reads it in order (docs/architecture.md, "The flow
+/// table").
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowSlot {
@@ -78,12 +89,15 @@ pub struct FlowSlot {
     pub key: FlowKey,
     /// [`SLOT_FREE`], [`SLOT_LIVE`] or [`SLOT_EVICTED`].
     pub state: u32,
-    pub _reserved: [u32; 3],
+    /// Free for later per-flow state (the round-trip times of issue 32).
+    pub _reserved: [u32; 13],
 }
 
 impl FlowStats {
-    /// Counts one packet of `frame_len` bytes on this flow, and says what trouble it
-    /// showed (the sampled events: CE in either header, CNP, NAK, RNR NAK, PSN gap).
+    /// Counts one packet of `frame_len` bytes on this flow (whose key is `key`: the
+    /// NAK memory needs its addresses), and says what trouble it showed (the sampled
+    /// events: CE in either header, CNP, NAK, RNR NAK, PSN gap). NAKs and RNR NAKs go
+    /// into `naks`, and a go-back that finds none there is a timeout (`nak`).
     ///
     /// `tick` is a cheap clock (the kernel's jiffies) and `now_ns` reads the clock that
     /// first/last seen are kept in; it is called only for a flow's first packet and when
@@ -92,6 +106,7 @@ impl FlowStats {
     /// lacks it (before 5.11) `now_ns` reads the monotonic clock at full resolution,
     /// and first/last seen keep the same one-tick resolution.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &mut self,
         p: &Parsed,
@@ -99,6 +114,7 @@ impl FlowStats {
         tick: u32,
         now_ns: impl FnOnce() -> u64,
         default_pmtu_log2: u8,
+        naks: &mut impl NakMemory,
     ) -> Trouble {
         if self.packets == 0 {
             let now = now_ns();
@@ -140,10 +156,27 @@ impl FlowStats {
                     }
                     SyndromeClass::Reserved => {}
                 }
+                if kind != EVENT_NONE {
+                    naks.remember(&NakKey::of_nak(&p.key, p.bth.psn, naks.scope()));
+                }
             }
-        } else if bth::is_tracked_request(opcode) && self.psn.observe(p, default_pmtu_log2) {
-            add(&mut self.psn_gaps, 1);
-            kind = EVENT_PSN_GAP;
+        } else if bth::is_tracked_request(opcode) {
+            match self.psn.observe(p, default_pmtu_log2) {
+                Seen::InOrder => {}
+                Seen::Gap => {
+                    add(&mut self.psn_gaps, 1);
+                    kind = EVENT_PSN_GAP;
+                }
+                seen => {
+                    add(&mut self.retransmitted_packets, 1);
+                    add(&mut self.retransmitted_bytes, frame_len as u64);
+                    if seen == Seen::GoBack
+                        && !naks.take(&NakKey::of_request(&p.key, p.bth.psn, naks.scope()))
+                    {
+                        add(&mut self.retransmit_timeouts, 1);
+                    }
+                }
+            }
         }
         Trouble { ce, kind }
     }
@@ -171,6 +204,9 @@ impl FlowStats {
         self.naks += o.naks;
         self.rnr_naks += o.rnr_naks;
         self.psn_gaps += o.psn_gaps;
+        self.retransmitted_packets += o.retransmitted_packets;
+        self.retransmitted_bytes += o.retransmitted_bytes;
+        self.retransmit_timeouts += o.retransmit_timeouts;
         if newer {
             self.last_seen_ns = o.last_seen_ns;
             self.sport = o.sport;
@@ -186,11 +222,16 @@ impl FlowStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nak::{NakSet, NoNaks};
 
     #[test]
     fn layout_is_whole_words() {
-        assert_eq!(core::mem::size_of::<FlowSlot>(), 256);
-        assert_eq!(core::mem::size_of::<FlowStats>(), 160);
+        assert_eq!(core::mem::size_of::<FlowSlot>(), 320);
+        assert_eq!(core::mem::size_of::<FlowStats>(), 184);
+        // What every packet writes (counters, clock, PSN state) is in the first three
+        // cache lines; the retransmission counters follow.
+        assert!(core::mem::offset_of!(FlowStats, seen_tick) + 4 <= 160);
+        assert_eq!(core::mem::offset_of!(FlowStats, retransmitted_packets), 160);
         assert_eq!(core::mem::size_of::<FlowKey>(), 80);
         assert_eq!(core::mem::size_of::<crate::key::FlowKey4>(), 16);
         assert_eq!(core::mem::size_of::<crate::key::FlowKeyMid>(), 40);
@@ -212,20 +253,20 @@ mod tests {
         let t = |ce, kind| Trouble { ce, kind };
         // RC WRITE ONLY (0x0a) in order, ECT(0): nothing; CE: ce.
         assert_eq!(
-            f.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12),
+            f.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12, &mut NoNaks),
             Trouble::NONE
         );
         assert_eq!(
-            f.record(&packet(0x0a, 2, 0x6b), 60, 0, || 0, 12),
+            f.record(&packet(0x0a, 2, 0x6b), 60, 0, || 0, 12, &mut NoNaks),
             t(true, EVENT_NONE)
         );
         // A PSN ahead of the expected one, with CE: both.
         assert_eq!(
-            f.record(&packet(0x0a, 9, 0x6b), 60, 0, || 0, 12),
+            f.record(&packet(0x0a, 9, 0x6b), 60, 0, || 0, 12, &mut NoNaks),
             t(true, EVENT_PSN_GAP)
         );
         assert_eq!(
-            f.record(&packet(0x81, 0, 0xc2), 60, 0, || 0, 12),
+            f.record(&packet(0x81, 0, 0xc2), 60, 0, || 0, 12, &mut NoNaks),
             t(false, EVENT_CNP)
         );
         let mut ack = packet(0x11, 3, 0x6a);
@@ -233,7 +274,7 @@ mod tests {
         for (syndrome, kind) in [(0x1f, EVENT_NONE), (0x21, EVENT_RNR_NAK), (0x60, EVENT_NAK)] {
             ack.aeth_syndrome = syndrome;
             assert_eq!(
-                f.record(&ack, 60, 0, || 0, 12),
+                f.record(&ack, 60, 0, || 0, 12, &mut NoNaks),
                 t(false, kind),
                 "{syndrome:#x}"
             );
@@ -243,10 +284,140 @@ mod tests {
         inner.tunnelled = true;
         inner.inner_tos = 0x03;
         let mut g = FlowStats::default();
-        assert_eq!(g.record(&inner, 60, 0, || 0, 12), t(true, EVENT_NONE));
+        assert_eq!(
+            g.record(&inner, 60, 0, || 0, 12, &mut NoNaks),
+            t(true, EVENT_NONE)
+        );
         assert_eq!(
             (f.psn_gaps, f.cnps, f.naks, f.rnr_naks, f.acks),
             (1, 1, 1, 1, 1)
+        );
+    }
+
+    /// A packet of the flow 198.18.0.1 -> 198.18.0.2 (the requests) or, when `back`,
+    /// 198.18.0.2 -> 198.18.0.1 (the responder's ACKs and NAKs), to QP `qp`.
+    fn between(back: bool, qp: u32, opcode: u8, psn: u32) -> Parsed {
+        let mut p = packet(opcode, psn, 0x6a);
+        let (a, b) = (
+            crate::key::addr_v4_mapped(u32::from_ne_bytes([198, 18, 0, 1])),
+            crate::key::addr_v4_mapped(u32::from_ne_bytes([198, 18, 0, 2])),
+        );
+        (p.key.src, p.key.dst) = if back { (b, a) } else { (a, b) };
+        p.key.dest_qp = qp;
+        p
+    }
+
+    fn nak(psn: u32, syndrome: u8) -> Parsed {
+        let mut p = between(true, 0x22, 0x11, psn);
+        p.has_syndrome = true;
+        p.aeth_syndrome = syndrome;
+        p
+    }
+
+    /// Requests (to QP 0x11) and the responder's ACKs/NAKs (to QP 0x22) through one
+    /// NAK memory, as the kernel's NAK_PSNS serves both directions: the requests'
+    /// flow counters.
+    fn requests_and_naks(pkts: &[Parsed]) -> FlowStats {
+        let (mut req, mut back) = (FlowStats::default(), FlowStats::default());
+        let mut naks = NakSet::default();
+        for p in pkts {
+            let f = if p.key.dest_qp == 0x11 {
+                &mut req
+            } else {
+                &mut back
+            };
+            f.record(p, 100, 0, || 0, 12, &mut naks);
+        }
+        req
+    }
+
+    const WRITE_ONLY: u8 = 0x0a;
+
+    #[test]
+    fn a_resend_after_silence_is_a_timeout_and_one_after_a_nak_is_not() {
+        let w = |psn| between(false, 0x11, WRITE_ONLY, psn);
+        // 1..=4 sent; silence; the requester goes back to 3: one timeout, 2 packets.
+        let st = requests_and_naks(&[w(1), w(2), w(3), w(4), w(3), w(4), w(5)]);
+        assert_eq!(
+            (
+                st.retransmitted_packets,
+                st.retransmitted_bytes,
+                st.retransmit_timeouts,
+                st.psn_gaps
+            ),
+            (2, 200, 1, 0)
+        );
+        // 3 lost: 4 arrives, the responder NAKs PSN 3 (sequence error), the requester
+        // goes back to 3: no timeout. RNR NAK alike.
+        for syndrome in [0x60, 0x21] {
+            let st = requests_and_naks(&[w(1), w(2), w(4), nak(3, syndrome), w(3), w(4), w(5)]);
+            assert_eq!(
+                (
+                    st.retransmitted_packets,
+                    st.retransmit_timeouts,
+                    st.psn_gaps
+                ),
+                (2, 0, 1),
+                "syndrome {syndrome:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_nak_answers_one_go_back_to_its_psn_and_no_other() {
+        let w = |psn| between(false, 0x11, WRITE_ONLY, psn);
+        let st = requests_and_naks(&[
+            w(1),
+            w(2),
+            w(3),
+            nak(2, 0x60),
+            // The go-back after the NAK, then (the resend lost too) the timeout's.
+            w(2),
+            w(3),
+            w(2),
+            w(3),
+            w(4),
+            // A NAK of PSN 4 does not answer a go-back to 3.
+            nak(4, 0x60),
+            w(3),
+            w(4),
+            w(5),
+        ]);
+        assert_eq!((st.retransmitted_packets, st.retransmit_timeouts), (6, 2));
+    }
+
+    #[test]
+    fn a_nak_of_other_hosts_or_of_the_same_direction_answers_no_go_back() {
+        let w = |psn| between(false, 0x11, WRITE_ONLY, psn);
+        // The NAK travels with the requests (a -> b): it is about b's requests.
+        let mut wrong_way = nak(2, 0x60);
+        (wrong_way.key.src, wrong_way.key.dst) = (wrong_way.key.dst, wrong_way.key.src);
+        let st = requests_and_naks(&[w(1), w(2), w(3), wrong_way, w(2), w(3)]);
+        assert_eq!(st.retransmit_timeouts, 1);
+        // A NAK between other hosts.
+        let mut other = nak(2, 0x60);
+        other.key.src[3] ^= 0x0100_0000;
+        let st = requests_and_naks(&[w(1), w(2), w(3), other, w(2), w(3)]);
+        assert_eq!(st.retransmit_timeouts, 1);
+    }
+
+    #[test]
+    fn reads_use_their_psns_and_a_read_re_issued_within_them_is_resent() {
+        let mut read = between(false, 0x11, 0x0c, 10);
+        read.read_len = 3 * 4096;
+        let w = |psn| between(false, 0x11, WRITE_ONLY, psn);
+        // The READ takes PSNs 10..=12 at the default PMTU 4096: 13 is in order, and a
+        // READ of the rest re-issued at 12 (its responses lost) is a retransmission.
+        let mut rest = between(false, 0x11, 0x0c, 12);
+        rest.read_len = 4096;
+        let st = requests_and_naks(&[read, w(13), rest, w(14)]);
+        assert_eq!(
+            (
+                st.psn_gaps,
+                st.retransmitted_packets,
+                st.retransmit_timeouts
+            ),
+            (0, 1, 1)
         );
     }
 
@@ -255,10 +426,10 @@ mod tests {
         let mut one = FlowStats::default();
         let mut other = FlowStats::default();
         // PSNs 1, 2 on one CPU, 3 on the other, 4 on the first again: a false gap there.
-        one.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12);
-        one.record(&packet(0x0a, 2, 0x6a), 60, 0, || 0, 12);
-        other.record(&packet(0x0a, 3, 0x6a), 60, 0, || 0, 12);
-        one.record(&packet(0x0a, 4, 0x6a), 60, 0, || 0, 12);
+        one.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
+        one.record(&packet(0x0a, 2, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
+        other.record(&packet(0x0a, 3, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
+        one.record(&packet(0x0a, 4, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
         let mut merged = FlowStats::default();
         merged.merge(&one);
         assert!(!merged.psn.split(), "one CPU is not split");
@@ -267,7 +438,7 @@ mod tests {
         assert_eq!((merged.packets, merged.psn_gaps), (4, 1));
         // A CPU that saw only ACKs or CNPs of the flow tracked nothing: not split.
         let mut acks = FlowStats::default();
-        acks.record(&packet(0x81, 0, 0x6a), 60, 0, || 0, 12);
+        acks.record(&packet(0x81, 0, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
         let mut merged = FlowStats::default();
         merged.merge(&one);
         merged.merge(&acks);

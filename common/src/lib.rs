@@ -9,6 +9,10 @@
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
+// Tests use std's collections also without the `std` feature.
+#[cfg(all(test, not(feature = "std")))]
+extern crate std;
+
 pub mod bth;
 pub mod classify;
 pub mod config;
@@ -18,6 +22,7 @@ pub mod flow;
 pub mod icrc;
 pub mod key;
 pub mod mirror;
+pub mod nak;
 pub mod names;
 pub mod packet;
 pub mod parsed;
@@ -39,6 +44,7 @@ mod pod {
     unsafe impl aya::Pod for crate::key::FlowKeyMid {}
     unsafe impl aya::Pod for crate::key::FlowKeyMirror {}
     unsafe impl aya::Pod for crate::mirror::MirrorTag {}
+    unsafe impl aya::Pod for crate::nak::NakKey {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
     unsafe impl aya::Pod for crate::flow::FlowSlot {}
     unsafe impl aya::Pod for crate::config::RuntimeConfig {}

@@ -51,12 +51,14 @@ pub mod map {
     pub const EVENTS: &str = "EVENTS";
     /// Per-CPU sampling countdowns and rate-limit window of the events.
     pub const EVENT_BUDGET: &str = "EVENT_BUDGET";
+    /// NAKs waiting for the go-back they ask for (`nak::NakKey` -> 1), an LRU hash.
+    pub const NAK_PSNS: &str = "NAK_PSNS";
 
     /// Programs `tc_egress` tail-calls (`tail`).
     pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 20] = [
+    pub const ALL: [&str; 21] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
@@ -76,6 +78,7 @@ pub mod map {
         VTEPS,
         EVENTS,
         EVENT_BUDGET,
+        NAK_PSNS,
         TC_TAIL,
     ];
 }

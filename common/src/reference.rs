@@ -9,6 +9,7 @@ use crate::config::RuntimeConfig;
 use crate::counters::{stat_indices, STATS_LEN};
 use crate::flow::FlowStats;
 use crate::key::{FlowKey, FlowKeyMirror};
+use crate::nak::{mirror_scope, NakSet};
 use crate::packet::SlicePacket;
 use crate::parsed::Outcome;
 
@@ -23,6 +24,8 @@ pub struct ReferenceTable {
     /// Walk frames as `xdp_mirror` does (a mirror collector interface, a capture of a
     /// mirror port) rather than as `xdp_classify` does.
     pub decapsulate_mirrors: bool,
+    /// NAKs waiting for their go-back (`nak`), as the kernel's NAK_PSNS holds them.
+    pub naks: NakSet,
     /// The tick `FlowStats::record` is given: one per frame.
     tick: u32,
 }
@@ -35,6 +38,7 @@ impl ReferenceTable {
             mirror_flows: HashMap::new(),
             stats: [0; STATS_LEN as usize],
             decapsulate_mirrors: false,
+            naks: NakSet::default(),
             tick: 0,
         }
     }
@@ -70,6 +74,7 @@ impl ReferenceTable {
             let mut key = p.key;
             key.ifindex = ifindex;
             let created = &mut self.stats[crate::counters::STAT_FLOW_CREATED as usize];
+            self.naks.scope = w.copy.map_or(0, |c| mirror_scope(&c.tag));
             let (entry, frame_len) = match w.copy {
                 Some(c) => (
                     self.mirror_flows
@@ -96,6 +101,7 @@ impl ReferenceTable {
                 self.tick,
                 || now_ns,
                 self.config.default_pmtu_log2,
+                &mut self.naks,
             );
         }
         w

@@ -15,12 +15,13 @@ use roce_common::flow::FlowSlot;
 use roce_common::flow::{SLOT_FREE, SLOT_LIVE};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, KEY4_EGRESS, KEY_EGRESS};
 use roce_common::mirror::MirrorTag;
+use roce_common::nak::mirror_scope;
 use roce_common::parsed::Parsed;
 
 use crate::events::{emit, FrameHead};
 use crate::kernel::coarse_ns;
 use crate::maps::{
-    bump, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS, MIRROR_TAGS,
+    bump, NakMap, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS, MIRROR_TAGS,
 };
 use crate::packet::opaque;
 
@@ -77,8 +78,10 @@ pub fn count_on_flow<C: FrameHead>(
     let Some(slot) = slot else {
         return;
     };
+    // A mirror copy's NAKs answer the go-backs its own mirroring device copied.
+    let scope = mirror.map_or(0, mirror_scope);
     // SAFETY: a live slot of FLOW_SLOTS; other CPUs may count on it too (see `record`).
-    let trouble = unsafe { record(slot, parsed, frame_len, cfg) };
+    let trouble = unsafe { record(slot, parsed, frame_len, cfg, scope) };
     if !trouble.is_none() && cfg.events_sample != EVENTS_OFF {
         // The slot holds the wide key; it is read only for an event the sampling keeps.
         // SAFETY: as above; the key is written once, when the slot is taken.
@@ -179,7 +182,7 @@ fn new_flow<K>(
 }
 
 /// Counts on a flow's slot; first/last seen from the coarse clock (ms resolution is
-/// plenty; `kernel::coarse_ns`).
+/// plenty; `kernel::coarse_ns`); NAKs and go-backs meet in NAK_PSNS.
 ///
 /// # Safety
 /// `slot` is a live slot of FLOW_SLOTS, valid for this program run. Other CPUs may
@@ -190,6 +193,7 @@ unsafe fn record(
     parsed: &Parsed,
     frame_len: u32,
     cfg: &RuntimeConfig,
+    scope: u32,
 ) -> Trouble {
     // SAFETY: the caller's promise; bpf_jiffies64 takes no arguments. The verifier
     // inlines it (a load); the clock is a real call, made only when the tick moved.
@@ -200,6 +204,7 @@ unsafe fn record(
             bpf_jiffies64() as u32,
             coarse_ns,
             cfg.default_pmtu_log2,
+            &mut NakMap { scope },
         )
     }
 }

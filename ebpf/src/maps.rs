@@ -2,12 +2,15 @@
 
 use aya_ebpf::bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC};
 use aya_ebpf::macros::map;
-use aya_ebpf::maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, Queue};
+use aya_ebpf::maps::{
+    Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, Queue,
+};
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
 use roce_common::counters::STATS_LEN;
 use roce_common::flow::FlowSlot;
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror};
 use roce_common::mirror::{MirrorScratch, MirrorTag};
+use roce_common::nak::{NakKey, NakMemory};
 pub use roce_common::names::tail::{
     TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_CLASSIFY, XDP_TAIL_LEN, XDP_TAIL_MIRROR_FLOWS,
 };
@@ -62,6 +65,36 @@ pub static FLOW_SLOTS: Array<FlowSlot> = Array::with_max_entries(65536, BPF_F_MM
 /// gives back the slots of flows it evicts.
 #[map]
 pub static FLOW_FREE: Queue<u32> = Queue::with_max_entries(65536, 0);
+
+/// NAKs and RNR NAKs waiting for the go-back they ask for (`roce_common::nak`): the
+/// requester's and responder's addresses and the PSN -> 1. Shared by all CPUs and
+/// both directions; the least recently used is forgotten when it is full (a NAK whose
+/// go-back this host never sees).
+#[map]
+pub static NAK_PSNS: LruHashMap<NakKey, u64> = LruHashMap::with_max_entries(NAK_PSNS_LEN, 0);
+
+/// NAKs NAK_PSNS holds.
+pub const NAK_PSNS_LEN: u32 = 8192;
+
+/// The kernel's NAK memory, for packets of `scope` (`roce_common::nak::mirror_scope`).
+pub struct NakMap {
+    pub scope: u32,
+}
+
+impl NakMemory for NakMap {
+    #[inline(always)]
+    fn scope(&self) -> u32 {
+        self.scope
+    }
+    #[inline(always)]
+    fn remember(&mut self, key: &NakKey) {
+        let _ = NAK_PSNS.insert(key, &1, 0);
+    }
+    #[inline(always)]
+    fn take(&mut self, key: &NakKey) -> bool {
+        NAK_PSNS.remove(key).is_ok()
+    }
+}
 
 /// Per-class, per-reason and flow-table counters (see `roce_common::counters`).
 #[map]

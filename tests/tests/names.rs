@@ -25,13 +25,14 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
     assert_eq!(programs, declared);
 }
 
-/// The maps as layout version 4 lays them out: (name, BPF map type, key size, value
+/// The maps as layout version 5 lays them out: (name, BPF map type, key size, value
 /// size, entries; 0 where the configuration sizes the map). A change here is a change
 /// of layout: raise `LAYOUT_VERSION` with it, so that a new binary never reads an old
 /// pin the wrong way. Version 4: the mirror maps (FLOWS_MIRROR, MIRROR_TAGS,
 /// MIRROR_SCRATCH, XDP_TAIL) and three more reasons in STATS, which
-/// moved the counters after them.
-const LAYOUT_4: [(&str, u32, u32, u32, u32); 20] = [
+/// moved the counters after them. Version 5: the retransmission counters in FLOW_SLOTS
+/// (320 bytes a slot) and NAK_PSNS.
+const LAYOUT_5: [(&str, u32, u32, u32, u32); 21] = [
     ("CONFIG", 2, 4, 16, 2),
     ("EVENTS", 27, 0, 0, 0),
     ("EVENT_BUDGET", 6, 4, 32, 1),
@@ -40,12 +41,13 @@ const LAYOUT_4: [(&str, u32, u32, u32, u32); 20] = [
     ("FLOWS_MID", 1, 40, 8, 0),
     ("FLOWS_MIRROR", 1, 104, 8, 0),
     ("FLOW_FREE", 22, 0, 4, 0),
-    ("FLOW_SLOTS", 2, 4, 256, 0),
+    ("FLOW_SLOTS", 2, 4, 320, 0),
     ("GENERATION", 2, 4, 8, 1),
     ("IFACE_QOS", 1, 4, 4, 256),
     ("IFACE_QOS_DIRECT", 2, 4, 4, 4096),
     ("MIRROR_SCRATCH", 6, 4, 36, 1),
     ("MIRROR_TAGS", 2, 4, 24, 0),
+    ("NAK_PSNS", 9, 80, 8, 8192),
     ("POLICY", 2, 4, 8, 128),
     ("QOS", 2, 4, 8, 2),
     ("STATS", 6, 4, 8, 0),
@@ -72,7 +74,7 @@ const SIZED_ELSEWHERE: [&str; 9] = [
 fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     assert_eq!(
         roce_common::config::LAYOUT_VERSION,
-        4,
+        5,
         "a new version: give it its table"
     );
     let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
@@ -93,7 +95,7 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     }
     drop(loaded);
     shapes.sort();
-    let mut expected = LAYOUT_4.to_vec();
+    let mut expected = LAYOUT_5.to_vec();
     expected.sort();
     assert_eq!(
         shapes, expected,

@@ -9,10 +9,12 @@
 //!   through BPF_PROG_TEST_RUN, its FLOWS and STATS maps read at the end (the tally
 //!   comes from a reference pass, run while the programs load).
 //!
-//! Work is split by flow ([`Split`]): a worker owns the flows whose key hashes to
-//! it and sees their frames in capture order (PSN gap tracking and first/last seen
-//! depend on the order within a flow, on nothing else), so the workers' tables
-//! merge into what one pass would count.
+//! Work is split by host pair ([`Split`]): a worker owns the flows between the pairs
+//! of hosts that hash to it, both directions, and sees their frames in capture order
+//! (PSN tracking and first/last seen depend on the order within a flow; NAKs and the
+//! go-backs they ask for, and the capture's gaps and the responses that decide them,
+//! on the order of the two directions of a queue pair, on nothing else), so the
+//! workers' tables merge into what one pass would count.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
@@ -22,9 +24,11 @@ use roce_common::classify::{walk_mirror, MirrorWalk};
 
 use roce_common::config::RuntimeConfig;
 use roce_common::counters::{reason_index, STATS_LEN, STAT_FLOW_CREATED};
+use roce_common::event::EVENT_PSN_GAP;
 use roce_common::flow::FlowStats;
 use roce_common::key::FlowKey;
 use roce_common::mirror::{MirrorCopy, MirrorTag};
+use roce_common::nak::{mirror_scope, NakSet, NAK_KEY_FLAGS};
 use roce_common::parsed::Outcome;
 use roce_common::parsed::Reason;
 use roce_common::policy::Policy;
@@ -32,6 +36,7 @@ use roce_common::reference::count_stats;
 use roce_common::wire::ETH_HLEN;
 
 use super::capture::Batch;
+use super::gaps::{GapWatch, Verdict};
 use super::tally::{check_icrc, FlowExtra, Talker, Talkers};
 use super::AnalyzeError;
 use crate::datapath::loader::{self, LoadError, LoadOptions, Loaded};
@@ -129,19 +134,43 @@ pub fn key_hash(k: &FlowKey, seed: u64) -> u64 {
     fold(x ^ C[1], y ^ C[3])
 }
 
-/// [`key_hash`] of a flow's identity: the session's words folded in for a mirrored
-/// flow.
+/// The two hashes of a flow's identity: its host pair's, which picks the worker, and
+/// its own, for the worker's table. The pair's is the same for both directions of
+/// every queue pair between two hosts (addresses in one order, outer then inner, the
+/// VNI, the key's shape, and for mirror copies their sender as the NAK memory scopes
+/// them), so that one worker sees both directions in capture order: NAKs and the
+/// go-backs they ask for (`roce_common::nak`), the capture's gaps and the responses
+/// that decide them (`gaps`). The flow's own folds in the rest of its identity.
 #[inline]
-pub fn id_hash(id: &FlowId, seed: u64) -> u64 {
-    let h = key_hash(&id.key, seed);
-    match &id.mirror {
-        None => h,
-        Some(t) => {
-            let w = |a: u32, b: u32| u64::from(a) | (u64::from(b) << 32);
-            let x = fold(h ^ w(t.source[0], t.source[1]), w(t.source[2], t.source[3]));
-            fold(x ^ 0x9E37_79B9_7F4A_7C15, w(t.session, t.kind) ^ seed)
-        }
+pub fn split_hashes(id: &FlowId, seed: u64) -> (u64, u64) {
+    let k = &id.key;
+    let swapped = (k.src, k.inner_src) > (k.dst, k.inner_dst);
+    let (src, inner_src, dst, inner_dst) = if swapped {
+        (k.dst, k.inner_dst, k.src, k.inner_src)
+    } else {
+        (k.src, k.inner_src, k.dst, k.inner_dst)
+    };
+    let pair = FlowKey {
+        src,
+        dst,
+        inner_src,
+        inner_dst,
+        vni: k.vni,
+        dest_qp: 0,
+        ifindex: id.mirror.as_ref().map_or(0, mirror_scope),
+        flags: k.flags & NAK_KEY_FLAGS,
+    };
+    let h = key_hash(&pair, seed);
+    let w = |a: u32, b: u32| u64::from(a) | (u64::from(b) << 32);
+    let mut f = fold(
+        h ^ w(k.dest_qp, k.flags | u32::from(swapped) << 31),
+        w(k.ifindex, 0) ^ 0x9E37_79B9_7F4A_7C15,
+    );
+    if let Some(t) = &id.mirror {
+        let x = fold(f ^ w(t.source[0], t.source[1]), w(t.source[2], t.source[3]));
+        f = fold(x ^ 0x9E37_79B9_7F4A_7C15, w(t.session, t.kind) ^ seed);
     }
+    (h, f)
 }
 
 /// A flow key with its hash, as the workers' tables hold it.
@@ -192,6 +221,10 @@ pub struct Shard {
     pub stats: [u64; STATS_LEN as usize],
     pub talkers: Talkers,
     pub icrc_checked: u64,
+    /// NAKs waiting for their go-back, as the kernel's NAK_PSNS holds them.
+    pub naks: NakSet,
+    /// PSN gaps waiting for the verdict of the other direction.
+    pub gaps: GapWatch<Keyed>,
 }
 
 impl Default for Shard {
@@ -201,6 +234,8 @@ impl Default for Shard {
             stats: [0; STATS_LEN as usize],
             talkers: Talkers::default(),
             icrc_checked: 0,
+            naks: NakSet::default(),
+            gaps: GapWatch::default(),
         }
     }
 }
@@ -249,7 +284,7 @@ impl<'a> Split<'a> {
                         key: p.key,
                         mirror: copy.map(|c| c.tag),
                     };
-                    let h = id_hash(&id, self.seed);
+                    let (pair, h) = split_hashes(&id, self.seed);
                     let checkable = copy.is_none_or(|c| copy_length(&c, f.data).1);
                     let icrc = icrc.then(|| {
                         if checkable {
@@ -258,7 +293,7 @@ impl<'a> Split<'a> {
                             None
                         }
                     });
-                    (self.of_hash(h), h, icrc)
+                    (self.of_hash(pair), h, icrc)
                 }
                 _ => match Talker::of(&f, &w, self.policy) {
                     Some(t) => (self.of_hash(self.talker.hash_one(t)), 0, None),
@@ -327,8 +362,18 @@ impl Work for Worker<'_> {
                     // A tick that moves with every frame: first/last seen exact.
                     let tick = e.stats.packets as u32;
                     let ts = f.ts_ns;
-                    e.stats
-                        .record(p, len, tick, || ts, self.cfg.default_pmtu_log2);
+                    let scope = copy.map_or(0, |c| mirror_scope(&c.tag));
+                    shard.naks.scope = scope;
+                    let (next, resent) = (e.stats.psn.next, e.stats.retransmitted_packets);
+                    let trouble = e.stats.record(
+                        p,
+                        len,
+                        tick,
+                        || ts,
+                        self.cfg.default_pmtu_log2,
+                        &mut shard.naks,
+                    );
+                    let resent = e.stats.retransmitted_packets != resent;
                     let icrc = match b.icrc(i) {
                         Some(v) => v,
                         None if checkable => check_icrc(f.data, p, w.layers.roce_ip(p.tunnelled)),
@@ -339,6 +384,11 @@ impl Work for Worker<'_> {
                     if icrc.is_some() {
                         shard.icrc_checked += 1;
                     }
+                    if trouble.kind == EVENT_PSN_GAP {
+                        shard.gaps.gap(p, scope, key, next);
+                    } else if !shard.gaps.is_empty() {
+                        watch_gaps(shard, p, scope, &key, resent);
+                    }
                 }
                 _ => {
                     if let Some(t) = Talker::of(&f, &w, self.policy) {
@@ -348,6 +398,35 @@ impl Work for Worker<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// What a packet that is no gap says about the gaps waiting for a verdict: a
+/// retransmission of a missing PSN, or a response of the other direction
+/// (`gaps::GapWatch`). The verdicts go to the request flows' tallies.
+fn watch_gaps(
+    shard: &mut Shard,
+    p: &roce_common::parsed::Parsed,
+    scope: u32,
+    key: &Keyed,
+    resent: bool,
+) {
+    let decided = if resent {
+        let flows = shard.gaps.resent(p, scope, key);
+        flows.into_iter().map(|k| (k, Verdict::Fabric)).collect()
+    } else {
+        let flows = &shard.flows;
+        shard
+            .gaps
+            .answered(p, scope, |k| flows.get(k).map(|e| e.stats.psn.next))
+    };
+    for (k, verdict) in decided {
+        if let Some(e) = shard.flows.get_mut(&k) {
+            match verdict {
+                Verdict::Capture => e.extra.capture_gaps += 1,
+                Verdict::Fabric => e.extra.fabric_gaps += 1,
+            }
+        }
     }
 }
 

@@ -44,11 +44,19 @@ fn examples<'a>(
     flows: impl Iterator<Item = &'a AnalyzedFlow>,
     what: impl Fn(&Flow) -> String,
 ) -> String {
+    examples_of(flows, |f| what(&f.flow))
+}
+
+/// [`examples`] with what analyze adds to a flow in view.
+fn examples_of<'a>(
+    flows: impl Iterator<Item = &'a AnalyzedFlow>,
+    what: impl Fn(&AnalyzedFlow) -> String,
+) -> String {
     let all: Vec<&AnalyzedFlow> = flows.collect();
     let mut s: Vec<String> = all
         .iter()
         .take(EXAMPLES)
-        .map(|f| format!("{} ({})", flow_name(&f.flow), what(&f.flow)))
+        .map(|f| format!("{} ({})", flow_name(&f.flow), what(f)))
         .collect();
     if all.len() > EXAMPLES {
         s.push(format!("and {} more", all.len() - EXAMPLES));
@@ -109,23 +117,81 @@ pub fn findings(
             flow_keys: Vec::new(),
         };
 
-    // Loss: PSN gaps in a fabric that should be lossless.
-    let gaps: Vec<&AnalyzedFlow> = flows.iter().filter(|f| f.flow.psn_gaps > 0).collect();
+    // Loss: PSN gaps in a fabric that should be lossless, but those the capture lost.
+    let gaps: Vec<(&AnalyzedFlow, &FlowExtra)> = flows
+        .iter()
+        .zip(extras)
+        .filter(|(f, _)| f.flow.psn_gaps > f.capture_gaps)
+        .collect();
     if !gaps.is_empty() {
-        let total: u64 = gaps.iter().map(|f| f.flow.psn_gaps).sum();
+        let total: u64 = gaps
+            .iter()
+            .map(|(f, _)| f.flow.psn_gaps - f.capture_gaps)
+            .sum();
+        let fabric: u64 = gaps.iter().map(|(_, e)| e.fabric_gaps).sum();
         out.push(finding(
             "psn_gaps",
             Severity::Error,
             gaps.len(),
             format!(
-                "{total} PSN gaps on {} flows (packets lost before the capture point): {}",
+                "{total} PSN gaps on {} flows (packets lost before the capture point; {fabric} of them resent or NAKed: lost in the fabric; {} with no later response of their queue pair in the capture to tell): {}",
                 gaps.len(),
-                examples(gaps.iter().copied(), |f| format!("{} gaps", f.psn_gaps))
+                total - fabric,
+                examples(gaps.iter().map(|g| g.0), |f| format!("{} gaps", f.psn_gaps))
             ),
             "no PSN gap: a lossless (PFC) class loses no packet".into(),
             "check PFC on the path (same priority enabled on hosts and switch ports, DSCP->priority maps agree), switch drop counters, and the capture point itself (a SPAN port may drop)",
         ));
-        name_flows(&mut out, gaps.iter().copied());
+        name_flows(&mut out, gaps.iter().map(|g| g.0));
+    }
+
+    // Gaps the capture lost: the responder acknowledged what the capture never held.
+    let lost: Vec<&AnalyzedFlow> = flows.iter().filter(|f| f.capture_gaps > 0).collect();
+    if !lost.is_empty() {
+        let total: u64 = lost.iter().map(|f| f.capture_gaps).sum();
+        out.push(finding(
+            "capture_gaps",
+            Severity::Warning,
+            lost.len(),
+            format!(
+                "{total} PSN gaps on {} flows were lost by the capture, not the fabric: later responses of their queue pairs acknowledged the missing requests, with no NAK and no resend: {}",
+                lost.len(),
+                examples_of(lost.iter().copied(), |f| format!(
+                    "{} of {} gaps",
+                    f.capture_gaps, f.flow.psn_gaps
+                ))
+            ),
+            "a capture that holds every frame (its gaps are not the fabric's, and its counts are short of the wire's)".into(),
+            "the capture point dropped frames: give tcpdump a larger buffer (`-B 65536`) and a fast disk, capture fewer bytes per frame (`-s 128`), or use a mirror port (and collector) with headroom for the traffic mirrored",
+        ));
+        name_flows(&mut out, lost.iter().copied());
+    }
+
+    // Retransmissions: what loss (or a receiver not ready) cost.
+    let resent: Vec<&AnalyzedFlow> = flows
+        .iter()
+        .filter(|f| f.flow.retransmitted_packets > 0)
+        .collect();
+    if !resent.is_empty() {
+        let packets: u64 = resent.iter().map(|f| f.flow.retransmitted_packets).sum();
+        let bytes: u64 = resent.iter().map(|f| f.flow.retransmitted_bytes).sum();
+        let timeouts: u64 = resent.iter().map(|f| f.flow.retransmit_timeouts).sum();
+        out.push(finding(
+            "retransmissions",
+            Severity::Warning,
+            resent.len(),
+            format!(
+                "{packets} requests ({bytes} bytes) sent again on {} flows; {timeouts} go-backs followed no NAK (the requester's ACK timeout): {}",
+                resent.len(),
+                examples(resent.iter().copied(), |f| format!(
+                    "{} resent, {} timeouts",
+                    f.retransmitted_packets, f.retransmit_timeouts
+                ))
+            ),
+            "no retransmission: a lossless class loses nothing to resend".into(),
+            "a go-back after a NAK follows loss the responder saw (see psn_gaps, naks); after a timeout, loss at the tail of a message or of the responses (ACKs, NAKs) themselves, or an ACK timeout shorter than the path's round trip (raise the QP's timeout, e.g. NCCL_IB_TIMEOUT)",
+        ));
+        name_flows(&mut out, resent.iter().copied());
     }
 
     // NAKs: the receiver saw a sequence error or could not take the message.

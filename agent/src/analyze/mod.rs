@@ -6,10 +6,13 @@
 //!   whole, never copied one by one);
 //! - [`tally`]: what the engines cannot know offline (timestamps, ICRC, snap length,
 //!   DSCP observations), from the reference classifier's walk of every frame;
+//! - [`gaps`]: whether a PSN gap was lost by the capture or in the fabric, from what
+//!   the other direction of its queue pair shows later;
 //! - [`engine`]: the two engines that count frames into flows and STATS (the reference
 //!   classifier, or the real XDP program through BPF_PROG_TEST_RUN), and the worker
 //!   that runs one on the flows it owns;
-//! - [`workers`]: the reader thread and the workers, the flows split by hash;
+//! - [`workers`]: the reader thread and the workers, the flows split by the hash of
+//!   their host pair;
 //! - [`report`]: the report and its text rendering;
 //! - [`findings`]: what an operator should look at, judged against the DSCP policy
 //!   (`roce_common::policy::Policy`, from the config's `[qos]` table).
@@ -29,6 +32,7 @@ pub mod capture;
 pub mod engine;
 mod error;
 pub mod findings;
+pub mod gaps;
 pub mod report;
 pub mod tally;
 pub mod workers;
@@ -370,6 +374,7 @@ pub fn build_report(
             AnalyzedFlow {
                 flow,
                 icrc_errors: e.icrc_errors,
+                capture_gaps: e.capture_gaps,
             }
         })
         .collect();

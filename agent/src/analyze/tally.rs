@@ -42,6 +42,11 @@ pub struct FlowExtra {
     pub cnp_dscps: u64,
     /// Packets whose outer ECN was Not-ECT (ECN off: switches cannot mark them).
     pub not_ect: u64,
+    /// PSN gaps of this (request) flow that the other direction decided (`gaps`):
+    /// lost by the capture (acknowledged with no NAK and no resend), or in the fabric
+    /// (NAKed or resent). The flow's other gaps are undecided.
+    pub capture_gaps: u64,
+    pub fabric_gaps: u64,
 }
 
 /// Non-RoCE traffic seen on a lossless DSCP.

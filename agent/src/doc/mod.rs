@@ -134,6 +134,18 @@ pub struct Flow {
     pub psn_split: bool,
     /// Outer DSCP of the last packet.
     pub last_dscp: u8,
+    /// Added: requests whose PSN was at or before one the flow had already carried
+    /// (sent again: a go-back after a NAK or a timeout, or a READ re-issued), and
+    /// their frame bytes.
+    #[serde(default)]
+    pub retransmitted_packets: u64,
+    #[serde(default)]
+    pub retransmitted_bytes: u64,
+    /// Added: go-backs (the first retransmission after new requests, or one at or
+    /// before the previous one) that followed no NAK or RNR NAK of their PSN between
+    /// the two hosts: the requester's ACK timeout fired.
+    #[serde(default)]
+    pub retransmit_timeouts: u64,
     /// Added: when the flow's first packet was counted, in ns since the Unix epoch
     /// (1970-01-01 UTC), live and in `analyze` alike. Live, the kernel stamps flows
     /// with its monotonic clock read at most once a tick (1 to 10 ms of resolution) and
@@ -505,6 +517,9 @@ impl Flow {
             psn_gaps: st.psn_gaps,
             psn_split: st.psn.split(),
             last_dscp: st.last_dscp,
+            retransmitted_packets: st.retransmitted_packets,
+            retransmitted_bytes: st.retransmitted_bytes,
+            retransmit_timeouts: st.retransmit_timeouts,
             first_seen_ns: st.first_seen_ns,
             last_seen_ns: st.last_seen_ns,
             rates: None,
@@ -619,6 +634,9 @@ pub(crate) fn test_flow(ifname: &str, src: &str, dst: &str, qp: u32) -> Flow {
         psn_gaps: 0,
         psn_split: false,
         last_dscp: 26,
+        retransmitted_packets: 0,
+        retransmitted_bytes: 0,
+        retransmit_timeouts: 0,
         first_seen_ns: 0,
         last_seen_ns: 0,
         rates: None,
@@ -706,10 +724,33 @@ mod tests {
             f["ecn"],
             serde_json::json!({"not_ect": 0, "ect1": 0, "ect0": 8, "ce": 2})
         );
-        for k in ["cnps", "acks", "naks", "rnr_naks", "psn_gaps"] {
+        for k in [
+            "cnps",
+            "acks",
+            "naks",
+            "rnr_naks",
+            "psn_gaps",
+            "retransmitted_packets",
+            "retransmitted_bytes",
+            "retransmit_timeouts",
+        ] {
             assert_eq!(f[k], 0, "{k}");
         }
         assert_eq!(f["last_dscp"], 26);
+        // The loss fields come from the counters of the same names.
+        st.retransmitted_packets = 3;
+        st.retransmitted_bytes = 3000;
+        st.retransmit_timeouts = 1;
+        let doc = Document::build(vec![(key, st)], &raw, Some(&names));
+        let f = &serde_json::to_value(&doc).unwrap()["flows"][0];
+        assert_eq!(
+            (
+                &f["retransmitted_packets"],
+                &f["retransmitted_bytes"],
+                &f["retransmit_timeouts"]
+            ),
+            (&3.into(), &3000.into(), &1.into())
+        );
         assert_eq!(v["counters"]["roce"], 10);
         assert_eq!(v["counters"]["parse_errors"]["truncated_bth"], 0);
         assert_eq!(

@@ -44,13 +44,18 @@ pub fn render(doc: &Document) -> String {
             .then(b.bytes.cmp(&a.bytes))
             .then(a.canonical_cmp(b))
     });
-    // A mirror column only when a flow came from mirror copies: the table of a host
-    // without mirror interfaces stays as it always was.
+    // A mirror column only when a flow came from mirror copies, a retransmission
+    // column only when a flow resent something: the table of a host without mirror
+    // interfaces, of a fabric that loses nothing, stays as it always was.
     let mirrors = flows.iter().any(|f| f.mirror.is_some());
+    let resends = flows.iter().any(|f| f.retransmitted_packets > 0);
     let rows: Vec<Vec<String>> = flows
         .iter()
         .map(|f| {
             let mut r = row(f).to_vec();
+            if resends {
+                r.insert(RESENT_AT, resent_cell(f));
+            }
             if mirrors {
                 r.push(mirror_cell(f));
             }
@@ -59,6 +64,10 @@ pub fn render(doc: &Document) -> String {
         .collect();
     let mut headers: Vec<&str> = HEADERS.to_vec();
     let mut right = RIGHT.to_vec();
+    if resends {
+        headers.insert(RESENT_AT, RESENT_TITLE);
+        right.insert(RESENT_AT, true);
+    }
     if mirrors {
         headers.push(MIRROR_TITLE);
         right.push(false);
@@ -97,6 +106,18 @@ pub fn render(doc: &Document) -> String {
     out.push_str(&counters_line(doc));
     out.push('\n');
     out
+}
+
+/// The title of the retransmission column: requests sent again, and go-backs after a
+/// timeout (no NAK).
+pub const RESENT_TITLE: &str = "resent/TO";
+
+/// Where the retransmission column goes: after the gaps.
+const RESENT_AT: usize = 12;
+
+/// `12/1`: retransmitted packets, retransmit timeouts.
+pub fn resent_cell(f: &Flow) -> String {
+    format!("{}/{}", f.retransmitted_packets, f.retransmit_timeouts)
 }
 
 /// The title of the column of mirrored flows' sessions.
@@ -298,6 +319,31 @@ mod tests {
             lines[3].contains("; mirror copies without RoCE: mirror_other 0, mirror_truncated 4"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_retransmission_column_only_when_a_flow_resent() {
+        let plain = flow("198.18.0.1", 1, 100, 0, 10);
+        let text = render(&Document {
+            flows: vec![plain.clone()],
+            counters: Counters::default(),
+        });
+        assert!(!text.contains(RESENT_TITLE), "{text}");
+        let resent = Flow {
+            retransmitted_packets: 12,
+            retransmitted_bytes: 12_000,
+            retransmit_timeouts: 3,
+            ..flow("198.18.0.3", 3, 5000, 0, 10)
+        };
+        let text = render(&Document {
+            flows: vec![plain, resent],
+            counters: Counters::default(),
+        });
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("  gaps  resent/TO  dscp"), "{text}");
+        // Right-aligned under its title, after the gaps (5).
+        assert!(lines[1].contains("  5       12/3  "), "{text}");
+        assert!(lines[2].contains("  5        0/0  "), "{text}");
     }
 
     #[test]

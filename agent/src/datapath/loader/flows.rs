@@ -10,6 +10,7 @@ use aya::Ebpf;
 use roce_common::flow::{FlowSlot, FlowStats, SLOT_EVICTED, SLOT_LIVE};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, ShapedKey};
 use roce_common::mirror::MirrorTag;
+use roce_common::nak::NakKey;
 use roce_common::names::map;
 
 use super::{map_error, typed_map, typed_map_mut, LoadError, LoadOptions, Loaded};
@@ -347,6 +348,8 @@ impl Loaded {
         self.empty_flow_map::<FlowKeyMid>(map::FLOWS_MID)?;
         self.empty_flow_map::<FlowKey>(map::FLOWS)?;
         self.empty_flow_map::<FlowKeyMirror>(map::FLOWS_MIRROR)?;
+        // NAKs of the flows gone wait for no go-back.
+        self.empty_flow_map::<NakKey>(map::NAK_PSNS)?;
         let mut used = self.slots.evicted().map_err(LoadError::Slots)?;
         self.slots
             .for_each_live(|i, _| used.push(i as u32))
@@ -362,7 +365,7 @@ impl Loaded {
         self.zero_stats()
     }
 
-    /// Removes every entry of one flow map.
+    /// Removes every entry of one flow map (or of NAK_PSNS: its values are words too).
     fn empty_flow_map<K: aya::Pod>(&mut self, name: &'static str) -> Result<(), LoadError> {
         let keys: Vec<K> = {
             let map: HashMap<&MapData, K, u64> = typed_map(&self.ebpf, name)?;

@@ -62,6 +62,9 @@ pub struct Figures<'a> {
     pub naks: u64,
     pub rnr_naks: u64,
     pub psn_gaps: u64,
+    pub retransmitted_packets: u64,
+    pub retransmitted_bytes: u64,
+    pub retransmit_timeouts: u64,
 }
 
 impl<'a> Figures<'a> {
@@ -79,6 +82,9 @@ impl<'a> Figures<'a> {
             naks: f.naks,
             rnr_naks: f.rnr_naks,
             psn_gaps: f.psn_gaps,
+            retransmitted_packets: f.retransmitted_packets,
+            retransmitted_bytes: f.retransmitted_bytes,
+            retransmit_timeouts: f.retransmit_timeouts,
         }
     }
 }
@@ -300,6 +306,9 @@ mod tests {
             naks: r.below(2),
             rnr_naks: r.below(2),
             psn_gaps: r.below(2),
+            retransmitted_packets: r.below(4) / 3 * 7,
+            retransmitted_bytes: r.below(4) / 3 * 7000,
+            retransmit_timeouts: r.below(4) / 3,
             first_seen_ns: r.below(1 << 40),
             last_seen_ns: r.below(1 << 41),
             sport: r.below(65536) as u16,
@@ -540,6 +549,18 @@ mod tests {
             assert_eq!(
                 (f.cnps, f.acks, f.naks, f.rnr_naks, f.psn_gaps),
                 (d.cnps, d.acks, d.naks, d.rnr_naks, d.psn_gaps)
+            );
+            assert_eq!(
+                (
+                    f.retransmitted_packets,
+                    f.retransmitted_bytes,
+                    f.retransmit_timeouts
+                ),
+                (
+                    d.retransmitted_packets,
+                    d.retransmitted_bytes,
+                    d.retransmit_timeouts
+                )
             );
         });
         assert!(seen.iter().all(|s| *s));

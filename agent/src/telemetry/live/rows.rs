@@ -3,8 +3,8 @@
 //! `/metrics` sums, as its rate and as its place in the document's order.
 //!
 //! A row (80 bytes) holds a flow's counters, those that most flows never see (Not-ECT
-//! and ECT(1) packets, CNPs, NAKs, RNR NAKs, PSN gaps) apart for the rows that have
-//! any; its key in 16 bytes (a plain IPv4 flow's addresses; for IPv6 and tunnelled
+//! and ECT(1) packets, CNPs, NAKs, RNR NAKs, PSN gaps, retransmissions) apart for the
+//! rows that have any; its key in 16 bytes (a plain IPv4 flow's addresses; for IPv6 and tunnelled
 //! flows an offset into `words`, where their addresses, VNI and inner ECN counts lie);
 //! its interface as an index into the poll's names. Its rate is the differences since
 //! the previous poll (24 bytes). Rows stay in the order the kernel handed them over
@@ -82,8 +82,8 @@ impl Row {
 }
 
 /// Counters that stay zero on most flows of a healthy fabric (outer Not-ECT and ECT(1)
-/// packets: RoCE marks ECT(0); CNPs, NAKs, RNR NAKs, PSN gaps): kept apart, for the
-/// rows that have any, so that the others take 48 bytes less.
+/// packets: RoCE marks ECT(0); CNPs, NAKs, RNR NAKs, PSN gaps, retransmissions): kept
+/// apart, for the rows that have any, so that the others take 72 bytes less.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Rare {
     not_ect: u64,
@@ -92,6 +92,9 @@ pub(super) struct Rare {
     naks: u64,
     rnr_naks: u64,
     psn_gaps: u64,
+    retransmitted_packets: u64,
+    retransmitted_bytes: u64,
+    retransmit_timeouts: u64,
     /// The flow's PSN state was split between CPUs (`doc::Flow::psn_split`).
     psn_split: bool,
 }
@@ -105,6 +108,9 @@ impl Rare {
             naks: st.naks,
             rnr_naks: st.rnr_naks,
             psn_gaps: st.psn_gaps,
+            retransmitted_packets: st.retransmitted_packets,
+            retransmitted_bytes: st.retransmitted_bytes,
+            retransmit_timeouts: st.retransmit_timeouts,
             psn_split: st.psn.split(),
         }
     }
@@ -436,6 +442,9 @@ impl RowTable {
             naks: rare.naks,
             rnr_naks: rare.rnr_naks,
             psn_gaps: rare.psn_gaps,
+            retransmitted_packets: rare.retransmitted_packets,
+            retransmitted_bytes: rare.retransmitted_bytes,
+            retransmit_timeouts: rare.retransmit_timeouts,
             first_seen_ns: r.first_seen_ns,
             last_seen_ns: r.last_seen_ns,
             sport: r.sport,
@@ -525,6 +534,9 @@ impl RowTable {
             naks: rare.naks,
             rnr_naks: rare.rnr_naks,
             psn_gaps: rare.psn_gaps,
+            retransmitted_packets: rare.retransmitted_packets,
+            retransmitted_bytes: rare.retransmitted_bytes,
+            retransmit_timeouts: rare.retransmit_timeouts,
         }
     }
 }

@@ -185,10 +185,13 @@ impl Snapshot {
             }
         }
         type Field = fn(&FlowSums<'_>) -> u64;
-        let simple: [(&str, &str, Field); 3] = [
+        let simple: [(&str, &str, Field); 6] = [
             ("roce_cnp_packets", "CNPs (congestion notification packets) counted on the flows they throttle.", |g| g.cnps),
             ("roce_ack_packets", "RoCE ACKNOWLEDGE packets with an ACK syndrome.", |g| g.acks),
             ("roce_psn_gaps", "RoCE request packets whose PSN was ahead of the one their flow expected (lost packets).", |g| g.psn_gaps),
+            ("roce_retransmitted_packets", "RoCE request packets whose PSN was at or before one their flow had already carried (sent again).", |g| g.retransmitted_packets),
+            ("roce_retransmitted_bytes", "Frame bytes of the retransmitted RoCE request packets.", |g| g.retransmitted_bytes),
+            ("roce_retransmit_timeouts", "Go-backs of RoCE requesters that followed no NAK or RNR NAK of their PSN: the requester's ACK timeout fired.", |g| g.retransmit_timeouts),
         ];
         for (name, help, field) in simple {
             let family = self.family(name, Kind::Counter, help);
@@ -463,6 +466,9 @@ mod tests {
         a.rnr_naks = 4;
         a.psn_gaps = 5;
         a.acks = 6;
+        a.retransmitted_packets = 8;
+        a.retransmitted_bytes = 8000;
+        a.retransmit_timeouts = 2;
         let b = flow("eth1", "198.18.0.3", 2, None);
         let mut c = flow("eth1", "198.18.0.1", 3, Some(5001));
         c.inner_ecn = Some(Ecn {
@@ -535,6 +541,20 @@ mod tests {
             v(r#"roce_psn_gaps_total{ifname="eth2",direction="ingress"}"#),
             "0"
         );
+        for (name, want) in [
+            ("roce_retransmitted_packets_total", "8"),
+            ("roce_retransmitted_bytes_total", "8000"),
+            ("roce_retransmit_timeouts_total", "2"),
+        ] {
+            assert_eq!(
+                v(&format!(r#"{name}{{ifname="eth1",direction="ingress"}}"#)),
+                want
+            );
+            assert_eq!(
+                v(&format!(r#"{name}{{ifname="eth2",direction="ingress"}}"#)),
+                "0"
+            );
+        }
         assert_eq!(v(r#"roce_flows{ifname="eth1"}"#), "3");
         assert_eq!(v(r#"roce_flows{ifname="eth2"}"#), "1");
         assert!(

@@ -26,6 +26,9 @@ pub(super) struct FlowSums<'a> {
     pub(super) naks: u64,
     pub(super) rnr_naks: u64,
     pub(super) psn_gaps: u64,
+    pub(super) retransmitted_packets: u64,
+    pub(super) retransmitted_bytes: u64,
+    pub(super) retransmit_timeouts: u64,
 }
 
 /// The ECN codepoint labels, in the order `FlowSums::ecn` keeps them.
@@ -110,6 +113,11 @@ impl<'a> FlowPass<'a> {
             g.naks = g.naks.wrapping_add(f.naks);
             g.rnr_naks = g.rnr_naks.wrapping_add(f.rnr_naks);
             g.psn_gaps = g.psn_gaps.wrapping_add(f.psn_gaps);
+            g.retransmitted_packets = g
+                .retransmitted_packets
+                .wrapping_add(f.retransmitted_packets);
+            g.retransmitted_bytes = g.retransmitted_bytes.wrapping_add(f.retransmitted_bytes);
+            g.retransmit_timeouts = g.retransmit_timeouts.wrapping_add(f.retransmit_timeouts);
 
             if k == 0 {
                 return;
