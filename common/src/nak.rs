@@ -128,6 +128,8 @@ pub struct NakSet {
     /// remembered again since leaves a stale entry, skipped when it comes up).
     order: std::collections::VecDeque<(NakKey, u64)>,
     remembered: u64,
+    /// Go-backs that found their NAK.
+    pub taken: u64,
     pub scope: u32,
 }
 
@@ -166,7 +168,9 @@ impl NakMemory for NakSet {
         }
     }
     fn take(&mut self, key: &NakKey) -> bool {
-        self.naks.remove(key).is_some()
+        let found = self.naks.remove(key).is_some();
+        self.taken += u64::from(found);
+        found
     }
 }
 

@@ -142,6 +142,10 @@ pub struct FlowTotals {
     pub naks: u64,
     pub rnr_naks: u64,
     pub psn_gaps: u64,
+    pub retransmitted_packets: u64,
+    pub retransmit_timeouts: u64,
+    /// Go-backs that a NAK asked for (found in the NAK memory).
+    pub naks_answered: u64,
     pub inner_ce: u64,
     pub pmtu_learnt: u64,
 }
@@ -155,9 +159,12 @@ impl FlowTotals {
             self.naks += s.naks;
             self.rnr_naks += s.rnr_naks;
             self.psn_gaps += s.psn_gaps;
+            self.retransmitted_packets += s.retransmitted_packets;
+            self.retransmit_timeouts += s.retransmit_timeouts;
             self.inner_ce += s.inner_ecn[3];
             self.pmtu_learnt += (s.psn.pmtu_log2 != 0) as u64;
         }
+        self.naks_answered += r.naks.taken;
     }
 }
 

@@ -44,6 +44,10 @@ pub struct Gen {
     opcodes: Vec<u8>,
     psn: u32,
     config: RuntimeConfig,
+    /// The last plain request: its IP layer, QP and PSN (a NAK may name it).
+    last_request: Option<(L3, u32, u32)>,
+    /// A NAK named that request: its go-back may follow (`roce_common::nak`).
+    go_back: Option<(L3, u32, u32)>,
 }
 
 impl Gen {
@@ -53,6 +57,8 @@ impl Gen {
             opcodes: defined_opcodes(),
             psn: 0xFF_FFF0,
             config,
+            last_request: None,
+            go_back: None,
         }
     }
 
@@ -206,8 +212,41 @@ impl Gen {
         at + eth.header_len()
     }
 
+    /// A NAK (or RNR NAK) of the last plain request, from its responder, and now and
+    /// then the go-back it asks for: the request again, at the NAK's PSN. Random PSNs
+    /// would almost never meet so.
+    fn nak_or_go_back(&mut self) -> Option<(L3, RoceMsg)> {
+        if let Some((l3, qp, psn)) = self.go_back.take() {
+            if self.rng.random_bool(0.7) {
+                return Some((l3, RoceMsg::send_only(qp, psn, 64)));
+            }
+        }
+        if !self.rng.random_bool(0.03) {
+            return None;
+        }
+        let (l3, qp, psn) = self.last_request.clone()?;
+        let back = match &l3 {
+            L3::V4(h) => L3::v4(h.dst, h.src).with_tos(h.tos),
+            L3::V6(h) => L3::v6(h.dst, h.src).with_tos(h.tclass),
+        };
+        let syndrome = self.pick(&[0x60, 0x20]);
+        self.go_back = Some((l3, qp, psn));
+        Some((back, RoceMsg::ack(self.pick(&[1u32, 2, 3]), psn, syndrome)))
+    }
+
     /// A RoCE frame, plain or in VXLAN, with its marks.
     pub fn roce(&mut self, tunnelled: bool) -> Sample {
+        if !tunnelled {
+            if let Some((l3, m)) = self.nak_or_go_back() {
+                let frame = roce_frame_to(&Eth::default(), &l3, 0xC000, self.config.roce_port, &m);
+                let mut marks = Marks::default();
+                let at = Self::eth_marks(&mut marks, 0, &Eth::default());
+                let l4 = Self::ip_marks(&mut marks, at, &l3);
+                marks.udps.push(l4);
+                marks.bth = Some(l4 + UDP_HLEN);
+                return Sample { frame, marks };
+            }
+        }
         let m = if self.rng.random_bool(0.08) {
             let mut c = cnp(self.pick(&[1, 2, 3]));
             c.opcode = self.pick(&[0x80, 0x81]);
@@ -224,6 +263,9 @@ impl Gen {
         let inner_l3 = self.l3();
         let inner = roce_frame_to(&inner_eth, &inner_l3, sport, self.config.roce_port, &m);
         let mut marks = Marks::default();
+        if !tunnelled && roce_common::bth::is_tracked_request(m.opcode) {
+            self.last_request = Some((inner_l3.clone(), m.dest_qp, m.psn));
+        }
         if !tunnelled {
             let l3 = Self::eth_marks(&mut marks, 0, &inner_eth);
             let l4 = Self::ip_marks(&mut marks, l3, &inner_l3);

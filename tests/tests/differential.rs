@@ -123,6 +123,9 @@ fn kernel_and_reference_agree_on_100k_random_and_mutated_frames() {
                 f.naks,
                 f.rnr_naks,
                 f.psn_gaps,
+                f.retransmitted_packets,
+                f.retransmit_timeouts,
+                f.naks_answered,
                 f.inner_ce,
                 f.pmtu_learnt
             ]
