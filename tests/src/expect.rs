@@ -85,6 +85,9 @@ pub struct Counts {
     pub naks: u64,
     pub rnr_naks: u64,
     pub psn_gaps: u64,
+    pub retransmitted_packets: u64,
+    pub retransmitted_bytes: u64,
+    pub retransmit_timeouts: u64,
     pub sport: u16,
     pub last_dscp: u8,
 }
@@ -101,6 +104,9 @@ impl From<&FlowStats> for Counts {
             naks: s.naks,
             rnr_naks: s.rnr_naks,
             psn_gaps: s.psn_gaps,
+            retransmitted_packets: s.retransmitted_packets,
+            retransmitted_bytes: s.retransmitted_bytes,
+            retransmit_timeouts: s.retransmit_timeouts,
             sport: s.sport,
             last_dscp: s.last_dscp,
         }

@@ -186,4 +186,25 @@ impl TcHarness {
     pub fn loaded_mut(&mut self) -> &mut Loaded {
         &mut self.loaded
     }
+
+    /// Runs `xdp_classify` of the same object (its maps are these) once on `frame`:
+    /// the frame arriving on the host whose egress the tc programs see.
+    pub fn xdp(&self, frame: &[u8]) -> u32 {
+        let fd = match self.loaded.xdp_fd() {
+            Ok(fd) => fd,
+            Err(e) => panic!("xdp_classify: {e}"),
+        };
+        let run = TestRun {
+            data: frame,
+            repeat: 1,
+            ..Default::default()
+        };
+        match test_run(fd, &run) {
+            Ok(out) => out.retval,
+            Err(e) => panic!(
+                "BPF_PROG_TEST_RUN of xdp_classify failed: {e}\n{}",
+                hex(frame)
+            ),
+        }
+    }
 }
