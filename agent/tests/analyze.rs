@@ -2916,3 +2916,238 @@ fn findings_list_their_flows_by_key() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Loss in the fabric or in the capture, and retransmissions
+
+/// Requester 198.18.6.1, responder 198.18.6.2: three queue pairs, each with its own
+/// PSN space (as rdma_cm picks them, far apart), their responses to the requester's
+/// QPs (0x501, 0x511, 0x521); and one queue pair between two other hosts whose other
+/// direction the capture does not hold.
+/// - QP 0x500: the capture lost two requests (PSNs 1004 and 1007) that the fabric
+///   delivered: the responder's ACK of 1009 covers them, with no NAK and no resend.
+///   2 PSN gaps, both the capture's.
+/// - QP 0x510: the fabric lost 0x50002: the responder NAKs it (sequence error) when
+///   0x50003 arrives, the requester goes back to it, resends 0x50002 and 0x50003,
+///   then sends 0x50004. 1 PSN gap, the fabric's; 2 retransmissions, no timeout.
+/// - QP 0x520: the fabric lost the ACK of 0x900002-0x900003: the requester's timeout
+///   fires and it resends both. No gap; 2 retransmissions, 1 timeout.
+/// - QP 0x530 (198.18.7.1 -> 198.18.7.2): PSN 8 missing, nothing of the other
+///   direction: 1 gap, undecided.
+fn loss() -> Frames {
+    let eth = Eth::default();
+    let a_b = L3::v4(v4("198.18.6.1"), v4("198.18.6.2")).with_tos(TOS_DATA);
+    let b_a = L3::v4(v4("198.18.6.2"), v4("198.18.6.1")).with_tos(TOS_DATA);
+    let other = L3::v4(v4("198.18.7.1"), v4("198.18.7.2")).with_tos(TOS_DATA);
+    let req = |l3: &L3, qp, psn| roce_frame(&eth, l3, 0xC000, &RoceMsg::send_only(qp, psn, 256));
+    let ack = |qp, psn, syndrome| roce_frame(&eth, &b_a, 0xC001, &RoceMsg::ack(qp, psn, syndrome));
+    let mut f = Frames::default();
+    // Interleaved, as a sniffer sees several queue pairs at once.
+    for psn in 1000..1004 {
+        f.push(req(&a_b, 0x500, psn));
+    }
+    f.push(ack(0x501, 1002, 0x1F));
+    for psn in [0x50000, 0x50001, 0x50003] {
+        f.push(req(&a_b, 0x510, psn));
+    }
+    f.push(ack(0x511, 0x50002, 0x60));
+    // 1004 and 1007 sent, but not captured.
+    for psn in [1005, 1006, 1008, 1009] {
+        f.push(req(&a_b, 0x500, psn));
+    }
+    for psn in [0x50002, 0x50003, 0x50004] {
+        f.push(req(&a_b, 0x510, psn));
+    }
+    for psn in 0x90_0000..0x90_0004 {
+        f.push(req(&a_b, 0x520, psn));
+    }
+    f.push(req(&other, 0x530, 7));
+    f.push(ack(0x501, 1009, 0x1F));
+    f.push(ack(0x511, 0x50004, 0x1F));
+    f.push(ack(0x521, 0x90_0001, 0x1F));
+    f.push(req(&other, 0x530, 9));
+    // The ACK of 0x900003 was lost in the fabric: the requester times out.
+    for psn in [0x90_0002, 0x90_0003] {
+        f.push(req(&a_b, 0x520, psn));
+    }
+    f.push(ack(0x521, 0x90_0003, 0x1F));
+    f
+}
+
+/// (psn_gaps, capture_gaps, retransmitted_packets, retransmit_timeouts) of a flow.
+fn loss_of(f: &Value) -> [u64; 4] {
+    let n = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k} in {f}"));
+    [
+        n("psn_gaps"),
+        n("capture_gaps"),
+        n("retransmitted_packets"),
+        n("retransmit_timeouts"),
+    ]
+}
+
+#[test]
+fn gaps_the_capture_lost_are_told_from_the_fabrics_and_resends_counted() {
+    let s = Scratch::new();
+    let p = s.path("loss.pcap");
+    loss().write_pcap(&p);
+    let mut engines = vec!["reference"];
+    if kernel_engine() {
+        engines.push("kernel");
+    }
+    let mut texts = Vec::new();
+    for engine in engines {
+        let (doc, text) = analyze_json(&p, engine);
+        texts.push(text);
+        let flows = flows_by_id(&doc);
+        let get = |id: &str| {
+            flows
+                .get(id)
+                .unwrap_or_else(|| panic!("{engine}: no flow {id}: {:?}", flows.keys()))
+        };
+        let req = |qp: u32| get(&format!("198.18.6.1>198.18.6.2 vni null ->- qp {qp}"));
+        assert_eq!(loss_of(req(0x500)), [2, 2, 0, 0], "{engine}: qp 0x500");
+        assert_eq!(loss_of(req(0x510)), [1, 0, 2, 0], "{engine}: qp 0x510");
+        assert_eq!(loss_of(req(0x520)), [0, 0, 2, 1], "{engine}: qp 0x520");
+        assert_eq!(
+            loss_of(get("198.18.7.1>198.18.7.2 vni null ->- qp 1328")),
+            [1, 0, 0, 0],
+            "{engine}: qp 0x530"
+        );
+        let len = roce_frame(
+            &Eth::default(),
+            &plain(TOS_DATA),
+            0xC000,
+            &RoceMsg::send_only(0x510, 0, 256),
+        )
+        .len() as u64;
+        assert_eq!(req(0x510)["retransmitted_bytes"], 2 * len);
+        // The responses are no requests: nothing resent, no gap.
+        for qp in [0x501, 0x511, 0x521] {
+            let back = get(&format!("198.18.6.2>198.18.6.1 vni null ->- qp {qp}"));
+            assert_eq!(loss_of(back), [0, 0, 0, 0], "{engine}: qp {qp:#x}");
+        }
+        let find = |check: &str| {
+            doc["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["check"] == check)
+                .cloned()
+                .unwrap_or_else(|| panic!("{engine}: no {check} finding: {}", doc["findings"]))
+        };
+        let capture = find("capture_gaps");
+        assert_eq!(capture["severity"], "warning");
+        assert_eq!(capture["flows"], 1);
+        let found = capture["found"].as_str().unwrap();
+        assert!(
+            found.starts_with("2 PSN gaps on 1 flows were lost by the capture, not the fabric"),
+            "{found}"
+        );
+        let fabric = find("psn_gaps");
+        assert_eq!(fabric["severity"], "error");
+        assert_eq!(fabric["flows"], 2, "{fabric}");
+        let found = fabric["found"].as_str().unwrap();
+        assert!(
+            found.starts_with("2 PSN gaps on 2 flows (packets lost before the capture point; 1 of them resent or NAKed: lost in the fabric; 1 with no later response"),
+            "{found}"
+        );
+        let resent = find("retransmissions");
+        assert_eq!(resent["flows"], 2);
+        let found = resent["found"].as_str().unwrap();
+        assert!(
+            found.starts_with(&format!(
+                "4 requests ({} bytes) sent again on 2 flows; 1 go-backs followed no NAK",
+                4 * len
+            )),
+            "{found}"
+        );
+    }
+    if let [r, k] = &texts[..] {
+        assert!(r == k, "engines differ: {}", first_difference(r, k));
+    }
+    // Any number of workers: both directions of a queue pair meet in one.
+    let one = analyze_workers(&p, "reference", 1);
+    for n in [2, 3, 7] {
+        let got = analyze_workers(&p, "reference", n);
+        assert!(
+            got == one,
+            "--workers {n}: {}",
+            first_difference(&one, &got)
+        );
+    }
+    // The table shows the retransmissions.
+    let out = agent(&["analyze", p.to_str().unwrap(), "--fail-on", "never"]);
+    let t = text(&out.stdout);
+    assert!(t.contains("  gaps  resent/TO  dscp"), "{t}");
+    assert!(
+        t.contains("WARN  capture_gaps: 2 PSN gaps on 1 flows"),
+        "{t}"
+    );
+}
+
+/// A real capture with request frames taken out, as a sniffer that drops frames
+/// leaves it: `rxe-nccl-tree.pcap` (NCCL tree all-reduce over soft-RoCE) without
+/// frames 60, 90 and 140, checked by hand with tshark:
+/// - frame 60: 172.30.0.11 -> .12 WRITE MIDDLE to QP 0x2c, PSN 8 (of 1-24); frame 78,
+///   .12 -> .11 ACK to QP 0x25 PSN 24, acknowledges it;
+/// - frame 90: .12 -> .25 WRITE MIDDLE to QP 0x26, PSN 10 (of 1-24); frame 105, ACK to
+///   QP 0x2b PSN 24;
+/// - frame 140: .12 -> .11 WRITE MIDDLE to QP 0x27, PSN 10 (of 1-24); frame 155, ACK
+///   to QP 0x2d PSN 24.
+///
+/// No NAK and no resend anywhere in the capture: 3 PSN gaps, all 3 the capture's,
+/// and no psn_gaps finding (the fabric lost nothing). The whole capture: no gap.
+#[test]
+fn a_real_capture_with_frames_dropped_by_the_sniffer_shows_capture_gaps_only() {
+    use pcap_file::pcap::PcapReader;
+    let real = real_captures()
+        .into_iter()
+        .find(|p| p.ends_with("rxe-nccl-tree.pcap"))
+        .expect("rxe-nccl-tree.pcap");
+    let s = Scratch::new();
+    let cut = s.path("nccl-tree-sniffer-loss.pcap");
+    {
+        let mut r = PcapReader::new(fs::File::open(&real).expect("open")).expect("a pcap");
+        let header = r.header();
+        let mut w = PcapWriter::with_header(fs::File::create(&cut).expect("create"), header)
+            .expect("pcap header");
+        let mut number = 0;
+        while let Some(pkt) = r.next_packet() {
+            number += 1;
+            let pkt = pkt.expect("a record");
+            if ![60, 90, 140].contains(&number) {
+                w.write_packet(&pkt).expect("write");
+            }
+        }
+        assert_eq!(number, 168);
+    }
+    let (whole, _) = analyze_json(&real, "reference");
+    let (doc, _) = analyze_json(&cut, "reference");
+    let sum = |d: &Value, k: &str| -> u64 {
+        d["flows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f[k].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(
+        (sum(&whole, "psn_gaps"), sum(&whole, "capture_gaps")),
+        (0, 0)
+    );
+    assert_eq!(sum(&whole, "retransmitted_packets"), 0);
+    assert_eq!((sum(&doc, "psn_gaps"), sum(&doc, "capture_gaps")), (3, 3));
+    assert_eq!(sum(&doc, "retransmitted_packets"), 0);
+    let flows = flows_by_id(&doc);
+    for (id, gaps) in [
+        ("172.30.0.11>172.30.0.12 vni null ->- qp 44", 1),
+        ("172.30.0.12>172.30.0.25 vni null ->- qp 38", 1),
+        ("172.30.0.12>172.30.0.11 vni null ->- qp 39", 1),
+    ] {
+        let f = &flows[id];
+        assert_eq!(loss_of(f), [gaps, gaps, 0, 0], "{id}");
+    }
+    let checks = check_names(&doc);
+    assert!(checks.contains(&"capture_gaps".to_string()), "{checks:?}");
+    assert!(!checks.contains(&"psn_gaps".to_string()), "{checks:?}");
+}
