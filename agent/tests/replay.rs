@@ -242,7 +242,9 @@ fn comparable_flows(doc: &Value) -> BTreeMap<String, Value> {
                     "last_seen_ns",
                     // Live only: rates over the collector's interval.
                     "rates",
+                    // Analyze only: the capture's gaps, the ICRC it checked.
                     "icrc_errors",
+                    "capture_gaps",
                 ] {
                     o.remove(k);
                 }
