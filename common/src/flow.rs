@@ -48,11 +48,12 @@ pub struct FlowStats {
     pub retransmit_timeouts: u64,
 }
 
-/// Adds `n` to a counter. In the kernel another CPU may count on the same flow at the
-/// same time, so the add is atomic there (a `lock xadd`); the user side's values are
-/// its own.
+/// Adds `n` to a counter (wrapping: `u64::MAX` takes one away). In the kernel another
+/// CPU may count on the same flow at the same time, so the add is atomic there (a
+/// `lock xadd`); the user side's values are its own. The kernel's NAK memory counts
+/// with it too (`ebpf/src/maps.rs: NakMap`).
 #[inline(always)]
-fn add(counter: &mut u64, n: u64) {
+pub fn add(counter: &mut u64, n: u64) {
     #[cfg(target_arch = "bpf")]
     // SAFETY: `counter` is a valid, aligned u64 (a field of a map value).
     unsafe {
@@ -61,7 +62,7 @@ fn add(counter: &mut u64, n: u64) {
     }
     #[cfg(not(target_arch = "bpf"))]
     {
-        *counter += n;
+        *counter = counter.wrapping_add(n);
     }
 }
 

@@ -53,12 +53,14 @@ pub mod map {
     pub const EVENT_BUDGET: &str = "EVENT_BUDGET";
     /// NAKs waiting for the go-back they ask for (`nak::NakKey` -> 1), an LRU hash.
     pub const NAK_PSNS: &str = "NAK_PSNS";
+    /// At least as many as the NAKs in NAK_PSNS (one u64): 0 spares a go-back the look.
+    pub const NAK_WAITING: &str = "NAK_WAITING";
 
     /// Programs `tc_egress` tail-calls (`tail`).
     pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
@@ -79,6 +81,7 @@ pub mod map {
         EVENTS,
         EVENT_BUDGET,
         NAK_PSNS,
+        NAK_WAITING,
         TC_TAIL,
     ];
 }

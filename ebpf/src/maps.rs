@@ -7,7 +7,7 @@ use aya_ebpf::maps::{
 };
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
 use roce_common::counters::STATS_LEN;
-use roce_common::flow::FlowSlot;
+use roce_common::flow::{add, FlowSlot};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror};
 use roce_common::mirror::{MirrorScratch, MirrorTag};
 use roce_common::nak::{NakKey, NakMemory};
@@ -76,6 +76,13 @@ pub static NAK_PSNS: LruHashMap<NakKey, u64> = LruHashMap::with_max_entries(NAK_
 /// NAKs NAK_PSNS holds.
 pub const NAK_PSNS_LEN: u32 = 8192;
 
+/// At least as many as the NAKs in NAK_PSNS (counted before one goes in, taken away
+/// after one was taken out; the LRU's evictions are not taken away): while it is 0,
+/// a go-back finds no NAK without looking (a hash of 80 bytes and a bucket lock), so
+/// a host that NAKs nothing pays for its go-backs only their counts.
+#[map]
+pub static NAK_WAITING: Array<u64> = Array::with_max_entries(1, 0);
+
 /// The kernel's NAK memory, for packets of `scope` (`roce_common::nak::mirror_scope`).
 pub struct NakMap {
     pub scope: u32,
@@ -88,11 +95,28 @@ impl NakMemory for NakMap {
     }
     #[inline(always)]
     fn remember(&mut self, key: &NakKey) {
+        if let Some(n) = NAK_WAITING.get_ptr_mut(0) {
+            // SAFETY: the map's one value, shared by all CPUs: added to atomically.
+            unsafe { add(&mut *n, 1) };
+        }
         let _ = NAK_PSNS.insert(key, &1, 0);
     }
     #[inline(always)]
     fn take(&mut self, key: &NakKey) -> bool {
-        NAK_PSNS.remove(key).is_ok()
+        let Some(n) = NAK_WAITING.get_ptr_mut(0) else {
+            return false;
+        };
+        // SAFETY: as above; a plain read, another CPU may change it meanwhile (a NAK
+        // counted after this read is one this go-back came before).
+        if unsafe { *n } == 0 {
+            return false;
+        }
+        if NAK_PSNS.remove(key).is_err() {
+            return false;
+        }
+        // SAFETY: as above.
+        unsafe { add(&mut *n, u64::MAX) };
+        true
     }
 }
 

@@ -31,8 +31,8 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
 /// pin the wrong way. Version 4: the mirror maps (FLOWS_MIRROR, MIRROR_TAGS,
 /// MIRROR_SCRATCH, XDP_TAIL) and three more reasons in STATS, which
 /// moved the counters after them. Version 5: the retransmission counters in FLOW_SLOTS
-/// (320 bytes a slot) and NAK_PSNS.
-const LAYOUT_5: [(&str, u32, u32, u32, u32); 21] = [
+/// (320 bytes a slot), NAK_PSNS and NAK_WAITING.
+const LAYOUT_5: [(&str, u32, u32, u32, u32); 22] = [
     ("CONFIG", 2, 4, 16, 2),
     ("EVENTS", 27, 0, 0, 0),
     ("EVENT_BUDGET", 6, 4, 32, 1),
@@ -48,6 +48,7 @@ const LAYOUT_5: [(&str, u32, u32, u32, u32); 21] = [
     ("MIRROR_SCRATCH", 6, 4, 36, 1),
     ("MIRROR_TAGS", 2, 4, 24, 0),
     ("NAK_PSNS", 9, 80, 8, 8192),
+    ("NAK_WAITING", 2, 4, 8, 1),
     ("POLICY", 2, 4, 8, 128),
     ("QOS", 2, 4, 8, 2),
     ("STATS", 6, 4, 8, 0),

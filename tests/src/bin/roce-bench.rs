@@ -629,6 +629,76 @@ fn bench_xdp_cold(args: &Args, rounds: usize) -> Result<()> {
     Ok(())
 }
 
+/// Frames of the in-order case: consecutive PSNs of one flow.
+const IN_ORDER_FRAMES: u32 = 20_000;
+
+/// `xdp_classify` on one flow whose PSNs advance, as a long flow's do: the repeated
+/// frame of `xdp_roce_ipv4` carries one PSN again and again, a go-back every time
+/// (counted as a retransmission and a timeout), where a flow in its steady state
+/// sends each PSN once. One BPF_PROG_TEST_RUN per frame, PSNs 100, 101, ... in order,
+/// against the empty program on the same frames; a round starts a new flow (a new
+/// QP), so that each frame is in order.
+fn bench_xdp_in_order(args: &Args, rounds: usize) -> Result<()> {
+    let name = "xdp_roce_ipv4_in_order";
+    if !args.wants(name) {
+        return Ok(());
+    }
+    let mut loaded =
+        loader::load(&LoadOptions::default()).context("loading the eBPF programs (root needed)")?;
+    let eth = Eth::default();
+    let l3 = L3::v4(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2)).with_tos(106);
+    let once = |fd: BorrowedFd<'_>, f: &[u8]| ns_per_packet(fd, f, 1);
+    let (mut ours, mut base) = (Vec::new(), Vec::new());
+    for round in 0..rounds as u32 {
+        let frames: Vec<Vec<u8>> = (0..IN_ORDER_FRAMES)
+            .map(|i| {
+                let m = RoceMsg::write_only(0x2000 + round, 100 + i, 256);
+                frame::roce_frame(&eth, &l3, 0xC000, &m)
+            })
+            .collect();
+        // The flow's first packet makes it: not the steady state.
+        once(loaded.xdp_fd()?, &frames[0])?;
+        let (mut o, mut b) = (0u64, 0u64);
+        for f in &frames[1..] {
+            b += once(loaded.baseline_xdp_fd()?, f)? as u64;
+            o += once(loaded.xdp_fd()?, f)? as u64;
+        }
+        let n = f64::from(IN_ORDER_FRAMES - 1);
+        ours.push(o as f64 / n);
+        base.push(b as f64 / n);
+    }
+    let resent: u64 = loaded
+        .flows()?
+        .iter()
+        .map(|(_, st)| st.retransmitted_packets + st.psn_gaps)
+        .sum();
+    let (ns, baseline) = (median(ours), median(base));
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "name": name,
+                "ns_per_packet": ns,
+                "baseline_ns_per_packet": baseline,
+                "added_ns": ns - baseline,
+                "added_ratio": (((ns - baseline) / baseline) * 100.0).round() / 100.0,
+                "frames": IN_ORDER_FRAMES,
+                "resent_or_gaps": resent,
+                "repeat": 1,
+                "rounds": rounds,
+            })
+        );
+    } else {
+        println!(
+            "{name:<34} {ns:>8.0} {baseline:>8.0} {:>8.0} {:>7.2}x {:>8}",
+            ns - baseline,
+            (ns - baseline) / baseline,
+            format!("{resent} resent")
+        );
+    }
+    Ok(())
+}
+
 fn bench_tc(args: &Args, rounds: usize) -> Result<()> {
     let mut loaded =
         loader::load(&load_options(args)).context("loading the eBPF programs (root needed)")?;
@@ -896,6 +966,7 @@ fn main() -> Result<()> {
     }
     bench_xdp_mirror(&args, rounds)?;
     bench_xdp_cold(&args, rounds)?;
+    bench_xdp_in_order(&args, rounds)?;
     if tc_cases().iter().any(|c| args.wants(c.name)) {
         if !args.json {
             println!(

@@ -350,6 +350,13 @@ impl Loaded {
         self.empty_flow_map::<FlowKeyMirror>(map::FLOWS_MIRROR)?;
         // NAKs of the flows gone wait for no go-back.
         self.empty_flow_map::<NakKey>(map::NAK_PSNS)?;
+        {
+            let mut waiting: Array<&mut MapData, u64> =
+                typed_map_mut(&mut self.ebpf, map::NAK_WAITING)?;
+            waiting
+                .set(0, 0, 0)
+                .map_err(map_error(map::NAK_WAITING))?;
+        }
         let mut used = self.slots.evicted().map_err(LoadError::Slots)?;
         self.slots
             .for_each_live(|i, _| used.push(i as u32))
