@@ -104,73 +104,52 @@ fn fold(a: u64, b: u64) -> u64 {
     (p as u64) ^ ((p >> 64) as u64)
 }
 
-/// The hash of a flow key, 16 bytes per multiply in two independent lanes (the
-/// folded multiply of foldhash): computed once per RoCE frame, by the reader, for
-/// choosing the frame's worker and for that worker's table. `seed` is random per
-/// run, so that a crafted capture cannot aim its keys at one bucket (the report
-/// does not depend on it).
+/// The two hashes of a flow's identity, 16 bytes per multiply (the folded multiply of
+/// foldhash), computed once per RoCE frame by the reader: its host pair's, which picks
+/// the worker, and its own, for the worker's table. `seed` is random per run, so that
+/// a crafted capture cannot aim its keys at one bucket (the report does not depend on
+/// it). The pair's is the same for both directions of every queue pair between two
+/// hosts (its two ends, each an outer and an inner address, combined in either order;
+/// the VNI, the key's shape, and for mirror copies their sender as the NAK memory
+/// scopes them), so that one worker sees both directions in capture order: NAKs and
+/// the go-backs they ask for (`roce_common::nak`), the capture's gaps and the
+/// responses that decide them (`gaps`). The flow's own folds in the rest of its
+/// identity.
 #[inline]
-pub fn key_hash(k: &FlowKey, seed: u64) -> u64 {
-    const C: [u64; 7] = [
+pub fn split_hashes(id: &FlowId, seed: u64) -> (u64, u64) {
+    const C: [u64; 4] = [
         0x243F_6A88_85A3_08D3,
         0x1319_8A2E_0370_7344,
         0xA409_3822_299F_31D0,
         0x082E_FA98_EC4E_6C89,
-        0x4528_21E6_38D0_1377,
-        0xBE54_66CF_34E9_0C6C,
-        0xC0AC_29B7_C97C_50DD,
     ];
-    let w = |a: u32, b: u32| u64::from(a) | (u64::from(b) << 32);
-    let q = |a: &[u32; 4]| (w(a[0], a[1]), w(a[2], a[3]));
-    let (s0, s1) = q(&k.src);
-    let (d0, d1) = q(&k.dst);
-    let (i0, i1) = q(&k.inner_src);
-    let (j0, j1) = q(&k.inner_dst);
-    let x = fold(s0 ^ seed, s1 ^ C[0]);
-    let y = fold(d0 ^ C[2] ^ seed.rotate_left(32), d1 ^ C[3]);
-    let x = fold(x ^ i0, i1 ^ C[4]);
-    let y = fold(y ^ j0, j1 ^ C[5]);
-    let x = fold(x ^ w(k.vni, k.dest_qp), w(k.ifindex, k.flags) ^ C[6]);
-    fold(x ^ C[1], y ^ C[3])
-}
-
-/// The two hashes of a flow's identity: its host pair's, which picks the worker, and
-/// its own, for the worker's table. The pair's is the same for both directions of
-/// every queue pair between two hosts (addresses in one order, outer then inner, the
-/// VNI, the key's shape, and for mirror copies their sender as the NAK memory scopes
-/// them), so that one worker sees both directions in capture order: NAKs and the
-/// go-backs they ask for (`roce_common::nak`), the capture's gaps and the responses
-/// that decide them (`gaps`). The flow's own folds in the rest of its identity.
-#[inline]
-pub fn split_hashes(id: &FlowId, seed: u64) -> (u64, u64) {
     let k = &id.key;
-    let swapped = (k.src, k.inner_src) > (k.dst, k.inner_dst);
-    let (src, inner_src, dst, inner_dst) = if swapped {
-        (k.dst, k.inner_dst, k.src, k.inner_src)
-    } else {
-        (k.src, k.inner_src, k.dst, k.inner_dst)
-    };
-    let pair = FlowKey {
-        src,
-        dst,
-        inner_src,
-        inner_dst,
-        vni: k.vni,
-        dest_qp: 0,
-        ifindex: id.mirror.as_ref().map_or(0, mirror_scope),
-        flags: k.flags & NAK_KEY_FLAGS,
-    };
-    let h = key_hash(&pair, seed);
     let w = |a: u32, b: u32| u64::from(a) | (u64::from(b) << 32);
-    let mut f = fold(
-        h ^ w(k.dest_qp, k.flags | u32::from(swapped) << 31),
-        w(k.ifindex, 0) ^ 0x9E37_79B9_7F4A_7C15,
+    // One end of the pair: its outer and inner address, seeded, 16 bytes a multiply.
+    let end = |a: &[u32; 4], i: &[u32; 4]| {
+        let x = fold(w(a[0], a[1]) ^ seed, w(a[2], a[3]) ^ C[0]);
+        fold(x ^ w(i[0], i[1]), w(i[2], i[3]) ^ C[1])
+    };
+    let (s, d) = (end(&k.src, &k.inner_src), end(&k.dst, &k.inner_dst));
+    let scope = id.mirror.as_ref().map_or(0, mirror_scope);
+    // The two ends combined in a way that does not depend on their order.
+    let pair = fold(
+        s ^ d ^ w(k.vni, k.flags & NAK_KEY_FLAGS),
+        s.wrapping_add(d) ^ w(scope, 0) ^ C[2],
+    );
+    // The flow: its ends in order, its QP, its flags and interface.
+    let mut flow = fold(
+        s ^ w(k.dest_qp, k.flags) ^ C[3],
+        d.rotate_left(29) ^ w(k.ifindex, k.vni),
     );
     if let Some(t) = &id.mirror {
-        let x = fold(f ^ w(t.source[0], t.source[1]), w(t.source[2], t.source[3]));
-        f = fold(x ^ 0x9E37_79B9_7F4A_7C15, w(t.session, t.kind) ^ seed);
+        let x = fold(
+            flow ^ w(t.source[0], t.source[1]),
+            w(t.source[2], t.source[3]),
+        );
+        flow = fold(x ^ 0x9E37_79B9_7F4A_7C15, w(t.session, t.kind) ^ seed);
     }
-    (h, f)
+    (pair, flow)
 }
 
 /// A flow key with its hash, as the workers' tables hold it.
@@ -579,4 +558,50 @@ pub fn counted_kernel(loaded: &Loaded, short: u64) -> Result<Counted, AnalyzeErr
         flows: merged.into_iter().collect(),
         stats,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_common::key::{addr_v4_mapped, KEY_TUNNELLED};
+
+    fn flow(src: u8, dst: u8, inner: Option<(u8, u8)>, qp: u32) -> FlowId {
+        let a = |last| addr_v4_mapped(u32::from_ne_bytes([198, 18, 0, last]));
+        let mut key = FlowKey {
+            src: a(src),
+            dst: a(dst),
+            dest_qp: qp,
+            ..FlowKey::default()
+        };
+        if let Some((s, d)) = inner {
+            let i = |last| addr_v4_mapped(u32::from_ne_bytes([198, 19, 0, last]));
+            (key.inner_src, key.inner_dst, key.vni) = (i(s), i(d), 5001);
+            key.flags = KEY_TUNNELLED;
+        }
+        FlowId::plain(key)
+    }
+
+    #[test]
+    fn both_directions_of_a_host_pair_share_the_pair_hash_and_no_flow_hash() {
+        let seed = 0x1234_5678_9ABC_DEF0;
+        for inner in [None, Some((1, 2))] {
+            let back = inner.map(|(s, d)| (d, s));
+            let (p1, f1) = split_hashes(&flow(1, 2, inner, 0x11), seed);
+            let (p2, f2) = split_hashes(&flow(2, 1, back, 0x22), seed);
+            let (p3, f3) = split_hashes(&flow(1, 2, inner, 0x33), seed);
+            assert_eq!((p1, p1), (p2, p3), "one pair, {inner:?}");
+            assert!(f1 != f2 && f1 != f3 && f2 != f3, "{inner:?}");
+            // The same QP the other way round is another flow.
+            let (_, f4) = split_hashes(&flow(2, 1, back, 0x11), seed);
+            assert_ne!(f1, f4);
+            // Another pair: another hash.
+            let (p5, _) = split_hashes(&flow(1, 3, inner, 0x11), seed);
+            assert_ne!(p1, p5);
+        }
+        // Outer and inner ends swap together: an outer pair reversed around the same
+        // inner direction is another pair of ends.
+        let (p, _) = split_hashes(&flow(1, 2, Some((1, 2)), 1), seed);
+        let (q, _) = split_hashes(&flow(2, 1, Some((1, 2)), 1), seed);
+        assert_ne!(p, q);
+    }
 }

@@ -353,9 +353,7 @@ impl Loaded {
         {
             let mut waiting: Array<&mut MapData, u64> =
                 typed_map_mut(&mut self.ebpf, map::NAK_WAITING)?;
-            waiting
-                .set(0, 0, 0)
-                .map_err(map_error(map::NAK_WAITING))?;
+            waiting.set(0, 0, 0).map_err(map_error(map::NAK_WAITING))?;
         }
         let mut used = self.slots.evicted().map_err(LoadError::Slots)?;
         self.slots
