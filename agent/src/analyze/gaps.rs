@@ -61,15 +61,16 @@ struct Pending<K> {
 /// The pending gaps of one worker, by host pair.
 #[derive(Clone, Debug)]
 pub struct GapWatch<K> {
-    /// Keyed as the NAK memory keys a pair (`NakKey` with PSN 0), oldest first.
-    pending: HashMap<NakKey, VecDeque<Pending<K>>>,
+    /// Keyed as the NAK memory keys a pair (`NakKey` with PSN 0), oldest first. Every
+    /// response looks here while a gap waits: a fast hash, seeded per run.
+    pending: HashMap<NakKey, VecDeque<Pending<K>>, foldhash::fast::RandomState>,
     len: usize,
 }
 
 impl<K> Default for GapWatch<K> {
     fn default() -> Self {
         GapWatch {
-            pending: HashMap::new(),
+            pending: HashMap::default(),
             len: 0,
         }
     }
