@@ -139,6 +139,35 @@ pub fn is_response(opcode: u8) -> bool {
     (op::READ_RESPONSE_FIRST..=op::ATOMIC_ACKNOWLEDGE).contains(&(opcode & 0x1F))
 }
 
+/// True for the responses whose PSN is their request's: ACKNOWLEDGE (handled with the
+/// AETH), READ RESPONSE FIRST and ONLY, ATOMIC ACKNOWLEDGE (RC and XRC). MIDDLE and
+/// LAST carry the PSNs after their READ's.
+#[inline(always)]
+pub fn answers_request(opcode: u8) -> bool {
+    let t = opcode & 0xE0;
+    if t != TRANSPORT_RC && t != TRANSPORT_XRC {
+        return false;
+    }
+    matches!(
+        opcode & 0x1F,
+        op::READ_RESPONSE_FIRST | op::READ_RESPONSE_ONLY | op::ATOMIC_ACKNOWLEDGE
+    )
+}
+
+/// True for the requests a response answers whatever their AckReq bit: READ and the
+/// atomics (RC and XRC).
+#[inline(always)]
+pub fn expects_response(opcode: u8) -> bool {
+    let t = opcode & 0xE0;
+    if t != TRANSPORT_RC && t != TRANSPORT_XRC {
+        return false;
+    }
+    matches!(
+        opcode & 0x1F,
+        op::READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD
+    )
+}
+
 /// True for RC and XRC request opcodes: the packets whose PSNs are tracked for gaps.
 #[inline(always)]
 pub fn is_tracked_request(opcode: u8) -> bool {

@@ -6,6 +6,7 @@ use crate::key::FlowKey;
 use crate::nak::{NakKey, NakMemory};
 use crate::parsed::Parsed;
 use crate::psn::{self, Seen};
+use crate::rtt::{RttMemory, RTT_SAMPLE_STALE_NS};
 use crate::wire::ECN_CE;
 
 /// The counters of one flow. In the kernel one value is shared by all CPUs (a slot of
@@ -46,6 +47,12 @@ pub struct FlowStats {
     /// Go-backs that no NAK or RNR NAK asked for: the requester's ACK timeout fired
     /// (`nak`).
     pub retransmit_timeouts: u64,
+    /// The request flow's outstanding round-trip sample (`rtt`): when it started
+    /// (`last_seen_ns` then, with the low bit set; 0 when none waits) and its PSN.
+    /// Written only by the requests that start one and the responses that end one.
+    pub rtt_sample_ns: u64,
+    pub rtt_sample_psn: u32,
+    pub _pad2: u32,
 }
 
 /// Adds `n` to a counter (wrapping: `u64::MAX` takes one away). In the kernel another
@@ -59,6 +66,21 @@ pub fn add(counter: &mut u64, n: u64) {
     unsafe {
         use core::intrinsics::{atomic_xadd, AtomicOrdering};
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, n);
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    {
+        *counter = counter.wrapping_add(n);
+    }
+}
+
+/// [`add`] for a 32-bit counter (a histogram bucket: `rtt::RttHist`).
+#[inline(always)]
+pub fn add32(counter: &mut u32, n: u32) {
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: `counter` is a valid, aligned u32 (a field of a map value).
+    unsafe {
+        use core::intrinsics::{atomic_xadd, AtomicOrdering};
+        atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(counter, n);
     }
     #[cfg(not(target_arch = "bpf"))]
     {
@@ -90,8 +112,8 @@ pub struct FlowSlot {
     pub key: FlowKey,
     /// [`SLOT_FREE`], [`SLOT_LIVE`] or [`SLOT_EVICTED`].
     pub state: u32,
-    /// Free for later per-flow state (the round-trip times of issue 32).
-    pub _reserved: [u32; 13],
+    /// Free for later per-flow state.
+    pub _reserved: [u32; 9],
 }
 
 impl FlowStats {
@@ -116,6 +138,7 @@ impl FlowStats {
         now_ns: impl FnOnce() -> u64,
         default_pmtu_log2: u8,
         naks: &mut impl NakMemory,
+        rtt: &mut impl RttMemory,
     ) -> Trouble {
         if self.packets == 0 {
             let now = now_ns();
@@ -146,7 +169,12 @@ impl FlowStats {
         } else if bth::is_acknowledge(opcode) {
             if p.has_syndrome {
                 match bth::syndrome_class(p.aeth_syndrome) {
-                    SyndromeClass::Ack => add(&mut self.acks, 1),
+                    SyndromeClass::Ack => {
+                        add(&mut self.acks, 1);
+                        if rtt.ends() {
+                            rtt.end(&NakKey::of_nak(&p.key, p.bth.psn, naks.scope()));
+                        }
+                    }
                     SyndromeClass::RnrNak => {
                         add(&mut self.rnr_naks, 1);
                         kind = EVENT_RNR_NAK;
@@ -163,10 +191,11 @@ impl FlowStats {
             }
         } else if bth::is_tracked_request(opcode) {
             match self.psn.observe(p, default_pmtu_log2) {
-                Seen::InOrder => {}
+                Seen::InOrder => self.sample_rtt(p, naks.scope(), rtt),
                 Seen::Gap => {
                     add(&mut self.psn_gaps, 1);
                     kind = EVENT_PSN_GAP;
+                    self.sample_rtt(p, naks.scope(), rtt);
                 }
                 seen => {
                     add(&mut self.retransmitted_packets, 1);
@@ -176,10 +205,48 @@ impl FlowStats {
                     {
                         add(&mut self.retransmit_timeouts, 1);
                     }
+                    // Karn's rule: the response may answer either copy.
+                    if self.rtt_sample_ns != 0 {
+                        let psn = self.rtt_sample_psn;
+                        rtt.cancel(&NakKey::of_request(&p.key, psn, naks.scope()));
+                        self.rtt_sample_ns = 0;
+                    }
                 }
             }
+        } else if bth::answers_request(opcode) && rtt.ends() {
+            rtt.end(&NakKey::of_nak(&p.key, p.bth.psn, naks.scope()));
         }
         Trouble { ce, kind }
+    }
+
+    /// Starts a round-trip sample on this request flow when the request asks for a
+    /// response and no sample of the flow waits (or the one waiting went stale).
+    #[inline(always)]
+    fn sample_rtt(&mut self, p: &Parsed, scope: u32, rtt: &mut impl RttMemory) {
+        if !(p.bth.ack_req || bth::expects_response(p.bth.opcode)) || !rtt.starts() {
+            return;
+        }
+        let waiting = self.rtt_sample_ns;
+        if waiting != 0 {
+            if self.last_seen_ns.saturating_sub(waiting) < RTT_SAMPLE_STALE_NS {
+                return;
+            }
+            let psn = self.rtt_sample_psn;
+            rtt.cancel(&NakKey::of_request(&p.key, psn, scope));
+            self.rtt_sample_ns = 0;
+        }
+        if rtt.start(&NakKey::of_request(&p.key, p.bth.psn, scope)) {
+            self.rtt_sample_ns = self.last_seen_ns | 1;
+            self.rtt_sample_psn = p.bth.psn;
+        }
+    }
+
+    /// A response ended this request flow's sample at `psn`: it may start another.
+    #[inline(always)]
+    pub fn rtt_sample_ended(&mut self, psn: u32) {
+        if self.rtt_sample_ns != 0 && self.rtt_sample_psn == psn {
+            self.rtt_sample_ns = 0;
+        }
     }
 
     /// Adds another CPU's (or another table's) counters of the same flow.
@@ -209,6 +276,8 @@ impl FlowStats {
         self.retransmitted_bytes += o.retransmitted_bytes;
         self.retransmit_timeouts += o.retransmit_timeouts;
         if newer {
+            self.rtt_sample_ns = o.rtt_sample_ns;
+            self.rtt_sample_psn = o.rtt_sample_psn;
             self.last_seen_ns = o.last_seen_ns;
             self.sport = o.sport;
             self.last_dscp = o.last_dscp;
@@ -224,11 +293,12 @@ impl FlowStats {
 mod tests {
     use super::*;
     use crate::nak::{NakSet, NoNaks};
+    use crate::rtt::NoRtt;
 
     #[test]
     fn layout_is_whole_words() {
         assert_eq!(core::mem::size_of::<FlowSlot>(), 320);
-        assert_eq!(core::mem::size_of::<FlowStats>(), 184);
+        assert_eq!(core::mem::size_of::<FlowStats>(), 200);
         // What every packet writes (counters, clock, PSN state) is in the first three
         // cache lines; the retransmission counters follow.
         assert!(core::mem::offset_of!(FlowStats, seen_tick) + 4 <= 160);
@@ -254,20 +324,20 @@ mod tests {
         let t = |ce, kind| Trouble { ce, kind };
         // RC WRITE ONLY (0x0a) in order, ECT(0): nothing; CE: ce.
         assert_eq!(
-            f.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12, &mut NoNaks),
+            f.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
             Trouble::NONE
         );
         assert_eq!(
-            f.record(&packet(0x0a, 2, 0x6b), 60, 0, || 0, 12, &mut NoNaks),
+            f.record(&packet(0x0a, 2, 0x6b), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
             t(true, EVENT_NONE)
         );
         // A PSN ahead of the expected one, with CE: both.
         assert_eq!(
-            f.record(&packet(0x0a, 9, 0x6b), 60, 0, || 0, 12, &mut NoNaks),
+            f.record(&packet(0x0a, 9, 0x6b), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
             t(true, EVENT_PSN_GAP)
         );
         assert_eq!(
-            f.record(&packet(0x81, 0, 0xc2), 60, 0, || 0, 12, &mut NoNaks),
+            f.record(&packet(0x81, 0, 0xc2), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
             t(false, EVENT_CNP)
         );
         let mut ack = packet(0x11, 3, 0x6a);
@@ -275,7 +345,7 @@ mod tests {
         for (syndrome, kind) in [(0x1f, EVENT_NONE), (0x21, EVENT_RNR_NAK), (0x60, EVENT_NAK)] {
             ack.aeth_syndrome = syndrome;
             assert_eq!(
-                f.record(&ack, 60, 0, || 0, 12, &mut NoNaks),
+                f.record(&ack, 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
                 t(false, kind),
                 "{syndrome:#x}"
             );
@@ -286,7 +356,7 @@ mod tests {
         inner.inner_tos = 0x03;
         let mut g = FlowStats::default();
         assert_eq!(
-            g.record(&inner, 60, 0, || 0, 12, &mut NoNaks),
+            g.record(&inner, 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
             t(true, EVENT_NONE)
         );
         assert_eq!(
@@ -327,7 +397,7 @@ mod tests {
             } else {
                 &mut back
             };
-            f.record(p, 100, 0, || 0, 12, &mut naks);
+            f.record(p, 100, 0, || 0, 12, &mut naks, &mut NoRtt);
         }
         req
     }
@@ -427,10 +497,10 @@ mod tests {
         let mut one = FlowStats::default();
         let mut other = FlowStats::default();
         // PSNs 1, 2 on one CPU, 3 on the other, 4 on the first again: a false gap there.
-        one.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
-        one.record(&packet(0x0a, 2, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
-        other.record(&packet(0x0a, 3, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
-        one.record(&packet(0x0a, 4, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
+        one.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
+        one.record(&packet(0x0a, 2, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
+        other.record(&packet(0x0a, 3, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
+        one.record(&packet(0x0a, 4, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
         let mut merged = FlowStats::default();
         merged.merge(&one);
         assert!(!merged.psn.split(), "one CPU is not split");
@@ -439,7 +509,7 @@ mod tests {
         assert_eq!((merged.packets, merged.psn_gaps), (4, 1));
         // A CPU that saw only ACKs or CNPs of the flow tracked nothing: not split.
         let mut acks = FlowStats::default();
-        acks.record(&packet(0x81, 0, 0x6a), 60, 0, || 0, 12, &mut NoNaks);
+        acks.record(&packet(0x81, 0, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
         let mut merged = FlowStats::default();
         merged.merge(&one);
         merged.merge(&acks);

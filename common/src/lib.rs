@@ -28,6 +28,7 @@ pub mod packet;
 pub mod parsed;
 pub mod policy;
 pub mod psn;
+pub mod rtt;
 pub mod wire;
 
 // The kernel programs need neither: the user side only.
@@ -45,6 +46,8 @@ mod pod {
     unsafe impl aya::Pod for crate::key::FlowKeyMirror {}
     unsafe impl aya::Pod for crate::mirror::MirrorTag {}
     unsafe impl aya::Pod for crate::nak::NakKey {}
+    unsafe impl aya::Pod for crate::rtt::RttHist {}
+    unsafe impl aya::Pod for crate::rtt::RttWait {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
     unsafe impl aya::Pod for crate::flow::FlowSlot {}
     unsafe impl aya::Pod for crate::config::RuntimeConfig {}

@@ -55,12 +55,24 @@ pub mod map {
     pub const NAK_PSNS: &str = "NAK_PSNS";
     /// At least as many as the NAKs in NAK_PSNS (one u64): 0 spares a go-back the look.
     pub const NAK_WAITING: &str = "NAK_WAITING";
+    /// Round-trip samples waiting for their response (`nak::NakKey` ->
+    /// `rtt::RttWait`), an LRU hash.
+    pub const RTT_WAIT: &str = "RTT_WAIT";
+    /// Samples in RTT_WAIT by PSN modulo its size (u64 counts): 0 spares a response the
+    /// look.
+    pub const RTT_WAIT_PSNS: &str = "RTT_WAIT_PSNS";
+    /// Round trips per flow: FLOW_SLOTS index -> `rtt::RttHist`, for the flows that
+    /// have any (a hash without preallocation).
+    pub const RTT_HIST: &str = "RTT_HIST";
+    /// One zeroed `rtt::RttHist`: a flow's first histogram is copied from it (it is
+    /// larger than the programs' stack).
+    pub const RTT_HIST_ZERO: &str = "RTT_HIST_ZERO";
 
     /// Programs `tc_egress` tail-calls (`tail`).
     pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 26] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
@@ -82,6 +94,10 @@ pub mod map {
         EVENT_BUDGET,
         NAK_PSNS,
         NAK_WAITING,
+        RTT_WAIT,
+        RTT_WAIT_PSNS,
+        RTT_HIST,
+        RTT_HIST_ZERO,
         TC_TAIL,
     ];
 }

@@ -12,6 +12,7 @@ use crate::key::{FlowKey, FlowKeyMirror};
 use crate::nak::{mirror_scope, NakSet};
 use crate::packet::SlicePacket;
 use crate::parsed::Outcome;
+use crate::rtt::NoRtt;
 
 /// Flows and counters of everything fed to it, as the kernel would hold them (one CPU).
 #[derive(Clone, Debug)]
@@ -102,6 +103,8 @@ impl ReferenceTable {
                 || now_ns,
                 self.config.default_pmtu_log2,
                 &mut self.naks,
+                // One program's view: round trips need tc and XDP together.
+                &mut NoRtt,
             );
         }
         w

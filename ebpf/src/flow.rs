@@ -21,7 +21,7 @@ use roce_common::parsed::Parsed;
 use crate::events::{emit, FrameHead};
 use crate::kernel::coarse_ns;
 use crate::maps::{
-    bump, NakMap, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS, MIRROR_TAGS,
+    bump, NakMap, RttMap, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS, MIRROR_TAGS,
 };
 use crate::packet::opaque;
 
@@ -75,13 +75,20 @@ pub fn count_on_flow<C: FrameHead>(
             }
         }
     };
-    let Some(slot) = slot else {
+    let Some((index, slot)) = slot else {
         return;
     };
     // A mirror copy's NAKs answer the go-backs its own mirroring device copied.
     let scope = mirror.map_or(0, mirror_scope);
+    // Requests leaving start round-trip samples, responses arriving end them; a
+    // mirror session sees both directions.
+    let mut rtt = RttMap {
+        slot: index,
+        starts: egress || mirror.is_some(),
+        ends: !egress,
+    };
     // SAFETY: a live slot of FLOW_SLOTS; other CPUs may count on it too (see `record`).
-    let trouble = unsafe { record(slot, parsed, frame_len, cfg, scope) };
+    let trouble = unsafe { record(slot, parsed, frame_len, cfg, scope, &mut rtt) };
     if !trouble.is_none() && cfg.events_sample != EVENTS_OFF {
         // The slot holds the wide key; it is read only for an event the sampling keeps.
         // SAFETY: as above; the key is written once, when the slot is taken.
@@ -125,17 +132,19 @@ pub fn hidden_from_compiler(mut parsed: Parsed) -> Parsed {
     parsed
 }
 
-/// The slot of `key`'s flow, taken from FLOW_FREE when the flow is new.
+/// The slot of `key`'s flow (its index and place), taken from FLOW_FREE when the
+/// flow is new.
 #[inline(always)]
 fn flow_slot<K>(
     map: &HashMap<K, u64>,
     key: &K,
     wide: impl FnOnce() -> FlowKey,
     taken: impl FnOnce(u32),
-) -> Option<*mut FlowSlot> {
+) -> Option<(u32, *mut FlowSlot)> {
     // SAFETY: a copy of the index out of the map.
     if let Some(index) = unsafe { map.get(key) } {
-        return FLOW_SLOTS.get_ptr_mut(*index as u32);
+        let index = *index as u32;
+        return Some((index, FLOW_SLOTS.get_ptr_mut(index)?));
     }
     new_flow(map, key, wide, taken)
 }
@@ -149,7 +158,7 @@ fn new_flow<K>(
     key: &K,
     wide: impl FnOnce() -> FlowKey,
     taken: impl FnOnce(u32),
-) -> Option<*mut FlowSlot> {
+) -> Option<(u32, *mut FlowSlot)> {
     let Ok(Some(index)) = FLOW_FREE.pop() else {
         // No free slot: the table is full until the agent evicts flows.
         bump(STAT_FLOW_INSERT_FAILED);
@@ -166,14 +175,17 @@ fn new_flow<K>(
     }
     if map.insert(key, &(index as u64), BPF_NOEXIST as u64).is_ok() {
         bump(STAT_FLOW_CREATED);
-        return Some(slot);
+        return Some((index, slot));
     }
     // SAFETY: still this CPU's slot: nothing points at it.
     unsafe { (*slot).state = SLOT_FREE };
     let _ = FLOW_FREE.push(index, 0);
     // SAFETY: as in `flow_slot`.
     match unsafe { map.get(key) } {
-        Some(other) => FLOW_SLOTS.get_ptr_mut(*other as u32),
+        Some(other) => {
+            let other = *other as u32;
+            Some((other, FLOW_SLOTS.get_ptr_mut(other)?))
+        }
         None => {
             bump(STAT_FLOW_INSERT_FAILED);
             None
@@ -194,6 +206,7 @@ unsafe fn record(
     frame_len: u32,
     cfg: &RuntimeConfig,
     scope: u32,
+    rtt: &mut RttMap,
 ) -> Trouble {
     // SAFETY: the caller's promise; bpf_jiffies64 takes no arguments. The verifier
     // inlines it (a load); the clock is a real call, made only when the tick moved.
@@ -205,6 +218,7 @@ unsafe fn record(
             coarse_ns,
             cfg.default_pmtu_log2,
             &mut NakMap { scope },
+            rtt,
         )
     }
 }

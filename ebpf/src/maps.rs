@@ -1,16 +1,19 @@
 //! The maps shared with the agent. Their names are declared once in `roce_common::names` (a test checks them against this object).
 
-use aya_ebpf::bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC};
+use aya_ebpf::bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST};
+use aya_ebpf::helpers::bpf_ktime_get_ns;
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{
     Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, Queue,
 };
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
 use roce_common::counters::STATS_LEN;
-use roce_common::flow::{add, FlowSlot};
+use roce_common::flow::{add, add32, FlowSlot};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror};
 use roce_common::mirror::{MirrorScratch, MirrorTag};
 use roce_common::nak::{NakKey, NakMemory};
+use crate::packet::opaque;
+use roce_common::rtt::{bucket_of, RttHist, RttMemory, RttWait, RTT_BUCKETS};
 pub use roce_common::names::tail::{
     TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_CLASSIFY, XDP_TAIL_LEN, XDP_TAIL_MIRROR_FLOWS,
 };
@@ -117,6 +120,137 @@ impl NakMemory for NakMap {
         // SAFETY: as above.
         unsafe { add(&mut *n, u64::MAX) };
         true
+    }
+}
+
+/// Round-trip samples waiting for their response (`roce_common::rtt`): a request
+/// leaving through tc starts one, the response arriving in XDP ends it.
+#[map]
+pub static RTT_WAIT: LruHashMap<NakKey, RttWait> = LruHashMap::with_max_entries(RTT_WAIT_LEN, 0);
+
+/// Samples RTT_WAIT holds: one per active request flow (a flow keeps one outstanding).
+pub const RTT_WAIT_LEN: u32 = 16384;
+
+/// How many samples wait at each PSN modulo its size: a response whose entry is 0
+/// ends no sample without hashing its key. Samples the LRU forgets leave their count:
+/// such an entry only costs its responses a look.
+#[map]
+pub static RTT_WAIT_PSNS: Array<u64> = Array::with_max_entries(RTT_WAIT_PSNS_LEN, 0);
+
+pub const RTT_WAIT_PSNS_LEN: u32 = 4096;
+
+/// Round trips of the flows that have any: slot index -> histogram. Without
+/// preallocation: the memory is that of the flows that answer samples (the requester
+/// QPs' inbound flows). The agent deletes a flow's entry when it frees its slot.
+#[map]
+pub static RTT_HIST: HashMap<u32, RttHist> =
+    HashMap::with_max_entries(RTT_HIST_LEN, BPF_F_NO_PREALLOC);
+
+pub const RTT_HIST_LEN: u32 = 65536;
+
+/// A zeroed histogram to copy a flow's first one from.
+#[map]
+pub static RTT_HIST_ZERO: Array<RttHist> = Array::with_max_entries(1, 0);
+
+/// The kernel's round-trip memory, for the flow in slot `slot` counted by a program
+/// that `starts` samples (tc egress, mirror) and/or `ends` them (XDP, mirror).
+pub struct RttMap {
+    pub slot: u32,
+    pub starts: bool,
+    pub ends: bool,
+}
+
+#[inline(always)]
+fn psn_count(psn: u32) -> Option<*mut u64> {
+    RTT_WAIT_PSNS.get_ptr_mut(psn % RTT_WAIT_PSNS_LEN)
+}
+
+impl RttMemory for RttMap {
+    #[inline(always)]
+    fn starts(&self) -> bool {
+        self.starts
+    }
+    #[inline(always)]
+    fn ends(&self) -> bool {
+        self.ends
+    }
+    #[inline(always)]
+    fn start(&mut self, key: &NakKey) -> bool {
+        let wait = RttWait {
+            // SAFETY: no arguments.
+            sent_ns: unsafe { bpf_ktime_get_ns() },
+            slot: self.slot,
+            psn: key.psn,
+        };
+        if RTT_WAIT.insert(key, &wait, BPF_NOEXIST as u64).is_err() {
+            return false;
+        }
+        if let Some(n) = psn_count(key.psn) {
+            // SAFETY: an entry of the array, shared by all CPUs: added to atomically.
+            unsafe { add(&mut *n, 1) };
+        }
+        true
+    }
+    #[inline(always)]
+    fn cancel(&mut self, key: &NakKey) {
+        if RTT_WAIT.remove(key).is_ok() {
+            if let Some(n) = psn_count(key.psn) {
+                // SAFETY: as above.
+                unsafe { add(&mut *n, u64::MAX) };
+            }
+        }
+    }
+    #[inline(always)]
+    fn end(&mut self, key: &NakKey) -> Option<u64> {
+        let n = psn_count(key.psn)?;
+        // SAFETY: as above; a plain read (a sample started meanwhile on another CPU is
+        // one this response came before).
+        if unsafe { *n } == 0 {
+            return None;
+        }
+        // SAFETY: a copy of the entry out of the map.
+        let wait = unsafe { *RTT_WAIT.get(key)? };
+        if RTT_WAIT.remove(key).is_err() {
+            // Another CPU ended it first.
+            return None;
+        }
+        // SAFETY: as above.
+        unsafe { add(&mut *n, u64::MAX) };
+        // SAFETY: no arguments.
+        let rtt = unsafe { bpf_ktime_get_ns() }.saturating_sub(wait.sent_ns);
+        if let Some(request) = FLOW_SLOTS.get_ptr_mut(wait.slot) {
+            // SAFETY: a slot of FLOW_SLOTS; the request flow's CPU may write the marker
+            // meanwhile (a stale sample's restart), then the next response sets it right.
+            unsafe { (*request).stats.rtt_sample_ended(wait.psn) };
+        }
+        let hist = match RTT_HIST.get_ptr_mut(&self.slot) {
+            Some(h) => h,
+            None => {
+                let zero = RTT_HIST_ZERO.get(0)?;
+                let _ = RTT_HIST.insert(&self.slot, zero, BPF_NOEXIST as u64);
+                RTT_HIST.get_ptr_mut(&self.slot)?
+            }
+        };
+        // SAFETY: the flow's entry, shared with other CPUs counting on the flow: its
+        // counts are added atomically, min and max written racily (a sample of two
+        // ending at once may be lost from them, not from the counts).
+        unsafe {
+            let h = &mut *hist;
+            add(&mut h.samples, 1);
+            add(&mut h.sum_ns, rtt);
+            if h.min_ns == 0 || rtt < h.min_ns {
+                h.min_ns = rtt;
+            }
+            if rtt > h.max_ns {
+                h.max_ns = rtt;
+            }
+            // Hidden, so that the compiler keeps the bound the verifier needs.
+            let i = opaque(bucket_of(rtt));
+            if i < RTT_BUCKETS {
+                add32(&mut h.buckets[i], 1);
+            }
+        }
+        Some(rtt)
     }
 }
 

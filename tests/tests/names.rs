@@ -31,8 +31,9 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
 /// pin the wrong way. Version 4: the mirror maps (FLOWS_MIRROR, MIRROR_TAGS,
 /// MIRROR_SCRATCH, XDP_TAIL) and three more reasons in STATS, which
 /// moved the counters after them. Version 5: the retransmission counters in FLOW_SLOTS
-/// (320 bytes a slot), NAK_PSNS and NAK_WAITING.
-const LAYOUT_5: [(&str, u32, u32, u32, u32); 22] = [
+/// (320 bytes a slot, with a request flow's round-trip sample), NAK_PSNS, NAK_WAITING
+/// and the round-trip maps RTT_WAIT, RTT_WAIT_PSNS, RTT_HIST and RTT_HIST_ZERO.
+const LAYOUT_5: [(&str, u32, u32, u32, u32); 26] = [
     ("CONFIG", 2, 4, 16, 2),
     ("EVENTS", 27, 0, 0, 0),
     ("EVENT_BUDGET", 6, 4, 32, 1),
@@ -51,6 +52,10 @@ const LAYOUT_5: [(&str, u32, u32, u32, u32); 22] = [
     ("NAK_WAITING", 2, 4, 8, 1),
     ("POLICY", 2, 4, 8, 128),
     ("QOS", 2, 4, 8, 2),
+    ("RTT_HIST", 1, 4, 1440, 65536),
+    ("RTT_HIST_ZERO", 2, 4, 1440, 1),
+    ("RTT_WAIT", 9, 80, 16, 16384),
+    ("RTT_WAIT_PSNS", 2, 4, 8, 4096),
     ("STATS", 6, 4, 8, 0),
     ("TC_TAIL", 3, 4, 4, 1),
     ("VTEPS", 10, 16, 40, 4096),

@@ -28,6 +28,7 @@ use roce_common::event::EVENT_PSN_GAP;
 use roce_common::flow::FlowStats;
 use roce_common::key::FlowKey;
 use roce_common::mirror::{MirrorCopy, MirrorTag};
+use roce_common::rtt::RttBook;
 use roce_common::nak::{mirror_scope, NakSet, NAK_KEY_FLAGS};
 use roce_common::parsed::Outcome;
 use roce_common::parsed::Reason;
@@ -204,6 +205,9 @@ pub struct Shard {
     pub naks: NakSet,
     /// PSN gaps waiting for the verdict of the other direction.
     pub gaps: GapWatch<Keyed>,
+    /// Round-trip samples waiting for their response, and each flow's round trips
+    /// (`roce_common::rtt`): a capture sees both directions.
+    pub rtt: RttBook<Keyed>,
 }
 
 impl Default for Shard {
@@ -215,6 +219,7 @@ impl Default for Shard {
             icrc_checked: 0,
             naks: NakSet::default(),
             gaps: GapWatch::default(),
+            rtt: RttBook::default(),
         }
     }
 }
@@ -344,6 +349,7 @@ impl Work for Worker<'_> {
                     let scope = copy.map_or(0, |c| mirror_scope(&c.tag));
                     shard.naks.scope = scope;
                     let (next, resent) = (e.stats.psn.next, e.stats.retransmitted_packets);
+                    shard.rtt.counting(&key, ts);
                     let trouble = e.stats.record(
                         p,
                         len,
@@ -351,6 +357,7 @@ impl Work for Worker<'_> {
                         || ts,
                         self.cfg.default_pmtu_log2,
                         &mut shard.naks,
+                        &mut shard.rtt,
                     );
                     let resent = e.stats.retransmitted_packets != resent;
                     let icrc = match b.icrc(i) {
@@ -362,6 +369,11 @@ impl Work for Worker<'_> {
                     e.extra.observe(&f, p, icrc, counted, self.policy);
                     if icrc.is_some() {
                         shard.icrc_checked += 1;
+                    }
+                    if let Some((request, psn)) = shard.rtt.ended() {
+                        if let Some(r) = shard.flows.get_mut(&request) {
+                            r.stats.rtt_sample_ended(psn);
+                        }
                     }
                     if trouble.kind == EVENT_PSN_GAP {
                         shard.gaps.gap(p, scope, key, next);

@@ -55,7 +55,7 @@ pub use report::{render, AnalyzedFlow, CaptureInfo, FlowIdent, Report};
 pub use tally::{check_icrc, FlowExtra, NonRoceLossless, Talkers, Tally, MAX_TALKERS};
 
 use crate::datapath::loader::LoadOptions;
-use crate::doc::Document;
+use crate::doc::{Document, Rtt};
 
 /// Workers by default, at most: the reader thread walks every frame to assign it,
 /// so beyond a few workers it is the limit.
@@ -287,6 +287,9 @@ pub fn analyze_input(input: &Input, opts: &AnalyzeOptions) -> Result<Analysis, A
         tally
             .flows
             .extend(shard.flows.into_iter().map(|(k, e)| (k.key, e.extra)));
+        tally
+            .rtt
+            .extend(shard.rtt.hists.into_iter().map(|(k, h)| (k.key, h)));
         talkers.push(shard.talkers);
     }
     tally.non_roce_lossless = Talkers::merge(talkers);
@@ -362,14 +365,19 @@ pub fn build_report(
         .iter()
         .map(|(k, e)| (FlowIdent::of_key(k), e))
         .collect();
+    let rtts: HashMap<FlowIdent, Rtt> = tally
+        .rtt
+        .iter()
+        .filter_map(|(k, h)| Some((FlowIdent::of_key(k), Rtt::of(h)?)))
+        .collect();
     let mut flow_extras = Vec::with_capacity(doc.flows.len());
     let analyzed: Vec<AnalyzedFlow> = doc
         .flows
         .into_iter()
-        .map(|flow| {
-            let e = extras
-                .get(&FlowIdent::of_flow(&flow))
-                .map_or_else(FlowExtra::default, |e| **e);
+        .map(|mut flow| {
+            let ident = FlowIdent::of_flow(&flow);
+            let e = extras.get(&ident).map_or_else(FlowExtra::default, |e| **e);
+            flow.rtt = rtts.get(&ident).copied();
             flow_extras.push(e);
             AnalyzedFlow {
                 flow,

@@ -66,6 +66,8 @@ pub const MAX_TALKERS: usize = 100_000;
 #[derive(Debug, Default)]
 pub struct Tally {
     pub flows: HashMap<FlowId, FlowExtra>,
+    /// Round trips of the flows that had any (`roce_common::rtt`).
+    pub rtt: HashMap<FlowId, roce_common::rtt::RttHist>,
     pub non_roce_lossless: NonRoceLossless,
     pub icrc_checked: u64,
     pub first_ns: Option<u64>,

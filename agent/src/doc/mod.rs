@@ -170,6 +170,36 @@ pub struct Flow {
     /// (RDMA netlink); null when no local QP matches (or no table).
     #[serde(default)]
     pub owner: Option<qp::QpOwner>,
+    /// Added: round trips of the requests this flow's responses answered (the flow
+    /// that carries ACKs and READ responses to the requester: `roce_common::rtt`);
+    /// null without a sample. Live only where both directions cross the agent.
+    #[serde(default)]
+    pub rtt: Option<Rtt>,
+}
+
+/// Round-trip times of one flow, from the requests' leaving to their responses'
+/// arriving (at the agent's interface or in the capture).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rtt {
+    pub samples: u64,
+    /// Microseconds, to the nanosecond: the shortest exactly; p50 and p99 read from
+    /// the histogram, to within 3.1%.
+    pub min_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+impl Rtt {
+    /// The summary of a histogram; None without samples.
+    pub fn of(h: &roce_common::rtt::RttHist) -> Option<Rtt> {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Some(Rtt {
+            samples: h.samples,
+            min_us: us(h.min_ns),
+            p50_us: us(h.quantile_ns(0.5)?),
+            p99_us: us(h.quantile_ns(0.99)?),
+        })
+    }
 }
 
 /// The mirror session a mirrored flow arrived in.
@@ -525,6 +555,7 @@ impl Flow {
             rates: None,
             mirror: None,
             owner: None,
+            rtt: None,
         }
     }
 
@@ -642,6 +673,7 @@ pub(crate) fn test_flow(ifname: &str, src: &str, dst: &str, qp: u32) -> Flow {
         rates: None,
         mirror: None,
         owner: None,
+        rtt: None,
     }
 }
 

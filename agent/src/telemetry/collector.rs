@@ -52,9 +52,10 @@ impl Collector {
         // at the next one.
         let mut builder = Builder::new(expected + expected / 16, netif::name_of)
             .unix_offset_ns(monotonic_to_unix_offset_ns());
-        let entries = self
-            .loaded
-            .for_each_flow_tagged(|key, stats, mirror| builder.add_tagged(key, stats, mirror))?;
+        let rtt = self.loaded.rtt_hists()?;
+        let entries = self.loaded.for_each_flow_indexed(|slot, key, stats, mirror| {
+            builder.add_flow(key, stats, mirror, rtt.get(&slot))
+        })?;
         let read = start.elapsed();
         self.loaded.maintain_flows(entries)?;
         let stats = self.loaded.stats()?;

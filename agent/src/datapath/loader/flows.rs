@@ -8,6 +8,7 @@ use std::os::fd::AsFd;
 use aya::maps::{Array, HashMap, Map, MapData, MapError, Queue};
 use aya::Ebpf;
 use roce_common::flow::{FlowSlot, FlowStats, SLOT_EVICTED, SLOT_LIVE};
+use roce_common::rtt::RttHist;
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, ShapedKey};
 use roce_common::mirror::MirrorTag;
 use roce_common::nak::NakKey;
@@ -97,6 +98,33 @@ impl Loaded {
         self.slots
             .for_each_live_tagged(|_, slot, tag| f(&slot.key, &slot.stats, tag))
             .map_err(LoadError::Slots)
+    }
+
+    /// [`Self::for_each_flow_tagged`], with each flow's slot index.
+    pub fn for_each_flow_indexed(
+        &self,
+        mut f: impl FnMut(u32, &FlowKey, &FlowStats, Option<&MirrorTag>),
+    ) -> Result<usize, LoadError> {
+        self.slots
+            .for_each_live_tagged(|i, slot, tag| f(i as u32, &slot.key, &slot.stats, tag))
+            .map_err(LoadError::Slots)
+    }
+
+    /// The round trips of the flows that have any (RTT_HIST), by slot index.
+    pub fn rtt_hists(&self) -> Result<std::collections::HashMap<u32, RttHist>, LoadError> {
+        let hists: HashMap<&MapData, u32, RttHist> = typed_map(&self.ebpf, map::RTT_HIST)?;
+        let mut out = std::collections::HashMap::new();
+        for entry in hists.iter() {
+            match entry {
+                Ok((slot, h)) => {
+                    out.insert(slot, h);
+                }
+                // Deleted between the key and its value: the slot was given back.
+                Err(MapError::KeyNotFound) => {}
+                Err(source) => return Err(map_error(map::RTT_HIST)(source)),
+            }
+        }
+        Ok(out)
     }
 
     /// Every mirrored flow of the table, under its key and session.
@@ -255,10 +283,23 @@ impl Loaded {
         slots.set(i, slot, 0).map_err(map_error(map::FLOW_SLOTS))
     }
 
-    /// Zeroes slots `indexes`.
+    /// Zeroes slots `indexes`, and forgets their round trips.
     fn zero_slots(&mut self, indexes: &[u32]) -> Result<(), LoadError> {
         for &i in indexes {
             self.write_slot(i, &FlowSlot::default())?;
+        }
+        let mut hists: HashMap<&mut MapData, u32, RttHist> =
+            typed_map_mut(&mut self.ebpf, map::RTT_HIST)?;
+        // Most flows have none: only the slots that do cost a delete.
+        let with_rtt: std::collections::HashSet<u32> = hists.keys().filter_map(Result::ok).collect();
+        for i in indexes.iter().filter(|i| with_rtt.contains(i)) {
+            match hists.remove(i) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                // Given back by the kernel's own delete in between.
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(source) => return Err(map_error(map::RTT_HIST)(source)),
+            }
         }
         Ok(())
     }

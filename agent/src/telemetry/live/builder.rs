@@ -10,9 +10,11 @@ use std::collections::HashMap;
 use roce_common::flow::FlowStats;
 use roce_common::key::{FlowKey, KEY_INNER_V6, KEY_MIRROR, KEY_TUNNELLED};
 use roce_common::mirror::MirrorTag;
+use roce_common::rtt::RttHist;
 
 use super::rows::{
-    push_addr, push_mirror, Delta, DeltaState, MirrorOrder, Rare, Row, RowTable, Tail, ROW_FLAGS,
+    push_addr, push_mirror, Delta, DeltaState, MirrorOrder, Rare, Row, RowTable, RttNs, Tail,
+    ROW_FLAGS,
 };
 use super::{Flows, LiveDocument};
 use crate::doc::Counters;
@@ -101,11 +103,23 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
     /// [`Self::add`], with a mirrored flow's session (`Loaded::for_each_flow_tagged`).
     /// A key with KEY_MIRROR but no session is shown as the flow it is, without one.
     pub fn add_tagged(&mut self, k: &FlowKey, st: &FlowStats, mirror: Option<&MirrorTag>) {
+        self.add_flow(k, st, mirror, None);
+    }
+
+    /// [`Self::add_tagged`], with the flow's round trips (RTT_HIST) when it has any.
+    pub fn add_flow(
+        &mut self,
+        k: &FlowKey,
+        st: &FlowStats,
+        mirror: Option<&MirrorTag>,
+        rtt: Option<&RttHist>,
+    ) {
         self.entries += 1;
         if st.packets == 0 {
             return;
         }
-        let rare = Rare::of(st);
+        let mut rare = Rare::of(st);
+        rare.rtt = rtt.and_then(RttNs::of);
         if rare != Rare::default() {
             self.rare.push(rare);
         }

@@ -12,6 +12,7 @@
 //! `order` lists them in the document's order ([`Flow::canonical_cmp`]).
 
 use roce_common::flow::FlowStats;
+use roce_common::rtt::RttHist;
 use roce_common::key::{
     FlowKey, FlowKeyMirror, KEY_EGRESS, KEY_INNER_V6, KEY_MIRROR, KEY_OUTER_V6, KEY_TUNNELLED,
 };
@@ -20,7 +21,7 @@ use roce_common::mirror::{
 };
 
 use super::Figures;
-use crate::doc::{Direction, Ecn, Flow};
+use crate::doc::{Direction, Ecn, Flow, Rtt};
 use crate::telemetry::rates::{self, Totals};
 
 /// One flow: the kernel's counters, CPUs merged, and its key, compact. The counters
@@ -97,6 +98,38 @@ pub(super) struct Rare {
     retransmit_timeouts: u64,
     /// The flow's PSN state was split between CPUs (`doc::Flow::psn_split`).
     psn_split: bool,
+    /// The flow's round trips (`doc::Flow::rtt`), read from its histogram.
+    pub(super) rtt: Option<RttNs>,
+}
+
+/// [`crate::doc::Rtt`] in whole ns (a row's figures compare exactly).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct RttNs {
+    samples: u64,
+    min_ns: u64,
+    p50_ns: u64,
+    p99_ns: u64,
+}
+
+impl RttNs {
+    pub(super) fn of(h: &RttHist) -> Option<RttNs> {
+        Some(RttNs {
+            samples: h.samples,
+            min_ns: h.min_ns,
+            p50_ns: h.quantile_ns(0.5)?,
+            p99_ns: h.quantile_ns(0.99)?,
+        })
+    }
+
+    fn doc(&self) -> Rtt {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Rtt {
+            samples: self.samples,
+            min_us: us(self.min_ns),
+            p50_us: us(self.p50_ns),
+            p99_us: us(self.p99_ns),
+        }
+    }
 }
 
 impl Rare {
@@ -112,6 +145,7 @@ impl Rare {
             retransmitted_bytes: st.retransmitted_bytes,
             retransmit_timeouts: st.retransmit_timeouts,
             psn_split: st.psn.split(),
+            rtt: None,
         }
     }
 }
@@ -459,6 +493,7 @@ impl RowTable {
             None => Flow::from_entry(&key, &stats, Some(&name)),
         };
         f.psn_split = rare.psn_split;
+        f.rtt = rare.rtt.map(|r| r.doc());
         f.rates = self.rates(i);
         f
     }
