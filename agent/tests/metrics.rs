@@ -156,6 +156,7 @@ fn flow(ifname: &str, direction: Direction, src: &str, dst: &str, qp: u32) -> Fl
         rates: None,
         mirror: None,
         owner: None,
+        rtt: None,
     }
 }
 

@@ -312,7 +312,14 @@ mod tests {
 
     #[test]
     fn quantiles_are_within_five_percent() {
-        for d in [3_000u64, 57_000, 1_050_000, 5_020_000, 20_100_000, 900_000_000] {
+        for d in [
+            3_000u64,
+            57_000,
+            1_050_000,
+            5_020_000,
+            20_100_000,
+            900_000_000,
+        ] {
             let mut h = RttHist::default();
             // A spread of +-1% around d, and one outlier far above.
             for i in 0..99 {

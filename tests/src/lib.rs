@@ -1,7 +1,8 @@
 //! Shared helpers of the integration tests: a BPF_PROG_TEST_RUN harness around the
 //! real XDP program (and one that reads the EVENTS ring), expected-value builders (flow keys, STATS vectors), comparison
 //! with the reference classifier, and a small pcap reader; the frame generator and
-//! the differential runs shared by `tests/differential.rs` and `roce-fuzz`.
+//! the differential runs shared by `tests/differential.rs` and `roce-fuzz`; a RoCE
+//! requester and responder over UDP sockets for namespace labs (`roce_peer`).
 
 pub mod differential;
 pub mod events;
@@ -9,6 +10,7 @@ pub mod expect;
 pub mod gen;
 pub mod harness;
 pub mod pcap;
+pub mod roce_peer;
 pub mod tc;
 
 /// Hex dump of a frame, 16 bytes a line, for failure messages.

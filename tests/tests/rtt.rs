@@ -105,7 +105,11 @@ fn an_ack_of_the_sampled_psn_ends_the_sample_on_the_ack_flow() {
     out(&mut h, &send(3, true));
     std::thread::sleep(Duration::from_millis(2));
     arrive(&mut h, &ack(300, ACK));
-    assert_eq!(hist(&mut h, &acks_flow()), None, "ACK 300 answers no sample");
+    assert_eq!(
+        hist(&mut h, &acks_flow()),
+        None,
+        "ACK 300 answers no sample"
+    );
     arrive(&mut h, &ack(3, ACK));
     assert_eq!(hist(&mut h, &acks_flow()), None, "ACK 3 answers no sample");
     arrive(&mut h, &ack(2, ACK));
@@ -127,10 +131,22 @@ fn an_ack_of_the_sampled_psn_ends_the_sample_on_the_ack_flow() {
 fn a_read_is_answered_by_its_first_response_and_an_atomic_by_its_ack() {
     let mut h = load();
     // READ of 3 PMTUs at PSN 10 (no AckReq bit needed): responses 10, 11, 12.
-    out(&mut h, &request(RoceMsg::read_request(RESPONDER_QP, 10, 3 * 4096)));
-    arrive(&mut h, &response(RoceMsg::new(0x0D, REQUESTER_QP, 10).with_payload(4096)));
-    arrive(&mut h, &response(RoceMsg::new(0x0E, REQUESTER_QP, 11).with_payload(4096)));
-    arrive(&mut h, &response(RoceMsg::new(0x0F, REQUESTER_QP, 12).with_payload(4096)));
+    out(
+        &mut h,
+        &request(RoceMsg::read_request(RESPONDER_QP, 10, 3 * 4096)),
+    );
+    arrive(
+        &mut h,
+        &response(RoceMsg::new(0x0D, REQUESTER_QP, 10).with_payload(4096)),
+    );
+    arrive(
+        &mut h,
+        &response(RoceMsg::new(0x0E, REQUESTER_QP, 11).with_payload(4096)),
+    );
+    arrive(
+        &mut h,
+        &response(RoceMsg::new(0x0F, REQUESTER_QP, 12).with_payload(4096)),
+    );
     assert_eq!(hist(&mut h, &acks_flow()).map(|x| x.samples), Some(1));
     // FETCH_ADD at PSN 13, its ATOMIC ACKNOWLEDGE.
     out(&mut h, &request(RoceMsg::new(0x14, RESPONDER_QP, 13)));
@@ -178,7 +194,10 @@ fn a_flow_given_back_forgets_its_round_trips() {
     assert!(hist(&mut h, &acks_flow()).is_some());
     h.reset();
     match h.loaded_mut().rtt_hists() {
-        Ok(m) => assert!(m.is_empty(), "RTT_HIST after the slots were given back: {m:?}"),
+        Ok(m) => assert!(
+            m.is_empty(),
+            "RTT_HIST after the slots were given back: {m:?}"
+        ),
         Err(e) => panic!("reading RTT_HIST: {e}"),
     }
 }

@@ -4,12 +4,14 @@
 //! the kernel's monotonic first/last-seen times turned into Unix-epoch times, and
 //! each flow's rates since the previous poll.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::datapath::loader::{LoadError, Loaded};
 use crate::doc::event::monotonic_to_unix_offset_ns;
 use crate::sys::netif;
+use crate::telemetry::live::rtt_totals::RttTotals;
 use crate::telemetry::live::{Builder, LiveDocument};
 
 /// Owns the loaded programs and turns their maps into documents on demand.
@@ -18,6 +20,8 @@ pub struct Collector {
     /// The previous poll's document (the one the API serves now) and when it was made:
     /// what rates are measured against.
     previous: Option<(Arc<LiveDocument>, Instant)>,
+    /// Each interface's round trips so far (`roce_rtt_seconds`).
+    rtt: RttTotals,
 }
 
 /// One poll's result and what it cost.
@@ -38,6 +42,7 @@ impl Collector {
         Collector {
             loaded,
             previous: None,
+            rtt: RttTotals::default(),
         }
     }
 
@@ -53,9 +58,17 @@ impl Collector {
         let mut builder = Builder::new(expected + expected / 16, netif::name_of)
             .unix_offset_ns(monotonic_to_unix_offset_ns());
         let rtt = self.loaded.rtt_hists()?;
-        let entries = self.loaded.for_each_flow_indexed(|slot, key, stats, mirror| {
-            builder.add_flow(key, stats, mirror, rtt.get(&slot))
-        })?;
+        let mut rtt_now = HashMap::with_capacity(rtt.len());
+        let entries = self
+            .loaded
+            .for_each_flow_indexed(|slot, key, stats, mirror| {
+                let h = rtt.get(&slot);
+                if let Some(h) = h {
+                    rtt_now.insert(slot, (key.ifindex, *h));
+                }
+                builder.add_flow(key, stats, mirror, h)
+            })?;
+        self.rtt.update(rtt_now);
         let read = start.elapsed();
         self.loaded.maintain_flows(entries)?;
         let stats = self.loaded.stats()?;
@@ -67,6 +80,15 @@ impl Collector {
             .map(|(d, at)| (&**d, now.duration_since(*at).as_secs_f64()));
         let mut document = builder.finish(&stats, before);
         document.counters.qos.vteps = vteps;
+        document.rtt = self
+            .rtt
+            .by_ifindex()
+            .iter()
+            .map(|(i, t)| {
+                let name = netif::name_of(*i).unwrap_or_else(|| format!("if#{i}"));
+                (name, t.clone())
+            })
+            .collect();
         let document = Arc::new(document);
         // The old document goes when the API lets go of it too.
         self.previous = Some((document.clone(), now));

@@ -225,6 +225,7 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
         LiveDocument {
             flows: Flows::Rows(table),
             counters: Counters::from_stats(stats, self.entries),
+            rtt: Vec::new(),
         }
     }
 }

@@ -14,6 +14,7 @@
 
 mod builder;
 mod rows;
+pub mod rtt_totals;
 
 use std::net::IpAddr;
 
@@ -30,6 +31,9 @@ pub use builder::Builder;
 pub struct LiveDocument {
     flows: Flows,
     pub counters: Counters,
+    /// The round trips of each interface's flows since the agent started
+    /// (`roce_rtt_seconds`), by interface name; not part of the JSON.
+    pub rtt: Vec<(String, rtt_totals::IfaceRtt)>,
 }
 
 #[derive(Debug)]
@@ -206,6 +210,7 @@ impl From<Document> for LiveDocument {
         LiveDocument {
             flows: Flows::Flows(d.flows),
             counters: d.counters,
+            rtt: Vec::new(),
         }
     }
 }

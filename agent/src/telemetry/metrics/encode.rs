@@ -22,11 +22,12 @@ use roce_common::parsed::CLASS_NAMES;
 
 use super::flow_pass::{direction_label, merged, problems, total, FlowPass, FlowSums, CODEPOINTS};
 use super::rnic_names::RnicMetric;
-use super::snapshot::{Family, Kind, Labels, Snapshot, Value};
+use super::snapshot::{Family, HistogramFamily, HistogramValue, Kind, Labels, Snapshot, Value};
 use super::{EventCounts, Inputs, MetricsError, ReloadCounts, RnicPortCounters, VERSION};
 use crate::doc::finding::{Finding, Severity};
 use crate::doc::{Counters, Flow};
 use crate::telemetry::ethtool::{PauseDirection, PfcCounters};
+use crate::telemetry::live::rtt_totals::octave_bound_seconds;
 use crate::telemetry::live::LiveDocument;
 
 /// The Prometheus text exposition (format 0.0.4) of `inputs`.
@@ -117,7 +118,37 @@ impl Snapshot {
         s.finding_family(inputs.findings);
         s.rnic_families(inputs.rnic);
         s.pfc_families(inputs.pfc);
+        s.rtt_family(inputs.document);
         s
+    }
+
+    /// `roce_rtt_seconds{ifname}`: the collector's running sums (`live::rtt_totals`).
+    fn rtt_family(&mut self, doc: &LiveDocument) {
+        let samples = doc
+            .rtt
+            .iter()
+            .map(|(ifname, t)| {
+                let buckets = t
+                    .buckets
+                    .iter()
+                    .enumerate()
+                    .map(|(o, &n)| (octave_bound_seconds(o), n))
+                    .collect();
+                (
+                    vec![("ifname", ifname.clone())],
+                    HistogramValue {
+                        buckets,
+                        count: t.count,
+                        sum: t.sum_seconds,
+                    },
+                )
+            })
+            .collect();
+        self.histograms.push(HistogramFamily {
+            name: "roce_rtt_seconds".into(),
+            help: "Round trips of RoCE requests to their responses (ACK, READ or atomic response) as the agent saw them leave and arrive, by interface (issue 32: passive, one sample outstanding per request flow; the last bucket also holds longer ones).".into(),
+            samples,
+        });
     }
 
     fn flow_families(&mut self, pass: &FlowPass<'_>) {
@@ -720,6 +751,42 @@ mod tests {
             Some("1.5")
         );
         assert_eq!(text.matches("roce_pfc_pause_frames_total{").count(), 2);
+    }
+
+    #[test]
+    fn round_trips_are_a_histogram_per_interface_in_seconds() {
+        use crate::telemetry::live::rtt_totals::IfaceRtt;
+        let mut t = IfaceRtt {
+            count: 3,
+            sum_seconds: 0.0021,
+            ..IfaceRtt::default()
+        };
+        // Octave 9: up to 2^20 ns (1.048576 ms); octave 10: up to 2.097152 ms.
+        t.buckets[9] = 2;
+        t.buckets[10] = 1;
+        let mut doc = LiveDocument::default();
+        doc.rtt = vec![("eth1".to_string(), t)];
+        let text = encode(&inputs(&doc, &[], 10)).unwrap();
+        assert!(text.contains("# TYPE roce_rtt_seconds histogram"), "{text}");
+        let bucket = |le: &str| {
+            sample(
+                &text,
+                &format!(r#"roce_rtt_seconds_bucket{{ifname="eth1",le="{le}"}}"#),
+            )
+        };
+        assert_eq!(bucket("0.000524288").as_deref(), Some("0"));
+        assert_eq!(bucket("0.001048576").as_deref(), Some("2"));
+        assert_eq!(bucket("0.002097152").as_deref(), Some("3"));
+        assert_eq!(bucket("+Inf").as_deref(), Some("3"));
+        assert_eq!(
+            sample(&text, r#"roce_rtt_seconds_count{ifname="eth1"}"#).as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            sample(&text, r#"roce_rtt_seconds_sum{ifname="eth1"}"#).as_deref(),
+            Some("0.0021")
+        );
+        assert_eq!(text.matches("roce_rtt_seconds_bucket{").count(), 22);
     }
 
     /// Not a test of correctness: how long a scrape of a large document takes

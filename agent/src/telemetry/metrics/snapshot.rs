@@ -4,7 +4,7 @@
 //! values (no atomics, no label-set hash maps).
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
@@ -32,10 +32,27 @@ pub(super) struct Family {
     pub(super) samples: Vec<(Labels, Value)>,
 }
 
-/// The families of one scrape, in the order they are written.
+/// A histogram family: per label set, the buckets (upper bound, count in it, not
+/// cumulative: the encoder sums them), the count and the sum.
+#[derive(Debug)]
+pub(super) struct HistogramFamily {
+    pub(super) name: String,
+    pub(super) help: String,
+    pub(super) samples: Vec<(Labels, HistogramValue)>,
+}
+
+#[derive(Debug)]
+pub(super) struct HistogramValue {
+    pub(super) buckets: Vec<(f64, u64)>,
+    pub(super) count: u64,
+    pub(super) sum: f64,
+}
+
+/// The families of one scrape, in the order they are written (the histograms last).
 #[derive(Debug, Default)]
 pub(super) struct Snapshot {
     pub(super) families: Vec<Family>,
+    pub(super) histograms: Vec<HistogramFamily>,
 }
 
 impl Collector for Snapshot {
@@ -55,6 +72,18 @@ impl Collector for Snapshot {
                     (Kind::Gauge, Value::Int(v)) => ConstGauge::new(v).encode(sample)?,
                     (Kind::Gauge, Value::Float(v)) => ConstGauge::new(v).encode(sample)?,
                 }
+            }
+        }
+        for family in self.histograms.iter().filter(|f| !f.samples.is_empty()) {
+            let mut metric = encoder.encode_descriptor(
+                &family.name,
+                &family.help,
+                None,
+                MetricType::Histogram,
+            )?;
+            for (labels, h) in &family.samples {
+                let mut sample = metric.encode_family(labels)?;
+                sample.encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)?;
             }
         }
         Ok(())
