@@ -97,7 +97,7 @@ mod tests {
         assert_eq!(t.by_ifindex()[&8].count, 1);
         assert!((octave_bound_seconds(0) - 2.048e-6).abs() < 1e-15);
         assert!((octave_bound_seconds(1) - 4.096e-6).abs() < 1e-15);
-        assert!((octave_bound_seconds(RTT_OCTAVES - 2) - 4.294967296).abs() < 1e-9);
+        assert!((octave_bound_seconds(RTT_OCTAVES - 2) - 2.147483648).abs() < 1e-9);
         assert_eq!(octave_bound_seconds(RTT_OCTAVES - 1), f64::INFINITY);
     }
 }
