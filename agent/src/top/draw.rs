@@ -18,7 +18,7 @@ use super::state::{flow_owner, owner_label, QpTable, Rows, SortKey, TopState};
 use super::text::{clock, count, plural, printable, seconds, si};
 
 /// The table's columns, in screen order.
-const COLUMNS: [&str; 18] = [
+const COLUMNS: [&str; 19] = [
     "iface",
     "src→dst",
     "vni",
@@ -37,15 +37,16 @@ const COLUMNS: [&str; 18] = [
     "NAK/RNR",
     "gaps",
     "dscp",
+    "RTT p99",
 ];
 /// Columns that hold numbers are right-aligned.
-const RIGHT: [bool; 18] = [
+const RIGHT: [bool; 19] = [
     false, false, true, false, true, false, true, true, true, true, true, true, true, true, true,
-    true, true, true,
+    true, true, true, true,
 ];
 /// On a narrow terminal, columns are left out in this order until the rest fits
 /// (addresses and QP, which name the flow, stay).
-const DROP_ORDER: [usize; 16] = [17, 3, 2, 16, 15, 14, 13, 5, 12, 11, 8, 6, 0, 10, 7, 9];
+const DROP_ORDER: [usize; 17] = [17, 3, 2, 16, 15, 14, 13, 18, 5, 12, 11, 8, 6, 0, 10, 7, 9];
 /// The rate columns: left out first when no row shown has rates (they are all "-").
 const RATE_COLUMNS: [usize; 6] = [6, 7, 8, 9, 10, 11];
 const COLUMN_GAP: u16 = 2;
@@ -270,7 +271,7 @@ fn draw_table(frame: &mut Frame, area: Rect, state: &TopState) {
     let first = state
         .scroll()
         .min(state.row_count().saturating_sub(visible));
-    let cells: Vec<[String; 18]> = state.rows().skip(first).take(visible).map(cells).collect();
+    let cells: Vec<[String; 19]> = state.rows().skip(first).take(visible).map(cells).collect();
 
     let (key, reverse) = state.sort();
     let mut titles = COLUMNS.map(String::from);
@@ -431,7 +432,7 @@ fn fit_columns(
 }
 
 /// One flow's cells, in [`COLUMNS`] order.
-fn cells(f: &Flow) -> [String; 18] {
+fn cells(f: &Flow) -> [String; 19] {
     let iface = match (f.ifname.as_deref().map(printable), f.direction) {
         (Some(n), Some(Direction::Ingress)) => format!("{n}/in"),
         (Some(n), Some(Direction::Egress)) => format!("{n}/out"),
@@ -466,7 +467,19 @@ fn cells(f: &Flow) -> [String; 18] {
         format!("{}/{}", count(f.naks), count(f.rnr_naks)),
         count(f.psn_gaps),
         f.last_dscp.to_string(),
+        f.rtt.map_or_else(|| "-".to_string(), |r| round_trip(r.p99_us)),
     ]
+}
+
+/// A round trip of `us` microseconds: µs below a millisecond, then ms, then s.
+fn round_trip(us: f64) -> String {
+    if us < 1_000.0 {
+        format!("{us:.0}µs")
+    } else if us < 1_000_000.0 {
+        format!("{:.2}ms", us / 1_000.0)
+    } else {
+        format!("{:.2}s", us / 1_000_000.0)
+    }
 }
 
 /// The keys on the left, or the filter prompt while it is open; on the right, the
@@ -604,6 +617,14 @@ mod tests {
     }
 
     #[test]
+    fn round_trips_read_in_their_unit() {
+        assert_eq!(round_trip(38.4), "38µs");
+        assert_eq!(round_trip(1_049.0), "1.05ms");
+        assert_eq!(round_trip(20_104.0), "20.10ms");
+        assert_eq!(round_trip(2_500_000.0), "2.50s");
+    }
+
+    #[test]
     fn draws_header_counts_and_the_worst_flow_first() {
         let mut s = state_with(document());
         let lines = screen(&mut s, 200, 14);
@@ -634,6 +655,7 @@ mod tests {
             "CNPs/s",
             "NAK/RNR",
             "dscp",
+            "RTT p99",
         ] {
             assert!(lines[5].contains(col), "{col}: {all}");
         }
@@ -668,7 +690,8 @@ mod tests {
                 "100",
                 "10/2",
                 "0",
-                "26"
+                "26",
+                "-"
             ],
             "{all}"
         );
