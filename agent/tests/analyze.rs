@@ -3151,3 +3151,59 @@ fn a_real_capture_with_frames_dropped_by_the_sniffer_shows_capture_gaps_only() {
     assert!(checks.contains(&"capture_gaps".to_string()), "{checks:?}");
     assert!(!checks.contains(&"psn_gaps".to_string()), "{checks:?}");
 }
+
+/// Round trips at the capture point: frames 1 µs apart, so each sample is known
+/// exactly. QP 0x600's requests ask for ACKs; the responder ACKs PSN 1 three frames
+/// after it (3 µs), coalesces 2 and 3 into an ACK of 3 (which ends no sample: 2 and 3
+/// were not sampled, one waits at a time), and ACKs 4 five frames after it (5 µs).
+/// PSN 5 is resent before its ACK (Karn's rule: no sample).
+fn round_trips() -> Frames {
+    let eth = Eth::default();
+    let a_b = L3::v4(v4("198.18.8.1"), v4("198.18.8.2")).with_tos(TOS_DATA);
+    let b_a = L3::v4(v4("198.18.8.2"), v4("198.18.8.1")).with_tos(TOS_DATA);
+    let req = |psn| {
+        roce_frame(
+            &eth,
+            &a_b,
+            0xC000,
+            &RoceMsg::send_only(0x600, psn, 256).with_ack_req(true),
+        )
+    };
+    let ack = |psn| roce_frame(&eth, &b_a, 0xC001, &RoceMsg::ack(0x601, psn, 0x1F));
+    let mut f = Frames::default();
+    f.push(req(1)); // 0: sampled
+    f.push(req(2)); // 1
+    f.push(req(3)); // 2
+    f.push(ack(1)); // 3: 3 µs
+    f.push(ack(3)); // 4: coalesced, ends nothing
+    f.push(req(4)); // 5: sampled
+    f.push(req(5)); // 6
+    f.push(req(6)); // 7
+    f.push(req(7)); // 8
+    f.push(req(8)); // 9
+    f.push(ack(4)); // 10: 5 µs
+    f.push(req(9)); // 11: sampled
+    f.push(req(9)); // 12: resent: the sample is void
+    f.push(ack(9)); // 13: ends nothing
+    f
+}
+
+#[test]
+fn round_trips_are_measured_at_the_capture_point() {
+    let s = Scratch::new();
+    let p = s.path("rtt.pcap");
+    round_trips().write_pcap(&p);
+    let (doc, _) = analyze_json(&p, "reference");
+    let flows = flows_by_id(&doc);
+    let acks = &flows["198.18.8.2>198.18.8.1 vni null ->- qp 1537"];
+    let rtt = &acks["rtt"];
+    assert_eq!(rtt["samples"], 2, "{acks}");
+    assert_eq!(rtt["min_us"], 3.0, "{acks}");
+    // p50 is the middle of the first sample's bucket (within 3.1% of 3 µs), p99 the
+    // longest sample.
+    let p50 = rtt["p50_us"].as_f64().unwrap_or_default();
+    assert!((p50 / 3.0 - 1.0).abs() < 0.031, "{acks}");
+    assert_eq!(rtt["p99_us"], 5.0, "{acks}");
+    let requests = &flows["198.18.8.1>198.18.8.2 vni null ->- qp 1536"];
+    assert!(requests["rtt"].is_null(), "{requests}");
+}

@@ -53,6 +53,7 @@ fn event(kind: EventKind, psn: u32, frame: &[u8]) -> Event {
         packet_len: frame.len() as u32,
         packet: hex(&frame[..frame.len().min(128)]),
         time_unix_ns: 1_764_000_000_000_000_000 + u64::from(psn),
+        rtt_us: None,
     }
 }
 

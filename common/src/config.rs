@@ -40,7 +40,13 @@ pub struct RuntimeConfig {
     /// Sampled events: 1 in this many of each kind per CPU is written to the EVENTS
     /// ring (`event::EVENTS_OFF`, 0: none, the default here; `run --events-sample`).
     pub events_sample: u32,
+    /// A round trip longer than this many µs is an `rtt_spike` event (0: none).
+    pub rtt_spike_us: u32,
 }
+
+/// `RuntimeConfig::rtt_spike_us` unless configured: a millisecond, a hundred times
+/// what a RoCE round trip takes in one data-centre fabric without queueing.
+pub const DEFAULT_RTT_SPIKE_US: u32 = 1000;
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
@@ -51,6 +57,7 @@ impl Default for RuntimeConfig {
             _pad: [0; 3],
             flags: 0,
             events_sample: EVENTS_OFF,
+            rtt_spike_us: DEFAULT_RTT_SPIKE_US,
         }
     }
 }

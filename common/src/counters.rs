@@ -95,6 +95,8 @@ macro_rules! for_each_event_counter {
             STAT_EVENTS_NAK => nak,
             STAT_EVENTS_RNR_NAK => rnr_nak,
             STAT_EVENTS_PSN_GAP => psn_gap,
+            /// Round trips longer than the spike threshold (`rtt_spike_us`).
+            STAT_EVENTS_RTT_SPIKE => rtt_spike,
         }
     };
 }
@@ -130,7 +132,7 @@ macro_rules! event_indices {
 for_each_event_counter!(event_indices);
 
 macro_rules! event_drop_indices {
-    ($($t:tt)*) => { stat_indices!(STAT_EVENTS_PSN_GAP + 1; $($t)*); };
+    ($($t:tt)*) => { stat_indices!(STAT_EVENTS_RTT_SPIKE + 1; $($t)*); };
 }
 for_each_event_drop_counter!(event_drop_indices);
 
@@ -216,7 +218,7 @@ mod tests {
         // Event counters after the QoS ones, then the drop reasons.
         assert_eq!(STAT_EVENTS_CE, STAT_TC_WRITE_FAILED + 1);
         assert_eq!(STAT_EVENTS_CE, 53);
-        assert_eq!(STAT_EVENTS_DROPPED_RATE_LIMIT, STAT_EVENTS_PSN_GAP + 1);
+        assert_eq!(STAT_EVENTS_DROPPED_RATE_LIMIT, STAT_EVENTS_RTT_SPIKE + 1);
         const { assert!(STAT_EVENTS_DROPPED_RING_FULL < STATS_LEN) };
     }
 
@@ -229,6 +231,7 @@ mod tests {
             (EVENT_NAK, "nak"),
             (EVENT_RNR_NAK, "rnr_nak"),
             (EVENT_PSN_GAP, "psn_gap"),
+            (EVENT_RTT_SPIKE, "rtt_spike"),
         ];
         assert_eq!(STAT_NAMES_EVENTS.len(), EVENT_KIND_COUNT);
         for (i, (kind, name)) in kinds.into_iter().enumerate() {

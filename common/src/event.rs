@@ -15,7 +15,10 @@ pub const EVENT_CNP: u8 = 1;
 pub const EVENT_NAK: u8 = 2;
 pub const EVENT_RNR_NAK: u8 = 3;
 pub const EVENT_PSN_GAP: u8 = 4;
-pub const EVENT_KIND_COUNT: usize = 5;
+/// A round trip (`rtt`) longer than `RuntimeConfig::rtt_spike_us`, on the response
+/// that ended it.
+pub const EVENT_RTT_SPIKE: u8 = 5;
+pub const EVENT_KIND_COUNT: usize = 6;
 /// No event of the opcode kinds ([`Trouble::kind`]).
 pub const EVENT_NONE: u8 = 0xFF;
 
@@ -47,14 +50,18 @@ pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Trouble {
     pub ce: bool,
-    /// `EVENT_CNP`, `EVENT_NAK`, `EVENT_RNR_NAK`, `EVENT_PSN_GAP` or `EVENT_NONE`.
+    /// `EVENT_CNP`, `EVENT_NAK`, `EVENT_RNR_NAK`, `EVENT_PSN_GAP`, `EVENT_RTT_SPIKE` or
+    /// `EVENT_NONE`.
     pub kind: u8,
+    /// The round trip of an `EVENT_RTT_SPIKE`, µs (0 otherwise).
+    pub rtt_us: u32,
 }
 
 impl Trouble {
     pub const NONE: Trouble = Trouble {
         ce: false,
         kind: EVENT_NONE,
+        rtt_us: 0,
     };
 
     /// Nothing to report: the clean path costs this one test.
@@ -94,7 +101,9 @@ pub struct EventRecord {
     /// Bytes of `packet` that hold the frame: min(frame_len, EVENT_PACKET_BYTES), or 0
     /// when the copy failed.
     pub captured: u8,
-    pub _pad: [u8; 5],
+    pub _pad: u8,
+    /// The round trip of an `EVENT_RTT_SPIKE`, µs (0 for the other kinds).
+    pub rtt_us: u32,
     /// The first `captured` bytes of the frame.
     pub packet: [u8; EVENT_PACKET_BYTES],
 }
@@ -151,6 +160,7 @@ mod tests {
         assert_eq!(offset_of!(EventRecord, inner_tos), 105);
         assert_eq!(offset_of!(EventRecord, captured), 106);
         assert_eq!(offset_of!(EventRecord, _pad), 107);
+        assert_eq!(offset_of!(EventRecord, rtt_us), 108);
         assert_eq!(offset_of!(EventRecord, packet), 112);
         assert_eq!(size_of::<EventRecord>(), 112 + EVENT_PACKET_BYTES);
         assert_eq!(size_of::<EventRecord>() % 8, 0);
@@ -168,12 +178,14 @@ mod tests {
         assert!(Trouble::NONE.is_none());
         assert!(!Trouble {
             ce: true,
-            kind: EVENT_NONE
+            kind: EVENT_NONE,
+            rtt_us: 0
         }
         .is_none());
         assert!(!Trouble {
             ce: false,
-            kind: EVENT_PSN_GAP
+            kind: EVENT_PSN_GAP,
+            rtt_us: 0
         }
         .is_none());
     }

@@ -1,7 +1,9 @@
 //! The flow table's slots and counters, and the one function that counts a packet on a flow.
 
 use crate::bth::{self, SyndromeClass};
-use crate::event::{Trouble, EVENT_CNP, EVENT_NAK, EVENT_NONE, EVENT_PSN_GAP, EVENT_RNR_NAK};
+use crate::event::{
+    Trouble, EVENT_CNP, EVENT_NAK, EVENT_NONE, EVENT_PSN_GAP, EVENT_RNR_NAK, EVENT_RTT_SPIKE,
+};
 use crate::key::FlowKey;
 use crate::nak::{NakKey, NakMemory};
 use crate::parsed::Parsed;
@@ -70,6 +72,23 @@ pub fn add(counter: &mut u64, n: u64) {
     #[cfg(not(target_arch = "bpf"))]
     {
         *counter = counter.wrapping_add(n);
+    }
+}
+
+/// Ends the sample the response `p` answers, if one waits: its round trip in µs (at
+/// least 1, saturated), 0 when none.
+#[inline(always)]
+fn end_rtt(p: &Parsed, scope: u32, rtt: &mut impl RttMemory) -> u32 {
+    match rtt.end(&NakKey::of_nak(&p.key, p.bth.psn, scope)) {
+        Some(ns) => {
+            let us = ns / 1000;
+            if us >= u32::MAX as u64 {
+                u32::MAX
+            } else {
+                (us as u32).max(1)
+            }
+        }
+        None => 0,
     }
 }
 
@@ -162,6 +181,8 @@ impl FlowStats {
             ce |= inner_ecn == ECN_CE;
         }
         let mut kind = EVENT_NONE;
+        // The round trip this packet ended, µs (0: none).
+        let mut rtt_us = 0u32;
         let opcode = p.bth.opcode;
         if bth::is_cnp(opcode) {
             add(&mut self.cnps, 1);
@@ -172,7 +193,7 @@ impl FlowStats {
                     SyndromeClass::Ack => {
                         add(&mut self.acks, 1);
                         if rtt.ends() {
-                            rtt.end(&NakKey::of_nak(&p.key, p.bth.psn, naks.scope()));
+                            rtt_us = end_rtt(p, naks.scope(), rtt);
                         }
                     }
                     SyndromeClass::RnrNak => {
@@ -214,9 +235,15 @@ impl FlowStats {
                 }
             }
         } else if bth::answers_request(opcode) && rtt.ends() {
-            rtt.end(&NakKey::of_nak(&p.key, p.bth.psn, naks.scope()));
+            rtt_us = end_rtt(p, naks.scope(), rtt);
         }
-        Trouble { ce, kind }
+        let spike = rtt.spike_us();
+        if spike != 0 && rtt_us > spike {
+            kind = EVENT_RTT_SPIKE;
+        } else {
+            rtt_us = 0;
+        }
+        Trouble { ce, kind, rtt_us }
     }
 
     /// Starts a round-trip sample on this request flow when the request asks for a
@@ -321,23 +348,59 @@ mod tests {
     fn record_says_what_trouble_a_packet_showed() {
         use crate::event::{EVENT_CNP, EVENT_NAK, EVENT_NONE, EVENT_PSN_GAP, EVENT_RNR_NAK};
         let mut f = FlowStats::default();
-        let t = |ce, kind| Trouble { ce, kind };
+        let t = |ce, kind| Trouble {
+            ce,
+            kind,
+            rtt_us: 0,
+        };
         // RC WRITE ONLY (0x0a) in order, ECT(0): nothing; CE: ce.
         assert_eq!(
-            f.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
+            f.record(
+                &packet(0x0a, 1, 0x6a),
+                60,
+                0,
+                || 0,
+                12,
+                &mut NoNaks,
+                &mut NoRtt
+            ),
             Trouble::NONE
         );
         assert_eq!(
-            f.record(&packet(0x0a, 2, 0x6b), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
+            f.record(
+                &packet(0x0a, 2, 0x6b),
+                60,
+                0,
+                || 0,
+                12,
+                &mut NoNaks,
+                &mut NoRtt
+            ),
             t(true, EVENT_NONE)
         );
         // A PSN ahead of the expected one, with CE: both.
         assert_eq!(
-            f.record(&packet(0x0a, 9, 0x6b), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
+            f.record(
+                &packet(0x0a, 9, 0x6b),
+                60,
+                0,
+                || 0,
+                12,
+                &mut NoNaks,
+                &mut NoRtt
+            ),
             t(true, EVENT_PSN_GAP)
         );
         assert_eq!(
-            f.record(&packet(0x81, 0, 0xc2), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt),
+            f.record(
+                &packet(0x81, 0, 0xc2),
+                60,
+                0,
+                || 0,
+                12,
+                &mut NoNaks,
+                &mut NoRtt
+            ),
             t(false, EVENT_CNP)
         );
         let mut ack = packet(0x11, 3, 0x6a);
@@ -497,10 +560,42 @@ mod tests {
         let mut one = FlowStats::default();
         let mut other = FlowStats::default();
         // PSNs 1, 2 on one CPU, 3 on the other, 4 on the first again: a false gap there.
-        one.record(&packet(0x0a, 1, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
-        one.record(&packet(0x0a, 2, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
-        other.record(&packet(0x0a, 3, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
-        one.record(&packet(0x0a, 4, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
+        one.record(
+            &packet(0x0a, 1, 0x6a),
+            60,
+            0,
+            || 0,
+            12,
+            &mut NoNaks,
+            &mut NoRtt,
+        );
+        one.record(
+            &packet(0x0a, 2, 0x6a),
+            60,
+            0,
+            || 0,
+            12,
+            &mut NoNaks,
+            &mut NoRtt,
+        );
+        other.record(
+            &packet(0x0a, 3, 0x6a),
+            60,
+            0,
+            || 0,
+            12,
+            &mut NoNaks,
+            &mut NoRtt,
+        );
+        one.record(
+            &packet(0x0a, 4, 0x6a),
+            60,
+            0,
+            || 0,
+            12,
+            &mut NoNaks,
+            &mut NoRtt,
+        );
         let mut merged = FlowStats::default();
         merged.merge(&one);
         assert!(!merged.psn.split(), "one CPU is not split");
@@ -509,7 +604,15 @@ mod tests {
         assert_eq!((merged.packets, merged.psn_gaps), (4, 1));
         // A CPU that saw only ACKs or CNPs of the flow tracked nothing: not split.
         let mut acks = FlowStats::default();
-        acks.record(&packet(0x81, 0, 0x6a), 60, 0, || 0, 12, &mut NoNaks, &mut NoRtt);
+        acks.record(
+            &packet(0x81, 0, 0x6a),
+            60,
+            0,
+            || 0,
+            12,
+            &mut NoNaks,
+            &mut NoRtt,
+        );
         let mut merged = FlowStats::default();
         merged.merge(&one);
         merged.merge(&acks);

@@ -172,6 +172,10 @@ pub trait RttMemory {
     /// Ends the sample under `key`, if one waits: adds the round trip to the flow being
     /// counted and lets the request flow start another. The round trip in ns.
     fn end(&mut self, key: &NakKey) -> Option<u64>;
+    /// Round trips longer than this (µs) are spikes (`event::EVENT_RTT_SPIKE`); 0: none.
+    fn spike_us(&self) -> u32 {
+        0
+    }
 }
 
 /// No round trips: for callers that count a flow without its other direction.

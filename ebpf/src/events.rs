@@ -91,10 +91,18 @@ pub fn emit<C: FrameHead, K: Fn() -> FlowKey>(
         return;
     }
     if trouble.ce {
-        emit_one(ctx, EVENT_CE, key, parsed, frame_len, sample);
+        emit_one(ctx, EVENT_CE, key, parsed, frame_len, sample, 0);
     }
     if trouble.kind != EVENT_NONE {
-        emit_one(ctx, trouble.kind, key, parsed, frame_len, sample);
+        emit_one(
+            ctx,
+            trouble.kind,
+            key,
+            parsed,
+            frame_len,
+            sample,
+            trouble.rtt_us,
+        );
     }
 }
 
@@ -106,6 +114,7 @@ fn emit_one<C: FrameHead, K: Fn() -> FlowKey>(
     parsed: &Parsed,
     frame_len: u32,
     sample: u32,
+    rtt_us: u32,
 ) {
     let Some(budget) = EVENT_BUDGET.get_ptr_mut(0) else {
         return;
@@ -152,7 +161,8 @@ fn emit_one<C: FrameHead, K: Fn() -> FlowKey>(
         (*rec).opcode = parsed.bth.opcode;
         (*rec).outer_tos = parsed.outer_tos;
         (*rec).inner_tos = parsed.inner_tos;
-        (*rec)._pad = [0; 5];
+        (*rec)._pad = 0;
+        (*rec).rtt_us = rtt_us;
         // 1..=128 in a form the verifier bounds (a `len != 0` test alone it lost).
         let n = (len.wrapping_sub(1) & (EVENT_PACKET_BYTES as u32 - 1)) + 1;
         let copied = len != 0 && ctx.copy_head((*rec).packet.as_mut_ptr(), n);

@@ -21,7 +21,8 @@ use roce_common::parsed::Parsed;
 use crate::events::{emit, FrameHead};
 use crate::kernel::coarse_ns;
 use crate::maps::{
-    bump, NakMap, RttMap, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS, MIRROR_TAGS,
+    bump, NakMap, RttMap, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS,
+    MIRROR_TAGS,
 };
 use crate::packet::opaque;
 
@@ -86,6 +87,7 @@ pub fn count_on_flow<C: FrameHead>(
         slot: index,
         starts: egress || mirror.is_some(),
         ends: !egress,
+        spike_us: cfg.rtt_spike_us,
     };
     // SAFETY: a live slot of FLOW_SLOTS; other CPUs may count on it too (see `record`).
     let trouble = unsafe { record(slot, parsed, frame_len, cfg, scope, &mut rtt) };

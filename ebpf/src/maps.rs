@@ -1,5 +1,6 @@
 //! The maps shared with the agent. Their names are declared once in `roce_common::names` (a test checks them against this object).
 
+use crate::packet::opaque;
 use aya_ebpf::bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST};
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use aya_ebpf::macros::map;
@@ -12,14 +13,13 @@ use roce_common::flow::{add, add32, FlowSlot};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror};
 use roce_common::mirror::{MirrorScratch, MirrorTag};
 use roce_common::nak::{NakKey, NakMemory};
-use crate::packet::opaque;
-use roce_common::rtt::{bucket_of, RttHist, RttMemory, RttWait, RTT_BUCKETS};
 pub use roce_common::names::tail::{
     TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_CLASSIFY, XDP_TAIL_LEN, XDP_TAIL_MIRROR_FLOWS,
 };
 use roce_common::policy::{
     DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
+use roce_common::rtt::{bucket_of, RttHist, RttMemory, RttWait, RTT_BUCKETS};
 
 /// Tunnels with IPv6 outside or inside: key -> index of the flow's slot in FLOW_SLOTS
 /// (a u64: the agent writes the tables with batch calls, whose values are whole
@@ -158,6 +158,8 @@ pub struct RttMap {
     pub slot: u32,
     pub starts: bool,
     pub ends: bool,
+    /// `RuntimeConfig::rtt_spike_us`.
+    pub spike_us: u32,
 }
 
 #[inline(always)]
@@ -173,6 +175,10 @@ impl RttMemory for RttMap {
     #[inline(always)]
     fn ends(&self) -> bool {
         self.ends
+    }
+    #[inline(always)]
+    fn spike_us(&self) -> u32 {
+        self.spike_us
     }
     #[inline(always)]
     fn start(&mut self, key: &NakKey) -> bool {

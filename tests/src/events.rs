@@ -10,7 +10,7 @@ use roce_common::counters::{
     STAT_EVENTS_CE, STAT_EVENTS_DROPPED_RATE_LIMIT, STAT_EVENTS_DROPPED_RING_FULL,
     STAT_EVENTS_PSN_GAP,
 };
-use roce_common::event::{EventRecord, EVENTS_RING_BYTES};
+use roce_common::event::{EventRecord, EVENTS_RING_BYTES, EVENT_KIND_COUNT};
 use roce_common::policy::{IfaceQos, Policy};
 
 use crate::harness::{pin_to_current_cpu, XDP_PASS};
@@ -22,6 +22,8 @@ use crate::tc::{SKB_CTX_LEN, TC_NEXT, TEST_RUN_IFINDEX};
 pub struct EventsOptions {
     /// `RuntimeConfig::events_sample`.
     pub sample: u32,
+    /// `RuntimeConfig::rtt_spike_us`.
+    pub rtt_spike_us: u32,
     pub ring_bytes: u32,
     /// What `tc_egress` does on the test interface (loopback).
     pub iface: IfaceQos,
@@ -33,6 +35,7 @@ impl Default for EventsOptions {
     fn default() -> Self {
         EventsOptions {
             sample: 1,
+            rtt_spike_us: roce_common::config::DEFAULT_RTT_SPIKE_US,
             ring_bytes: EVENTS_RING_BYTES,
             iface: IfaceQos::default(),
             helpers: None,
@@ -40,10 +43,10 @@ impl Default for EventsOptions {
     }
 }
 
-/// Events counted in STATS: written by kind (ce .. psn_gap), dropped by reason.
+/// Events counted in STATS: written by kind (ce .. rtt_spike), dropped by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EventStats {
-    pub emitted: [u64; 5],
+    pub emitted: [u64; EVENT_KIND_COUNT],
     pub rate_limit: u64,
     pub ring_full: u64,
 }
@@ -67,6 +70,7 @@ impl EventsHarness {
         let load_opts = LoadOptions {
             config: RuntimeConfig {
                 events_sample: opts.sample,
+                rtt_spike_us: opts.rtt_spike_us,
                 ..RuntimeConfig::default()
             },
             events_ring_bytes: opts.ring_bytes,
@@ -165,6 +169,10 @@ impl EventsHarness {
             *slot = v[STAT_EVENTS_CE as usize + i];
         }
         assert_eq!(STAT_EVENTS_CE + 4, STAT_EVENTS_PSN_GAP);
+        assert_eq!(
+            STAT_EVENTS_CE as usize + EVENT_KIND_COUNT,
+            STAT_EVENTS_DROPPED_RATE_LIMIT as usize
+        );
         s.rate_limit = v[STAT_EVENTS_DROPPED_RATE_LIMIT as usize];
         s.ring_full = v[STAT_EVENTS_DROPPED_RING_FULL as usize];
         s

@@ -188,7 +188,7 @@ fn a_cnp_a_nak_and_an_rnr_nak_each_yield_one_record_of_their_kind() {
     );
     assert!(h.drain().is_empty());
     let s = h.stats();
-    assert_eq!(s.emitted, [0, 2, 1, 1, 0]);
+    assert_eq!(s.emitted, [0, 2, 1, 1, 0, 0]);
 }
 
 #[test]
@@ -281,7 +281,7 @@ fn one_in_ten_over_100_ce_packets_gives_10_records_per_kind() {
     assert_eq!((count(EVENT_CE), count(EVENT_CNP)), (20, 10));
     assert!(records.iter().all(|r| r.sample == 10));
     let s = h.stats();
-    assert_eq!(s.emitted, [20, 10, 0, 0, 0]);
+    assert_eq!(s.emitted, [20, 10, 0, 0, 0, 0]);
     assert_eq!((s.rate_limit, s.ring_full), (0, 0));
 }
 
@@ -529,4 +529,73 @@ async fn the_reader_publishes_ingress_and_egress_events_on_the_broadcast() {
     assert_eq!(v[2]["direction"], "egress");
     assert_eq!(v[2]["dscp"], 26, "the DSCP enforce wrote");
     assert_eq!(v[2]["psn"], 8);
+}
+
+#[test]
+fn a_round_trip_over_the_threshold_is_an_rtt_spike_on_its_response() {
+    // Egress flows are counted where the host policy is on (audit here).
+    let mut h = EventsHarness::load(EventsOptions {
+        rtt_spike_us: 1000,
+        iface: audit(),
+        ..EventsOptions::default()
+    });
+    let out = host4(0x6a);
+    let back = L3::v4(Ipv4Addr::new(198, 19, 0, 2), Ipv4Addr::new(198, 19, 0, 1)).with_tos(0x6a);
+    let request = |psn| {
+        roce_frame(
+            &eth(),
+            &out,
+            SPORT,
+            &RoceMsg::send_only(0x11, psn, 64).with_ack_req(true),
+        )
+    };
+    let ack = |psn| roce_frame(&eth(), &back, SPORT, &RoceMsg::ack(QP, psn, 0x1F));
+    // Answered at once: under the threshold, no event.
+    h.tc_egress(&request(1));
+    h.xdp(&ack(1), 1);
+    assert!(h.drain().is_empty());
+    // Answered after 3 ms: a spike, on the ACK, with its round trip.
+    h.tc_egress(&request(2));
+    std::thread::sleep(Duration::from_millis(3));
+    h.xdp(&ack(2), 1);
+    let records = h.drain();
+    assert_eq!(kinds(&records), [roce_common::event::EVENT_RTT_SPIKE]);
+    let r = &records[0];
+    assert_eq!((r.psn, r.opcode), (2, opcode::RC_ACKNOWLEDGE));
+    assert_eq!(r.key, key(&back, QP));
+    assert!(r.rtt_us >= 3000 && r.rtt_us < 3_000_000, "{} µs", r.rtt_us);
+    assert_eq!(h.stats().emitted, [0, 0, 0, 0, 0, 1]);
+}
+
+#[test]
+fn no_rtt_spike_when_the_threshold_is_zero() {
+    let mut h = EventsHarness::load(EventsOptions {
+        rtt_spike_us: 0,
+        iface: audit(),
+        ..EventsOptions::default()
+    });
+    let out = host4(0x6a);
+    let back = L3::v4(Ipv4Addr::new(198, 19, 0, 2), Ipv4Addr::new(198, 19, 0, 1)).with_tos(0x6a);
+    h.tc_egress(&roce_frame(
+        &eth(),
+        &out,
+        SPORT,
+        &RoceMsg::send_only(0x11, 5, 64).with_ack_req(true),
+    ));
+    std::thread::sleep(Duration::from_millis(2));
+    h.xdp(
+        &roce_frame(&eth(), &back, SPORT, &RoceMsg::ack(QP, 5, 0x1F)),
+        1,
+    );
+    assert!(h.drain().is_empty());
+    assert_eq!(h.stats().emitted, [0; 6]);
+}
+
+fn audit() -> IfaceQos {
+    IfaceQos {
+        host: HOST_AUDIT,
+        vtep: 0,
+        ecn: ECN_KERNEL,
+        _pad: 0,
+    }
 }

@@ -31,12 +31,13 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
 /// pin the wrong way. Version 4: the mirror maps (FLOWS_MIRROR, MIRROR_TAGS,
 /// MIRROR_SCRATCH, XDP_TAIL) and three more reasons in STATS, which
 /// moved the counters after them. Version 5: the retransmission counters in FLOW_SLOTS
-/// (320 bytes a slot, with a request flow's round-trip sample), NAK_PSNS, NAK_WAITING
+/// (320 bytes a slot, with a request flow's round-trip sample), the spike threshold in
+/// CONFIG, the rtt_spike event counter in STATS, NAK_PSNS, NAK_WAITING
 /// and the round-trip maps RTT_WAIT, RTT_WAIT_PSNS, RTT_HIST and RTT_HIST_ZERO.
 const LAYOUT_5: [(&str, u32, u32, u32, u32); 26] = [
-    ("CONFIG", 2, 4, 16, 2),
+    ("CONFIG", 2, 4, 20, 2),
     ("EVENTS", 27, 0, 0, 0),
-    ("EVENT_BUDGET", 6, 4, 32, 1),
+    ("EVENT_BUDGET", 6, 4, 40, 1),
     ("FLOWS", 1, 80, 8, 0),
     ("FLOWS4", 1, 16, 8, 0),
     ("FLOWS_MID", 1, 40, 8, 0),

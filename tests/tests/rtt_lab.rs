@@ -34,6 +34,11 @@ const REQUEST_SPORT: u16 = 0xC0DE;
 const RESPONSE_SPORT: u16 = 0xC1DE;
 const PAYLOAD: usize = 64;
 
+/// Requests of each RTT run, one every `PACE`: about 50 samples at a hold of 20 ms
+/// (one sample outstanding per flow), about 2,000 without hold.
+const REQUESTS: u32 = 2000;
+const PACE: Duration = Duration::from_micros(500);
+
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn require_root() {
@@ -218,8 +223,6 @@ fn rtt_of(flow: &Value) -> Result<Rtt> {
 /// One steady run against a responder that holds each ACK `hold`: the agent's RTT
 /// on the ACKs' flow, and the responder's account of its holds.
 fn rtt_run(rig: &mut Rig, hold: Duration, first_psn: u32) -> Result<(Rtt, ResponderReport)> {
-    const REQUESTS: u32 = 2000;
-    const PACE: Duration = Duration::from_micros(500);
     rig.start_agent()?;
     let responder = Responder::start(
         &rig.lab.b.ns,
@@ -300,6 +303,19 @@ fn rtt_p50_is_the_responders_hold_plus_the_baseline() -> Result<()> {
         if !(rtt.min_us <= rtt.p50_us && rtt.p50_us <= rtt.p99_us) {
             problems.push(format!(
                 "hold {hold_ms} ms: min <= p50 <= p99 fails: {rtt:?}"
+            ));
+        }
+        if rtt.samples > REQUESTS as u64 {
+            problems.push(format!(
+                "hold {hold_ms} ms: {} samples of {REQUESTS} requests",
+                rtt.samples
+            ));
+        }
+        // The minimum is exact (not a bucket): no ACK comes back before its hold.
+        if rtt.min_us < hold_ms as f64 * 1000.0 {
+            problems.push(format!(
+                "hold {hold_ms} ms: min {:.1} µs is shorter than the hold",
+                rtt.min_us
             ));
         }
         if hold_ms == 0 {
@@ -420,4 +436,19 @@ fn retransmissions_and_timeouts_equal_what_the_requester_resent() -> Result<()> 
     }
     rig.stop_agent()?;
     Ok(())
+}
+
+#[test]
+fn a_flow_without_the_rtt_field_or_with_a_null_one_is_an_error() {
+    let missing = serde_json::json!({"dest_qp": 0x22, "acks": 5});
+    let e = rtt_of(&missing).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("no `rtt` field"), "{e}");
+    let null = serde_json::json!({"dest_qp": 0x22, "rtt": null});
+    assert!(rtt_of(&null).is_err());
+    let some =
+        serde_json::json!({"rtt": {"samples": 3, "min_us": 1.0, "p50_us": 2.5, "p99_us": 4.0}});
+    assert_eq!(
+        rtt_of(&some).map(|r| (r.samples, r.p50_us)).ok(),
+        Some((3, 2.5))
+    );
 }

@@ -48,6 +48,9 @@ pub struct RunArgs {
     /// Sampled events (GET /events): keep 1 in N of each kind (CE, CNP, NAK, RNR NAK, PSN gap) per CPU, at most 100 per CPU per 100 ms; 0 emits none [default: the config's `events_sample`, else 1]
     #[arg(long, value_name = "N")]
     pub events_sample: Option<u32>,
+    /// A round trip (request leaving, its response arriving) longer than this many microseconds is an `rtt_spike` event; 0 emits none [default: the config's `rtt_spike_us`, else 1000]
+    #[arg(long, value_name = "US")]
+    pub rtt_spike_us: Option<u32>,
     /// Pin maps, programs and links here (a bpffs; mounted on /sys/fs/bpf when none is): the datapath keeps classifying and enforcing when the agent exits, and a restarted agent adopts it with its counters
     #[arg(long, value_name = "DIR", default_value = crate::datapath::pin::DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
@@ -78,6 +81,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         mtu: args.mtu,
         peers: args.peer,
         events_sample: args.events_sample,
+        rtt_spike_us: args.rtt_spike_us,
         log_format: args.log_format,
         web_config_file: args.web_config_file,
     };

@@ -121,6 +121,8 @@ pub struct FileConfig {
     pub top_flows: Option<Spanned<u32>>,
     /// Sampled events: 1 in N of each kind (0: none).
     pub events_sample: Option<Spanned<u32>>,
+    /// Round trips longer than this many µs are `rtt_spike` events (0: none).
+    pub rtt_spike_us: Option<Spanned<u32>>,
     /// How `run` writes its log.
     pub log_format: Option<Spanned<LogFormat>>,
     /// Sampled events: payload bytes kept after the last transport header (0: none).

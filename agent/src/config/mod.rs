@@ -27,6 +27,7 @@
 //! ecn_propagation = "kernel"     # outer ECN on VTEPs: "kernel" (tos inherit) | "rfc6040" (flag: --ecn-propagation)
 //! top_flows = 10                 # GET /metrics: the flows with the most problems get roce_top_flow_* series (0 to 1000)
 //! events_sample = 1              # sampled events: 1 in N of each kind per CPU, rate-limited; 0 emits none (flag: --events-sample)
+//! rtt_spike_us = 1000            # a round trip longer than this (µs) is an rtt_spike event; 0: none (flag: --rtt-spike-us)
 //! log_format = "text"            # the log on stderr: "text" | "json" (a JSON object a line) | "logfmt" (flag: --log-format)
 //! events_payload_bytes = 0       # sampled events keep the frame's headers up to the last transport header (BTH and its extension headers) only; N keeps N bytes of payload after them (0 to 128)
 //! web_config_file = "web.yml"    # TLS, basic auth and headers of the API, as Prometheus exporters' --web.config.file (flag: --web-config-file)

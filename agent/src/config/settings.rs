@@ -55,6 +55,8 @@ pub struct Overrides {
     pub peers: Vec<std::net::IpAddr>,
     /// `--events-sample`.
     pub events_sample: Option<u32>,
+    /// `--rtt-spike-us`.
+    pub rtt_spike_us: Option<u32>,
     /// `--log-format`.
     pub log_format: Option<LogFormat>,
     /// `--web-config-file`.
@@ -287,6 +289,11 @@ impl Settings {
         {
             s.events_sample = check_events_sample(*n.get_ref())
                 .map_err(|m| invalid(f.origin(n.span()), "events_sample", m))?;
+        }
+        if let Some(us) = flags.rtt_spike_us {
+            s.runtime.rtt_spike_us = us;
+        } else if let Some(us) = file.and_then(|f| f.values.rtt_spike_us.as_ref()) {
+            s.runtime.rtt_spike_us = *us.get_ref();
         }
         if let Some(format) = flags.log_format {
             s.log_format = format;

@@ -18,15 +18,19 @@ pub enum EventKind {
     Nak,
     RnrNak,
     PsnGap,
+    /// A round trip longer than the configured threshold (`rtt_spike_us`), on the
+    /// response that ended it.
+    RttSpike,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 5] = [
+    pub const ALL: [EventKind; 6] = [
         EventKind::Ce,
         EventKind::Cnp,
         EventKind::Nak,
         EventKind::RnrNak,
         EventKind::PsnGap,
+        EventKind::RttSpike,
     ];
 
     /// The name in JSON, in `--kind` and in metric labels.
@@ -37,6 +41,7 @@ impl EventKind {
             EventKind::Nak => "nak",
             EventKind::RnrNak => "rnr_nak",
             EventKind::PsnGap => "psn_gap",
+            EventKind::RttSpike => "rtt_spike",
         }
     }
 
@@ -95,6 +100,9 @@ pub struct Event {
     /// unknown.
     #[serde(default)]
     pub time_unix_ns: u64,
+    /// Added: the round trip of an `rtt_spike`, µs; absent for the other kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_us: Option<u32>,
 }
 
 impl Event {

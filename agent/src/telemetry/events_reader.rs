@@ -214,6 +214,7 @@ pub fn event_from_record(
         packet_len: rec.frame_len,
         packet: hex(keep.kept(rec.packet())),
         time_unix_ns,
+        rtt_us: (kind == EventKind::RttSpike).then_some(rec.rtt_us),
     })
 }
 
@@ -355,7 +356,8 @@ mod tests {
             outer_tos: (26 << 2) | 3,
             inner_tos: 0,
             captured: EVENT_PACKET_BYTES as u8,
-            _pad: [0; 5],
+            _pad: 0,
+            rtt_us: 0,
             packet,
         }
     }

@@ -846,6 +846,7 @@ mod tests {
             packet_len: 60,
             packet: String::new(),
             time_unix_ns: 0,
+            rtt_us: None,
         };
         format!("{}\n", serde_json::to_string(&ev).unwrap())
     }
