@@ -28,12 +28,12 @@ use roce_common::event::EVENT_PSN_GAP;
 use roce_common::flow::FlowStats;
 use roce_common::key::FlowKey;
 use roce_common::mirror::{MirrorCopy, MirrorTag};
-use roce_common::rtt::RttBook;
 use roce_common::nak::{mirror_scope, NakSet, NAK_KEY_FLAGS};
 use roce_common::parsed::Outcome;
 use roce_common::parsed::Reason;
 use roce_common::policy::Policy;
 use roce_common::reference::count_stats;
+use roce_common::rtt::RttBook;
 use roce_common::wire::ETH_HLEN;
 
 use super::capture::Batch;

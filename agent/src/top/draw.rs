@@ -467,7 +467,8 @@ fn cells(f: &Flow) -> [String; 19] {
         format!("{}/{}", count(f.naks), count(f.rnr_naks)),
         count(f.psn_gaps),
         f.last_dscp.to_string(),
-        f.rtt.map_or_else(|| "-".to_string(), |r| round_trip(r.p99_us)),
+        f.rtt
+            .map_or_else(|| "-".to_string(), |r| round_trip(r.p99_us)),
     ]
 }
 

@@ -8,11 +8,11 @@ use std::os::fd::AsFd;
 use aya::maps::{Array, HashMap, Map, MapData, MapError, Queue};
 use aya::Ebpf;
 use roce_common::flow::{FlowSlot, FlowStats, SLOT_EVICTED, SLOT_LIVE};
-use roce_common::rtt::RttHist;
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, ShapedKey};
 use roce_common::mirror::MirrorTag;
 use roce_common::nak::NakKey;
 use roce_common::names::map;
+use roce_common::rtt::RttHist;
 
 use super::{map_error, typed_map, typed_map_mut, LoadError, LoadOptions, Loaded};
 use crate::datapath::batch;
@@ -291,7 +291,8 @@ impl Loaded {
         let mut hists: HashMap<&mut MapData, u32, RttHist> =
             typed_map_mut(&mut self.ebpf, map::RTT_HIST)?;
         // Most flows have none: only the slots that do cost a delete.
-        let with_rtt: std::collections::HashSet<u32> = hists.keys().filter_map(Result::ok).collect();
+        let with_rtt: std::collections::HashSet<u32> =
+            hists.keys().filter_map(Result::ok).collect();
         for i in indexes.iter().filter(|i| with_rtt.contains(i)) {
             match hists.remove(i) {
                 Ok(()) | Err(MapError::KeyNotFound) => {}

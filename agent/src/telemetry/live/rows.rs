@@ -12,13 +12,13 @@
 //! `order` lists them in the document's order ([`Flow::canonical_cmp`]).
 
 use roce_common::flow::FlowStats;
-use roce_common::rtt::RttHist;
 use roce_common::key::{
     FlowKey, FlowKeyMirror, KEY_EGRESS, KEY_INNER_V6, KEY_MIRROR, KEY_OUTER_V6, KEY_TUNNELLED,
 };
 use roce_common::mirror::{
     MirrorTag, MIRROR_ERSPAN2, MIRROR_ERSPAN3, MIRROR_GRE, MIRROR_KIND_MASK, MIRROR_SOURCE_V6,
 };
+use roce_common::rtt::RttHist;
 
 use super::Figures;
 use crate::doc::{Direction, Ecn, Flow, Rtt};
