@@ -35,7 +35,7 @@ pub struct RuntimeConfig {
     /// log2 of the default path MTU (8..=12).
     pub default_pmtu_log2: u8,
     pub _pad: [u8; 3],
-    /// Reserved for flags added by later features.
+    /// `CONFIG_*` flags.
     pub flags: u32,
     /// Sampled events: 1 in this many of each kind per CPU is written to the EVENTS
     /// ring (`event::EVENTS_OFF`, 0: none, the default here; `run --events-sample`).
@@ -43,6 +43,10 @@ pub struct RuntimeConfig {
     /// A round trip longer than this many µs is an `rtt_spike` event (0: none).
     pub rtt_spike_us: u32,
 }
+
+/// `RuntimeConfig::flags`: no round-trip samples (`rtt`) are started or ended; what
+/// the benchmarks measure the sampling's cost against, in the same run.
+pub const CONFIG_NO_RTT: u32 = 1;
 
 /// `RuntimeConfig::rtt_spike_us` unless configured: a millisecond, a hundred times
 /// what a RoCE round trip takes in one data-centre fabric without queueing.

@@ -49,9 +49,10 @@ pub struct FlowStats {
     /// Go-backs that no NAK or RNR NAK asked for: the requester's ACK timeout fired
     /// (`nak`).
     pub retransmit_timeouts: u64,
-    /// The request flow's outstanding round-trip sample (`rtt`): when it started
-    /// (`last_seen_ns` then, with the low bit set; 0 when none waits) and its PSN.
-    /// Written only by the requests that start one and the responses that end one.
+    /// The request flow's last round-trip sample (`rtt`): when it started (the flow's
+    /// `last_seen_ns` then, low bit clear; 0: never), the low bit set while it waits
+    /// for its response; and its PSN. Written only by the requests that start one and
+    /// the responses that end one.
     pub rtt_sample_ns: u64,
     pub rtt_sample_psn: u32,
     pub _pad2: u32,
@@ -74,6 +75,9 @@ pub fn add(counter: &mut u64, n: u64) {
         *counter = counter.wrapping_add(n);
     }
 }
+
+/// `FlowStats::rtt_sample_ns`: the flow's sample waits for its response.
+const RTT_WAITING: u64 = 1;
 
 /// Ends the sample the response `p` answers, if one waits: its round trip in µs (at
 /// least 1, saturated), 0 when none.
@@ -227,10 +231,10 @@ impl FlowStats {
                         add(&mut self.retransmit_timeouts, 1);
                     }
                     // Karn's rule: the response may answer either copy.
-                    if self.rtt_sample_ns != 0 {
+                    if self.rtt_sample_ns & RTT_WAITING != 0 {
                         let psn = self.rtt_sample_psn;
                         rtt.cancel(&NakKey::of_request(&p.key, psn, naks.scope()));
-                        self.rtt_sample_ns = 0;
+                        self.rtt_sample_ns &= !RTT_WAITING;
                     }
                 }
             }
@@ -247,23 +251,30 @@ impl FlowStats {
     }
 
     /// Starts a round-trip sample on this request flow when the request asks for a
-    /// response and no sample of the flow waits (or the one waiting went stale).
+    /// response, no sample of the flow waits (or the one waiting went stale), and the
+    /// flow's clock moved since the last one started: at most one sample a tick of the
+    /// kernel's coarse clock (1 to 4 ms) per flow, which bounds what sampling costs a
+    /// fast flow (as ePPing's per-flow rate limit does); in `analyze`, whose clock is
+    /// the frames' own, every response can end one.
     #[inline(always)]
     fn sample_rtt(&mut self, p: &Parsed, scope: u32, rtt: &mut impl RttMemory) {
         if !(p.bth.ack_req || bth::expects_response(p.bth.opcode)) || !rtt.starts() {
             return;
         }
-        let waiting = self.rtt_sample_ns;
-        if waiting != 0 {
-            if self.last_seen_ns.saturating_sub(waiting) < RTT_SAMPLE_STALE_NS {
+        let mark = self.rtt_sample_ns;
+        let now = self.last_seen_ns & !RTT_WAITING;
+        if mark & RTT_WAITING != 0 {
+            if now.saturating_sub(mark & !RTT_WAITING) < RTT_SAMPLE_STALE_NS {
                 return;
             }
             let psn = self.rtt_sample_psn;
             rtt.cancel(&NakKey::of_request(&p.key, psn, scope));
-            self.rtt_sample_ns = 0;
+        } else if mark != 0 && mark == now {
+            return;
         }
+        self.rtt_sample_ns = now;
         if rtt.start(&NakKey::of_request(&p.key, p.bth.psn, scope)) {
-            self.rtt_sample_ns = self.last_seen_ns | 1;
+            self.rtt_sample_ns = now | RTT_WAITING;
             self.rtt_sample_psn = p.bth.psn;
         }
     }
@@ -271,8 +282,8 @@ impl FlowStats {
     /// A response ended this request flow's sample at `psn`: it may start another.
     #[inline(always)]
     pub fn rtt_sample_ended(&mut self, psn: u32) {
-        if self.rtt_sample_ns != 0 && self.rtt_sample_psn == psn {
-            self.rtt_sample_ns = 0;
+        if self.rtt_sample_ns & RTT_WAITING != 0 && self.rtt_sample_psn == psn {
+            self.rtt_sample_ns &= !RTT_WAITING;
         }
     }
 

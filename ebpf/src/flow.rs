@@ -8,7 +8,7 @@
 use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::helpers::bpf_jiffies64;
 use aya_ebpf::maps::HashMap;
-use roce_common::config::RuntimeConfig;
+use roce_common::config::{RuntimeConfig, CONFIG_NO_RTT};
 use roce_common::counters::{STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED};
 use roce_common::event::{Trouble, EVENTS_OFF};
 use roce_common::flow::FlowSlot;
@@ -83,10 +83,11 @@ pub fn count_on_flow<C: FrameHead>(
     let scope = mirror.map_or(0, mirror_scope);
     // Requests leaving start round-trip samples, responses arriving end them; a
     // mirror session sees both directions.
+    let sampling = cfg.flags & CONFIG_NO_RTT == 0;
     let mut rtt = RttMap {
         slot: index,
-        starts: egress || mirror.is_some(),
-        ends: !egress,
+        starts: (egress || mirror.is_some()) && sampling,
+        ends: !egress && sampling,
         spike_us: cfg.rtt_spike_us,
     };
     // SAFETY: a live slot of FLOW_SLOTS; other CPUs may count on it too (see `record`).

@@ -554,7 +554,9 @@ fn a_round_trip_over_the_threshold_is_an_rtt_spike_on_its_response() {
     h.tc_egress(&request(1));
     h.xdp(&ack(1), 1);
     assert!(h.drain().is_empty());
-    // Answered after 3 ms: a spike, on the ACK, with its round trip.
+    // Answered after 3 ms: a spike, on the ACK, with its round trip (a tick later: one
+    // sample a tick per flow).
+    std::thread::sleep(Duration::from_millis(11));
     h.tc_egress(&request(2));
     std::thread::sleep(Duration::from_millis(3));
     h.xdp(&ack(2), 1);

@@ -59,6 +59,12 @@ fn load() -> TcHarness {
     )
 }
 
+/// A flow starts at most one sample a tick of the kernel's coarse clock (10 ms at
+/// HZ=100, the coarsest): waits past one.
+fn next_tick() {
+    std::thread::sleep(Duration::from_millis(11));
+}
+
 fn out(h: &mut TcHarness, frame: &[u8]) {
     assert_eq!(h.egress(frame, 0).retval, TC_NEXT);
 }
@@ -100,7 +106,7 @@ fn an_ack_of_the_sampled_psn_ends_the_sample_on_the_ack_flow() {
     arrive(&mut h, &ack(1, ACK));
     assert_eq!(hist(&mut h, &acks_flow()), None);
     // AckReq: PSN 2 sampled, 3 not (one outstanding), the ACK of 2 ends it after the
-    // time slept, then 4 starts the next.
+    // time slept, then 4 starts the next (a tick later: one sample a tick per flow).
     out(&mut h, &send(2, true));
     out(&mut h, &send(3, true));
     std::thread::sleep(Duration::from_millis(2));
@@ -118,7 +124,9 @@ fn an_ack_of_the_sampled_psn_ends_the_sample_on_the_ack_flow() {
     assert!(one.min_ns >= 2_000_000, "slept 2 ms: {} ns", one.min_ns);
     assert!(one.min_ns < 2_000_000_000, "{} ns", one.min_ns);
     assert_eq!(one.buckets.iter().map(|&b| u64::from(b)).sum::<u64>(), 1);
+    next_tick();
     out(&mut h, &send(4, true));
+    arrive(&mut h, &ack(4, ACK));
     arrive(&mut h, &ack(4, ACK));
     let two = hist(&mut h, &acks_flow()).expect("a histogram");
     assert_eq!(two.samples, 2);
@@ -148,6 +156,7 @@ fn a_read_is_answered_by_its_first_response_and_an_atomic_by_its_ack() {
         &response(RoceMsg::new(0x0F, REQUESTER_QP, 12).with_payload(4096)),
     );
     assert_eq!(hist(&mut h, &acks_flow()).map(|x| x.samples), Some(1));
+    next_tick();
     // FETCH_ADD at PSN 13, its ATOMIC ACKNOWLEDGE.
     out(&mut h, &request(RoceMsg::new(0x14, RESPONDER_QP, 13)));
     arrive(&mut h, &response(RoceMsg::new(0x12, REQUESTER_QP, 13)));
@@ -164,7 +173,8 @@ fn karns_rule_a_resent_request_voids_its_sample() {
     arrive(&mut h, &ack(5, ACK));
     assert_eq!(hist(&mut h, &acks_flow()), None);
     // The resend itself started no sample either (a retransmission); the next new
-    // request does.
+    // request does, a tick later.
+    next_tick();
     out(&mut h, &send(6, true));
     arrive(&mut h, &ack(6, ACK));
     assert_eq!(hist(&mut h, &acks_flow()).map(|x| x.samples), Some(1));

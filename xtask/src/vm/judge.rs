@@ -124,6 +124,7 @@ fn judge(dir: &Path, check: &str, o: &mut Outcome) -> Result<()> {
         "qp_table" => return super::qp::qp_table(dir, o),
         "mirror" => return super::mirror::mirror(dir, o),
         "overhead" => return super::overhead::judge(dir, o),
+        "rtt" => return super::rtt::netem_delay(dir, o),
         _ => {}
     }
     let doc: serde_json::Value = serde_json::from_slice(
@@ -357,6 +358,31 @@ fn netem(
         })?;
         t.values().map(|c| c.naks).sum::<u64>()
     };
+    // The requester's go-backs: rxe0's completer retries once per NAK it takes and
+    // per timeout; the agent sees the NAKs arrive on veth0 and counts the go-backs
+    // that followed none as timeouts (veth0 egress).
+    let (resent, timeouts, naks_in) = {
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("flows.json"))?)?;
+        let sum = |direction: &str, field: &str| -> u64 {
+            doc["flows"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|f| f["ifname"] == "veth0" && f["direction"] == direction)
+                .filter_map(|f| f[field].as_u64())
+                .sum()
+        };
+        (
+            sum("egress", "retransmitted_packets"),
+            sum("egress", "retransmit_timeouts"),
+            sum("ingress", "naks"),
+        )
+    };
+    let retries = delta("rxe0", "completer_retry_err");
+    o.notes.push(format!(
+        "requester rxe0 on veth0: agent retransmitted_packets {resent}, retransmit_timeouts {timeouts}, NAKs in {naks_in}; rxe0 completer_retry_err {retries}"
+    ));
     let netem = std::fs::read_to_string(dir.join("netem.txt")).unwrap_or_default();
     let netem_dropped = netem
         .split_whitespace()
@@ -396,6 +422,14 @@ fn netem(
     require(
         (gaps > 0) == (oos > 0),
         "agent PSN gaps and rxe1's out_of_seq_request disagree on whether there was a gap",
+    );
+    require(
+        naks_in + timeouts == retries,
+        "the go-backs the agent saw (NAKs arriving on veth0 + timeouts) differ from rxe0's completer_retry_err",
+    );
+    require(
+        (resent > 0) == (retries > 0),
+        "agent retransmissions and rxe0's completer retries disagree on whether there was a resend",
     );
     Ok(())
 }

@@ -20,6 +20,7 @@ mod mirror;
 mod overhead;
 mod qemu;
 mod qp;
+mod rtt;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
