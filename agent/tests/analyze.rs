@@ -3207,3 +3207,64 @@ fn round_trips_are_measured_at_the_capture_point() {
     let requests = &flows["198.18.8.1>198.18.8.2 vni null ->- qp 1536"];
     assert!(requests["rtt"].is_null(), "{requests}");
 }
+
+/// A capture whose every RoCE frame has lost its ICRC (zeroed, as a path that does not
+/// keep it hands frames over), PSNs in sequence: the capture path, not the fabric.
+/// The same frames with one bad ICRC among good ones: corruption.
+#[test]
+fn an_icrc_no_frame_kept_is_the_capture_paths_not_the_fabrics() {
+    let eth = Eth::default();
+    let a_b = L3::v4(v4("198.18.9.1"), v4("198.18.9.2")).with_tos(TOS_DATA);
+    let b_a = L3::v4(v4("198.18.9.2"), v4("198.18.9.1")).with_tos(TOS_DATA);
+    let frames = |zeroed: &dyn Fn(usize) -> bool| {
+        let mut f = Frames::default();
+        for psn in 0..12u32 {
+            f.push(roce_frame(
+                &eth,
+                &a_b,
+                0xC000,
+                &RoceMsg::send_only(0x700, psn, 128),
+            ));
+            f.push(roce_frame(
+                &eth,
+                &b_a,
+                0xC001,
+                &RoceMsg::ack(0x701, psn, 0x1F),
+            ));
+        }
+        for (i, frame) in f.0.iter_mut().enumerate() {
+            if zeroed(i) {
+                let n = frame.len();
+                frame[n - 4..].fill(0);
+            }
+        }
+        f
+    };
+    let s = Scratch::new();
+    let checks = |doc: &Value| -> Vec<String> {
+        doc["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["check"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let all = s.path("icrc-all.pcap");
+    frames(&|_| true).write_pcap(&all);
+    let (doc, _) = analyze_json(&all, "reference");
+    let found = checks(&doc);
+    assert!(
+        found.contains(&"icrc_not_preserved".to_string()),
+        "{found:?}"
+    );
+    assert!(!found.contains(&"icrc_errors".to_string()), "{found:?}");
+    let one = s.path("icrc-one.pcap");
+    frames(&|i| i == 5).write_pcap(&one);
+    let (doc, _) = analyze_json(&one, "reference");
+    let found = checks(&doc);
+    assert!(found.contains(&"icrc_errors".to_string()), "{found:?}");
+    assert!(
+        !found.contains(&"icrc_not_preserved".to_string()),
+        "{found:?}"
+    );
+}

@@ -55,7 +55,17 @@ pub struct FlowStats {
     /// the responses that end one.
     pub rtt_sample_ns: u64,
     pub rtt_sample_psn: u32,
-    pub _pad2: u32,
+    /// Go-backs that took a NAK, and the time from each NAK to its first resend
+    /// (`naks.now_ns()` clock), summed.
+    pub nak_resends: u32,
+    pub nak_to_resend_ns: u64,
+    /// The go-back-N recovery under way: when its first resend was seen (0: none).
+    pub recovery_start_ns: u64,
+    /// Recoveries that ended (a request beyond where the flow had been before going
+    /// back), their durations summed, and the longest, µs.
+    pub recovery_ns: u64,
+    pub recoveries: u32,
+    pub recovery_max_us: u32,
 }
 
 /// Adds `n` to a counter (wrapping: `u64::MAX` takes one away). In the kernel another
@@ -136,7 +146,7 @@ pub struct FlowSlot {
     /// [`SLOT_FREE`], [`SLOT_LIVE`] or [`SLOT_EVICTED`].
     pub state: u32,
     /// Free for later per-flow state.
-    pub _reserved: [u32; 9],
+    pub _reserved: u32,
 }
 
 impl FlowStats {
@@ -216,19 +226,32 @@ impl FlowStats {
             }
         } else if bth::is_tracked_request(opcode) {
             match self.psn.observe(p, default_pmtu_log2) {
-                Seen::InOrder => self.sample_rtt(p, naks.scope(), rtt),
+                Seen::InOrder => {
+                    self.end_recovery(naks);
+                    self.sample_rtt(p, naks.scope(), rtt);
+                }
                 Seen::Gap => {
                     add(&mut self.psn_gaps, 1);
                     kind = EVENT_PSN_GAP;
+                    self.end_recovery(naks);
                     self.sample_rtt(p, naks.scope(), rtt);
                 }
                 seen => {
                     add(&mut self.retransmitted_packets, 1);
                     add(&mut self.retransmitted_bytes, frame_len as u64);
-                    if seen == Seen::GoBack
-                        && !naks.take(&NakKey::of_request(&p.key, p.bth.psn, naks.scope()))
-                    {
-                        add(&mut self.retransmit_timeouts, 1);
+                    if seen == Seen::GoBack {
+                        let now = naks.now_ns();
+                        match naks.take(&NakKey::of_request(&p.key, p.bth.psn, naks.scope())) {
+                            Some(nak_seen) => {
+                                add32(&mut self.nak_resends, 1);
+                                add(&mut self.nak_to_resend_ns, now.saturating_sub(nak_seen));
+                            }
+                            None => add(&mut self.retransmit_timeouts, 1),
+                        }
+                        // A go-back within a recovery continues it.
+                        if self.recovery_start_ns == 0 {
+                            self.recovery_start_ns = now.max(1);
+                        }
                     }
                     // Karn's rule: the response may answer either copy.
                     if self.rtt_sample_ns & RTT_WAITING != 0 {
@@ -279,6 +302,23 @@ impl FlowStats {
         }
     }
 
+    /// A new request after going back: the recovery under way, if any, ended.
+    #[inline(always)]
+    fn end_recovery(&mut self, naks: &impl NakMemory) {
+        let start = self.recovery_start_ns;
+        if start == 0 {
+            return;
+        }
+        self.recovery_start_ns = 0;
+        let took = naks.now_ns().saturating_sub(start);
+        add32(&mut self.recoveries, 1);
+        add(&mut self.recovery_ns, took);
+        let us = (took / 1000).min(u32::MAX as u64) as u32;
+        if us > self.recovery_max_us {
+            self.recovery_max_us = us;
+        }
+    }
+
     /// A response ended this request flow's sample at `psn`: it may start another.
     #[inline(always)]
     pub fn rtt_sample_ended(&mut self, psn: u32) {
@@ -313,7 +353,13 @@ impl FlowStats {
         self.retransmitted_packets += o.retransmitted_packets;
         self.retransmitted_bytes += o.retransmitted_bytes;
         self.retransmit_timeouts += o.retransmit_timeouts;
+        self.nak_resends += o.nak_resends;
+        self.nak_to_resend_ns += o.nak_to_resend_ns;
+        self.recoveries += o.recoveries;
+        self.recovery_ns += o.recovery_ns;
+        self.recovery_max_us = self.recovery_max_us.max(o.recovery_max_us);
         if newer {
+            self.recovery_start_ns = o.recovery_start_ns;
             self.rtt_sample_ns = o.rtt_sample_ns;
             self.rtt_sample_psn = o.rtt_sample_psn;
             self.last_seen_ns = o.last_seen_ns;
@@ -336,7 +382,7 @@ mod tests {
     #[test]
     fn layout_is_whole_words() {
         assert_eq!(core::mem::size_of::<FlowSlot>(), 320);
-        assert_eq!(core::mem::size_of::<FlowStats>(), 200);
+        assert_eq!(core::mem::size_of::<FlowStats>(), 232);
         // What every packet writes (counters, clock, PSN state) is in the first three
         // cache lines; the retransmission counters follow.
         assert!(core::mem::offset_of!(FlowStats, seen_tick) + 4 <= 160);

@@ -86,15 +86,19 @@ pub fn mirror_scope(tag: &MirrorTag) -> u32 {
 }
 
 /// Where NAKs wait for their go-back. `FlowStats::record` remembers each NAK and RNR
-/// NAK, and a go-back takes the one that names its first PSN.
+/// NAK (with when it was seen), and a go-back takes the one that names its first PSN.
 pub trait NakMemory {
     /// The [`NakKey::scope`] of the packet being counted.
     fn scope(&self) -> u32;
+    /// The clock NAK-to-resend and recovery times are measured on, ns: the kernel's
+    /// monotonic clock, a capture's frame time. Read only for NAKs, retransmissions
+    /// and the end of a recovery.
+    fn now_ns(&self) -> u64;
     fn remember(&mut self, key: &NakKey);
-    /// Whether a NAK was remembered under `key`; forgets it (one NAK, one go-back: a
-    /// responder NAKs a PSN once, so when the resend after it is lost too, the next
-    /// go-back to that PSN follows the requester's timeout).
-    fn take(&mut self, key: &NakKey) -> bool;
+    /// When the NAK remembered under `key` was seen, if one was; forgets it (one NAK,
+    /// one go-back: a responder NAKs a PSN once, so when the resend after it is lost
+    /// too, the next go-back to that PSN follows the requester's timeout).
+    fn take(&mut self, key: &NakKey) -> Option<u64>;
 }
 
 /// A memory that forgets everything: every go-back counts as a timeout. For callers
@@ -106,9 +110,12 @@ impl NakMemory for NoNaks {
     fn scope(&self) -> u32 {
         0
     }
+    fn now_ns(&self) -> u64 {
+        0
+    }
     fn remember(&mut self, _: &NakKey) {}
-    fn take(&mut self, _: &NakKey) -> bool {
-        false
+    fn take(&mut self, _: &NakKey) -> Option<u64> {
+        None
     }
 }
 
@@ -122,8 +129,8 @@ pub const NAK_SET_MAX: usize = 1 << 16;
 #[cfg(any(feature = "std", test))]
 #[derive(Clone, Debug, Default)]
 pub struct NakSet {
-    /// Key -> when it was remembered (a count of NAKs).
-    naks: std::collections::HashMap<NakKey, u64>,
+    /// Key -> (when it was remembered, a count of NAKs; when it was seen, ns).
+    naks: std::collections::HashMap<NakKey, (u64, u64)>,
     /// Keys in the order they were remembered, with that count (a key taken or
     /// remembered again since leaves a stale entry, skipped when it comes up).
     order: std::collections::VecDeque<(NakKey, u64)>,
@@ -131,6 +138,8 @@ pub struct NakSet {
     /// Go-backs that found their NAK.
     pub taken: u64,
     pub scope: u32,
+    /// The time of the frame being counted (the caller's clock), ns.
+    pub now_ns: u64,
 }
 
 #[cfg(any(feature = "std", test))]
@@ -149,27 +158,31 @@ impl NakMemory for NakSet {
     fn scope(&self) -> u32 {
         self.scope
     }
+    fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
     fn remember(&mut self, key: &NakKey) {
         self.remembered += 1;
-        self.naks.insert(*key, self.remembered);
+        self.naks.insert(*key, (self.remembered, self.now_ns));
         self.order.push_back((*key, self.remembered));
         while self.naks.len() > NAK_SET_MAX {
             let Some((old, at)) = self.order.pop_front() else {
                 break;
             };
-            if self.naks.get(&old) == Some(&at) {
+            if self.naks.get(&old).map(|v| v.0) == Some(at) {
                 self.naks.remove(&old);
             }
         }
         // Stale entries beyond twice the bound: drop them.
         if self.order.len() > 2 * NAK_SET_MAX {
             let naks = &self.naks;
-            self.order.retain(|(k, at)| naks.get(k) == Some(at));
+            self.order
+                .retain(|(k, at)| naks.get(k).map(|v| v.0) == Some(*at));
         }
     }
-    fn take(&mut self, key: &NakKey) -> bool {
-        let found = self.naks.remove(key).is_some();
-        self.taken += u64::from(found);
+    fn take(&mut self, key: &NakKey) -> Option<u64> {
+        let found = self.naks.remove(key).map(|v| v.1);
+        self.taken += u64::from(found.is_some());
         found
     }
 }
@@ -217,9 +230,16 @@ mod tests {
         );
         // The requests of the other direction (b -> a) do not take it.
         assert_ne!(NakKey::of_nak(&nak, 77, 0), NakKey::of_request(&nak, 77, 0));
-        let mut m = NakSet::default();
+        let mut m = NakSet {
+            now_ns: 5_000,
+            ..NakSet::default()
+        };
         m.remember(&NakKey::of_nak(&nak, 77, 0));
-        assert!(m.take(&NakKey::of_request(&request, 77, 0)));
-        assert!(!m.take(&NakKey::of_request(&request, 77, 0)), "taken once");
+        assert_eq!(m.take(&NakKey::of_request(&request, 77, 0)), Some(5_000));
+        assert_eq!(
+            m.take(&NakKey::of_request(&request, 77, 0)),
+            None,
+            "taken once"
+        );
     }
 }

@@ -70,7 +70,8 @@ pub static FLOW_SLOTS: Array<FlowSlot> = Array::with_max_entries(65536, BPF_F_MM
 pub static FLOW_FREE: Queue<u32> = Queue::with_max_entries(65536, 0);
 
 /// NAKs and RNR NAKs waiting for the go-back they ask for (`roce_common::nak`): the
-/// requester's and responder's addresses and the PSN -> 1. Shared by all CPUs and
+/// requester's and responder's addresses and the PSN -> when it was seen (the
+/// monotonic clock, for the NAK-to-resend time). Shared by all CPUs and
 /// both directions; the least recently used is forgotten when it is full (a NAK whose
 /// go-back this host never sees).
 #[map]
@@ -97,29 +98,35 @@ impl NakMemory for NakMap {
         self.scope
     }
     #[inline(always)]
+    fn now_ns(&self) -> u64 {
+        // SAFETY: no arguments.
+        unsafe { bpf_ktime_get_ns() }
+    }
+    #[inline(always)]
     fn remember(&mut self, key: &NakKey) {
         if let Some(n) = NAK_WAITING.get_ptr_mut(0) {
             // SAFETY: the map's one value, shared by all CPUs: added to atomically.
             unsafe { add(&mut *n, 1) };
         }
-        let _ = NAK_PSNS.insert(key, &1, 0);
+        let _ = NAK_PSNS.insert(key, &self.now_ns(), 0);
     }
     #[inline(always)]
-    fn take(&mut self, key: &NakKey) -> bool {
-        let Some(n) = NAK_WAITING.get_ptr_mut(0) else {
-            return false;
-        };
+    fn take(&mut self, key: &NakKey) -> Option<u64> {
+        let n = NAK_WAITING.get_ptr_mut(0)?;
         // SAFETY: as above; a plain read, another CPU may change it meanwhile (a NAK
         // counted after this read is one this go-back came before).
         if unsafe { *n } == 0 {
-            return false;
+            return None;
         }
+        // SAFETY: a copy of the value out of the map.
+        let seen = unsafe { *NAK_PSNS.get(key)? };
         if NAK_PSNS.remove(key).is_err() {
-            return false;
+            // Another CPU's go-back took it first.
+            return None;
         }
         // SAFETY: as above.
         unsafe { add(&mut *n, u64::MAX) };
-        true
+        Some(seen)
     }
 }
 

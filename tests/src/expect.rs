@@ -63,11 +63,20 @@ pub fn tunnel_key(outer: &L3, vni: u32, inner: &L3, dest_qp: u32) -> FlowKey {
     k
 }
 
-/// A FlowStats with its timestamps zeroed, for exact comparisons.
+/// A FlowStats with its timestamps zeroed, for exact comparisons: the clock, the
+/// times of NAKs to resends and of recoveries (the counts stay), and the round-trip
+/// sample mark (the reference, one program's view, takes no samples; the
+/// kernel's tc starts them: `tests/tests/rtt.rs` checks those).
 pub fn untimed(mut s: FlowStats) -> FlowStats {
     s.first_seen_ns = 0;
     s.last_seen_ns = 0;
     s.seen_tick = 0;
+    s.rtt_sample_ns = 0;
+    s.rtt_sample_psn = 0;
+    s.nak_to_resend_ns = 0;
+    s.recovery_start_ns = 0;
+    s.recovery_ns = 0;
+    s.recovery_max_us = 0;
     s
 }
 

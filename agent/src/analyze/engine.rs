@@ -348,6 +348,7 @@ impl Work for Worker<'_> {
                     let ts = f.ts_ns;
                     let scope = copy.map_or(0, |c| mirror_scope(&c.tag));
                     shard.naks.scope = scope;
+                    shard.naks.now_ns = ts;
                     let (next, resent) = (e.stats.psn.next, e.stats.retransmitted_packets);
                     shard.rtt.counting(&key, ts);
                     let trouble = e.stats.record(

@@ -95,6 +95,36 @@ fn name_flows<'a>(out: &mut [Finding], concerned: impl Iterator<Item = &'a Analy
 }
 
 /// Every finding, most severe first (stable order within a severity).
+/// The flows of the capture sources (the capture itself, each mirror session of it)
+/// whose every checked frame failed its ICRC while their PSNs ran in sequence (`fn
+/// findings`, `icrc_not_preserved`): at least [`ICRC_NOT_KEPT_MIN`] frames checked.
+fn icrc_not_kept<'a>(flows: &'a [AnalyzedFlow], extras: &[FlowExtra]) -> Vec<&'a AnalyzedFlow> {
+    use std::collections::BTreeMap;
+    // Source -> (frames checked, frames failed, sound, its flows).
+    let mut sources: BTreeMap<Option<crate::doc::Mirror>, (u64, u64, bool, Vec<&AnalyzedFlow>)> =
+        BTreeMap::new();
+    for (f, e) in flows.iter().zip(extras) {
+        let s = sources
+            .entry(f.flow.mirror.clone())
+            .or_insert((0, 0, true, Vec::new()));
+        s.0 += f.flow.packets.saturating_sub(e.icrc_unchecked);
+        s.1 += f.icrc_errors;
+        s.2 &= f.flow.psn_gaps <= f.capture_gaps && f.flow.naks == 0;
+        s.3.push(f);
+    }
+    sources
+        .into_values()
+        .filter(|(checked, failed, sound, _)| {
+            *checked >= ICRC_NOT_KEPT_MIN && failed == checked && *sound
+        })
+        .flat_map(|(_, _, _, fl)| fl.into_iter().filter(|f| f.icrc_errors > 0))
+        .collect()
+}
+
+/// Frames a source must have had checked before "every ICRC fails" says more than
+/// bad luck.
+const ICRC_NOT_KEPT_MIN: u64 = 8;
+
 pub fn findings(
     flows: &[AnalyzedFlow],
     extras: &[FlowExtra],
@@ -217,8 +247,31 @@ pub fn findings(
         name_flows(&mut out, naks.iter().copied());
     }
 
+    // ICRC that the capture path did not keep: every frame of a source (the capture,
+    // or one mirror session of it) fails, while its PSNs run in sequence. An RDMA
+    // sniffer or an offloaded capture hands over frames whose ICRC the NIC stripped
+    // or never wrote; corruption in the fabric would not hit every frame, and would
+    // show as loss.
+    let unkept = icrc_not_kept(flows, extras);
+    if !unkept.is_empty() {
+        let frames: u64 = unkept.iter().map(|f| f.icrc_errors).sum();
+        out.push(finding(
+            "icrc_not_preserved",
+            Severity::Info,
+            unkept.len(),
+            format!(
+                "all {frames} RoCE frames whose ICRC could be checked fail it, on {} flows whose PSNs run in sequence (no gap the fabric lost, no NAK): the capture path did not keep the ICRC, these are no corrupted frames",
+                unkept.len()
+            ),
+            "frames with the ICRC they carried on the wire".into(),
+            "nothing in the fabric; to check ICRCs, capture with a path that keeps them (a mirror port or a tap rather than an RDMA sniffer such as ibdump, or an offloaded capture)",
+        ));
+    }
     // ICRC errors: corruption, or a middlebox that rewrote covered fields.
-    let bad: Vec<&AnalyzedFlow> = flows.iter().filter(|f| f.icrc_errors > 0).collect();
+    let bad: Vec<&AnalyzedFlow> = flows
+        .iter()
+        .filter(|f| f.icrc_errors > 0 && !unkept.iter().any(|u| std::ptr::eq(*u, *f)))
+        .collect();
     if !bad.is_empty() {
         let total: u64 = bad.iter().map(|f| f.icrc_errors).sum();
         out.push(finding(

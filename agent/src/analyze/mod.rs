@@ -284,9 +284,13 @@ pub fn analyze_input(input: &Input, opts: &AnalyzeOptions) -> Result<Analysis, A
     for w in run.workers {
         let shard = w.shard;
         tally.icrc_checked += shard.icrc_checked;
-        tally
-            .flows
-            .extend(shard.flows.into_iter().map(|(k, e)| (k.key, e.extra)));
+        tally.flows.extend(shard.flows.into_iter().map(|(k, e)| {
+            let mut extra = e.extra;
+            extra.nak_to_resend_ns = e.stats.nak_to_resend_ns;
+            extra.recovery_ns = e.stats.recovery_ns;
+            extra.recovery_max_us = e.stats.recovery_max_us;
+            (k.key, extra)
+        }));
         tally
             .rtt
             .extend(shard.rtt.hists.into_iter().map(|(k, h)| (k.key, h)));
@@ -338,6 +342,9 @@ pub fn build_report(
         if let Some(e) = tally.flows.get(k) {
             st.first_seen_ns = e.first_ns;
             st.last_seen_ns = e.last_ns;
+            st.nak_to_resend_ns = e.nak_to_resend_ns;
+            st.recovery_ns = e.recovery_ns;
+            st.recovery_max_us = e.recovery_max_us;
             // BPF_PROG_TEST_RUN hands XDP at most ~3.5 KB of linear data (the rest of
             // a jumbo frame goes into fragments, which `data_end - data` does not
             // count): bytes are the frames' wire lengths, counted here.

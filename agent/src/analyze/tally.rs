@@ -47,6 +47,11 @@ pub struct FlowExtra {
     /// (NAKed or resent). The flow's other gaps are undecided.
     pub capture_gaps: u64,
     pub fabric_gaps: u64,
+    /// The flow's NAK-to-resend and recovery times on the capture's clock (the
+    /// reference pass's: the kernel engine's clock is its test runs').
+    pub nak_to_resend_ns: u64,
+    pub recovery_ns: u64,
+    pub recovery_max_us: u32,
 }
 
 /// Non-RoCE traffic seen on a lossless DSCP.

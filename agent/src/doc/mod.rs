@@ -175,6 +175,35 @@ pub struct Flow {
     /// null without a sample. Live only where both directions cross the agent.
     #[serde(default)]
     pub rtt: Option<Rtt>,
+    /// Added: the go-backs that followed a NAK, and the time from the NAK to the first
+    /// resend (the requester's reaction where the NAK arrives; plus the way back where
+    /// it leaves); null when none.
+    #[serde(default)]
+    pub nak_to_resend: Option<Durations>,
+    /// Added: go-back-N recoveries, from the first resend to the first request beyond
+    /// where the flow had been; null when none ended.
+    #[serde(default)]
+    pub recovery: Option<Durations>,
+}
+
+/// How many times something took how long.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Durations {
+    pub count: u64,
+    pub mean_us: f64,
+    /// The longest (whole µs); null where not kept.
+    pub max_us: Option<f64>,
+}
+
+impl Durations {
+    /// `count` durations summing to `sum_ns` (None when none).
+    pub fn of(count: u64, sum_ns: u64, max_us: Option<u32>) -> Option<Durations> {
+        (count > 0).then(|| Durations {
+            count,
+            mean_us: (sum_ns as f64 / count as f64 / 1000.0 * 1000.0).round() / 1000.0,
+            max_us: max_us.map(f64::from),
+        })
+    }
 }
 
 /// Round-trip times of one flow, from the requests' leaving to their responses'
@@ -556,6 +585,12 @@ impl Flow {
             mirror: None,
             owner: None,
             rtt: None,
+            nak_to_resend: Durations::of(u64::from(st.nak_resends), st.nak_to_resend_ns, None),
+            recovery: Durations::of(
+                u64::from(st.recoveries),
+                st.recovery_ns,
+                Some(st.recovery_max_us),
+            ),
         }
     }
 
@@ -674,6 +709,8 @@ pub(crate) fn test_flow(ifname: &str, src: &str, dst: &str, qp: u32) -> Flow {
         mirror: None,
         owner: None,
         rtt: None,
+        nak_to_resend: None,
+        recovery: None,
     }
 }
 

@@ -89,6 +89,7 @@ impl Collector {
                 (name, t.clone())
             })
             .collect();
+        document.rtt.sort_by(|a, b| a.0.cmp(&b.0));
         let document = Arc::new(document);
         // The old document goes when the API lets go of it too.
         self.previous = Some((document.clone(), now));

@@ -716,7 +716,12 @@ const RTT_PAIRS: u32 = 500;
 /// - `rtt_sample`: the same pairs' flows a tick later: a sample of a flow that has its
 ///   histogram (the steady state; a flow samples at most once a tick).
 fn bench_rtt(args: &Args, rounds: usize) -> Result<()> {
-    let names = ["rtt_tc_request", "rtt_xdp_ack", "rtt_sample", "rtt_sample_first"];
+    let names = [
+        "rtt_tc_request",
+        "rtt_xdp_ack",
+        "rtt_sample",
+        "rtt_sample_first",
+    ];
     if !names.iter().any(|n| args.wants(n)) {
         return Ok(());
     }
@@ -724,12 +729,15 @@ fn bench_rtt(args: &Args, rounds: usize) -> Result<()> {
         loader::load(&load_options(args)).context("loading the eBPF programs (root needed)")?;
     loaded.tc_fd(loader::TC_EGRESS)?;
     loaded.set_policy(&Policy::default())?;
-    loaded.set_iface_qos(1, Some(IfaceQos {
-        host: roce_common::policy::HOST_AUDIT,
-        vtep: 0,
-        ecn: roce_common::policy::ECN_KERNEL,
-        _pad: 0,
-    }))?;
+    loaded.set_iface_qos(
+        1,
+        Some(IfaceQos {
+            host: roce_common::policy::HOST_AUDIT,
+            vtep: 0,
+            ecn: roce_common::policy::ECN_KERNEL,
+            _pad: 0,
+        }),
+    )?;
     loaded.set_egress_flow_counting(true)?;
     let mut ring = Some(loaded.take_events()?);
     let config = |flags| RuntimeConfig {
@@ -744,16 +752,23 @@ fn bench_rtt(args: &Args, rounds: usize) -> Result<()> {
         let m = RoceMsg::write_only(qp, psn, 256).with_ack_req(true);
         frame::roce_frame(&eth, &out, 0xC000, &m)
     };
-    let ack = |qp: u32, psn: u32| frame::roce_frame(&eth, &back, 0xC000, &RoceMsg::ack(qp, psn, 0x1F));
+    let ack =
+        |qp: u32, psn: u32| frame::roce_frame(&eth, &back, 0xC000, &RoceMsg::ack(qp, psn, 0x1F));
     let tc_once = |fd: BorrowedFd<'_>, f: &[u8]| tc_ns(fd, f, 1, false);
     let xdp_once = |fd: BorrowedFd<'_>, f: &[u8]| ns_per_packet(fd, f, 1).map(f64::from);
     // (name, on, off, empty) ns per packet (per pair for rtt_sample), medians of rounds.
-    let mut results: Vec<(&str, Vec<f64>, Vec<f64>, Vec<f64>)> =
-        names.iter().map(|n| (*n, Vec::new(), Vec::new(), Vec::new())).collect();
+    let mut results: Vec<(&str, Vec<f64>, Vec<f64>, Vec<f64>)> = names
+        .iter()
+        .map(|n| (*n, Vec::new(), Vec::new(), Vec::new()))
+        .collect();
     for round in 0..rounds as u32 {
         drain(&mut ring);
         // Sampling on and off alternate first from round to round.
-        let order = if round % 2 == 0 { [0, CONFIG_NO_RTT] } else { [CONFIG_NO_RTT, 0] };
+        let order = if round % 2 == 0 {
+            [0, CONFIG_NO_RTT]
+        } else {
+            [CONFIG_NO_RTT, 0]
+        };
         for (k, flags) in order.into_iter().enumerate() {
             loaded.set_config(&config(flags))?;
             // A new flow each round and setting: its first request makes it (and
@@ -791,7 +806,10 @@ fn bench_rtt(args: &Args, rounds: usize) -> Result<()> {
             let on = flags == 0;
             let per_pair = pairs / f64::from(RTT_PAIRS);
             let per_first = first / f64::from(RTT_PAIRS);
-            for (i, v) in [req / n, acks / n, per_pair, per_first].into_iter().enumerate() {
+            for (i, v) in [req / n, acks / n, per_pair, per_first]
+                .into_iter()
+                .enumerate()
+            {
                 if on {
                     results[i].1.push(v);
                 } else {

@@ -20,7 +20,7 @@ use roce_testkit::tshark;
 use super::Scenario;
 
 /// The checks a scenario may name in scenarios.list.
-pub const CHECKS: [&str; 9] = [
+pub const CHECKS: [&str; 10] = [
     "flows",
     "qos",
     "netem",
@@ -29,6 +29,7 @@ pub const CHECKS: [&str; 9] = [
     "check_rdma",
     "qp_table",
     "mirror",
+    "rtt",
     "overhead",
 ];
 

@@ -146,7 +146,7 @@ impl Snapshot {
             .collect();
         self.histograms.push(HistogramFamily {
             name: "roce_rtt_seconds".into(),
-            help: "Round trips of RoCE requests to their responses (ACK, READ or atomic response) as the agent saw them leave and arrive, by interface (issue 32: passive, one sample outstanding per request flow; the last bucket also holds longer ones).".into(),
+            help: "Round trips of RoCE requests to their responses (ACK, READ or atomic response) as the agent saw them leave and arrive, by interface (passive: at most one sample outstanding per request flow; the last finite bucket ends at 2^31 ns).".into(),
             samples,
         });
     }
