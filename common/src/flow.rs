@@ -525,6 +525,43 @@ mod tests {
     const WRITE_ONLY: u8 = 0x0a;
 
     #[test]
+    fn nak_to_resend_and_recovery_times_on_the_memorys_clock() {
+        let w = |psn| between(false, 0x11, WRITE_ONLY, psn);
+        // (packet, its time in µs): 1, 2, 4 sent (3 lost), the NAK of 3 at 10 µs, the
+        // go-back to 3 at 14 µs, 4 again at 15, then 5 at 19: the recovery took 5 µs.
+        // Then silence: a go-back to 5 at 100 µs (a timeout), 6 at 130: 30 µs.
+        let pkts = [
+            (w(1), 0),
+            (w(2), 1),
+            (w(4), 2),
+            (nak(3, 0x60), 10),
+            (w(3), 14),
+            (w(4), 15),
+            (w(5), 19),
+            (w(5), 100),
+            (w(6), 130),
+        ];
+        let (mut req, mut back) = (FlowStats::default(), FlowStats::default());
+        let mut naks = NakSet::default();
+        for (p, us) in &pkts {
+            naks.now_ns = us * 1000;
+            let f = if p.key.dest_qp == 0x11 {
+                &mut req
+            } else {
+                &mut back
+            };
+            f.record(p, 100, 0, || 0, 12, &mut naks, &mut NoRtt);
+        }
+        assert_eq!((req.nak_resends, req.nak_to_resend_ns), (1, 4_000));
+        assert_eq!(
+            (req.recoveries, req.recovery_ns, req.recovery_max_us),
+            (2, 35_000, 30)
+        );
+        assert_eq!(req.recovery_start_ns, 0, "no recovery under way");
+        assert_eq!((req.retransmit_timeouts, req.retransmitted_packets), (1, 3));
+    }
+
+    #[test]
     fn a_resend_after_silence_is_a_timeout_and_one_after_a_nak_is_not() {
         let w = |psn| between(false, 0x11, WRITE_ONLY, psn);
         // 1..=4 sent; silence; the requester goes back to 3: one timeout, 2 packets.
