@@ -88,7 +88,7 @@ pub fn qps(args: QpsArgs) -> anyhow::Result<()> {
     }
 }
 
-const HEADERS: [&str; 10] = [
+const HEADERS: [&str; 11] = [
     "device/port",
     "lqpn",
     "rqpn",
@@ -98,11 +98,12 @@ const HEADERS: [&str; 10] = [
     "pod",
     "src→dst",
     "wire tx/rx pkts",
+    "RTT p99",
     "hw counters",
 ];
 /// Columns that hold numbers are right-aligned.
-const RIGHT: [bool; 10] = [
-    false, true, true, false, false, false, false, false, true, true,
+const RIGHT: [bool; 11] = [
+    false, true, true, false, false, false, false, false, true, true, true,
 ];
 
 /// The table of `answer`: one line per QP (by device, port, local QPN), then the
@@ -124,7 +125,7 @@ pub fn render(answer: &QpAnswer) -> String {
             });
         }
     } else {
-        let rows: Vec<[String; 10]> = qps.iter().map(|q| row(q, answer)).collect();
+        let rows: Vec<[String; 11]> = qps.iter().map(|q| row(q, answer)).collect();
         let mut widths = HEADERS.map(|h| h.chars().count());
         for r in &rows {
             for (w, cell) in widths.iter_mut().zip(r) {
@@ -219,7 +220,7 @@ fn unseen(q: &Qp, answer: &QpAnswer) -> Option<&'static str> {
     Some(if offloaded { OFFLOADED } else { NOT_SEEN })
 }
 
-fn row(q: &Qp, answer: &QpAnswer) -> [String; 10] {
+fn row(q: &Qp, answer: &QpAnswer) -> [String; 11] {
     let dash = || "-".to_string();
     let wire = match (&q.wire, unseen(q, answer)) {
         (Some(w), None) => format!("{}/{}", w.tx_packets, w.rx_packets),
@@ -247,6 +248,10 @@ fn row(q: &Qp, answer: &QpAnswer) -> [String; 10] {
             _ => dash(),
         },
         wire,
+        q.wire
+            .as_ref()
+            .and_then(|w| w.rtt)
+            .map_or_else(dash, |r| crate::doc::table::round_trip(r.p99_us)),
         q.counters.len().to_string(),
     ]
 }
@@ -296,6 +301,12 @@ mod tests {
             flows: 2,
             tx_packets: 1200,
             rx_packets: 600,
+            rtt: Some(crate::doc::Rtt {
+                samples: 40,
+                min_us: 31.0,
+                p50_us: 38.2,
+                p99_us: 1_204.0,
+            }),
             ..QpWire::default()
         });
         let mut offloaded = qp(0x2a);
@@ -343,11 +354,11 @@ mod tests {
         assert_eq!(
             render(&answer),
             "\
-device/port  lqpn  rqpn  type  state       owner             pod                                   src→dst                wire tx/rx pkts  hw counters
-mlx5_0/1     0x2a  0x2b  RC    RTS         ib_write_bw[577]  -                                     -                            offloaded            2
-rxe0/1        0x1     -  GSI   RTS         [ib_core]         -                                     -                             not seen            0
-rxe0/1       0x11  0x12  RC    RTS         ib_write_bw[577]  0f3c2a7e-1111-2222-3333-444455556666  198.18.0.1→198.18.0.2         1200/600            0
-rxe0/1       0x12  0x13  RC    RTS (gone)  ib_write_bw[577]  -                                     -                             not seen            0
+device/port  lqpn  rqpn  type  state       owner             pod                                   src→dst                wire tx/rx pkts  RTT p99  hw counters
+mlx5_0/1     0x2a  0x2b  RC    RTS         ib_write_bw[577]  -                                     -                            offloaded        -            2
+rxe0/1        0x1     -  GSI   RTS         [ib_core]         -                                     -                             not seen        -            0
+rxe0/1       0x11  0x12  RC    RTS         ib_write_bw[577]  0f3c2a7e-1111-2222-3333-444455556666  198.18.0.1→198.18.0.2         1200/600   1.20ms            0
+rxe0/1       0x12  0x13  RC    RTS (gone)  ib_write_bw[577]  -                                     -                             not seen        -            0
 qps 4: 1 seen on the wire, 1 offloaded, 2 not seen; ports: rxe0/1 eth1, mlx5_0/1 eth2
 visibility: eth1 kernel_path, eth2 offloaded
 "

@@ -916,7 +916,7 @@ mod tests {
         let v = serde_json::to_value(&doc).unwrap();
         assert_eq!(
             v["counters"]["events"],
-            serde_json::json!({"ce": 4, "cnp": 0, "nak": 0, "rnr_nak": 0, "psn_gap": 2})
+            serde_json::json!({"ce": 4, "cnp": 0, "nak": 0, "rnr_nak": 0, "psn_gap": 2, "rtt_spike": 0})
         );
         assert_eq!(
             v["counters"]["events_dropped"],
@@ -1059,7 +1059,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.ends_with(r#""rates":null,"mirror":null,"owner":null,"extra":7}"#),
+            text.ends_with(
+                r#""rates":null,"mirror":null,"owner":null,"rtt":null,"nak_to_resend":null,"recovery":null,"extra":7}"#
+            ),
             "{text}"
         );
         assert_eq!(serde_json::from_str::<Wrapped>(&text).unwrap(), w);

@@ -86,7 +86,7 @@ pub struct Qp {
 }
 
 /// The wire's figures of one QP: the sums over the flows XDP and tc joined to it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct QpWire {
     /// Flows joined (one per interface and direction).
     pub flows: u64,
@@ -100,6 +100,17 @@ pub struct QpWire {
     pub cnps_received: u64,
     pub naks: u64,
     pub psn_gaps: u64,
+    /// Added: the QP's requests sent again, and the go-backs of them no NAK asked for
+    /// (its egress flows' `retransmitted_packets`, `retransmit_timeouts`).
+    #[serde(default)]
+    pub retransmitted_packets: u64,
+    #[serde(default)]
+    pub retransmit_timeouts: u64,
+    /// Added: the round trips of the QP's requests: the `rtt` of its ingress flow
+    /// (the responses to them) with the most samples; null without one. The QP table
+    /// pairs the two directions exactly (the ingress flow is the one to this QP).
+    #[serde(default)]
+    pub rtt: Option<super::Rtt>,
 }
 
 /// Who owns a QP, as a flow carries it (`Flow::owner`).

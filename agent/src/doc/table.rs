@@ -49,12 +49,16 @@ pub fn render(doc: &Document) -> String {
     // interfaces, of a fabric that loses nothing, stays as it always was.
     let mirrors = flows.iter().any(|f| f.mirror.is_some());
     let resends = flows.iter().any(|f| f.retransmitted_packets > 0);
+    let rtts = flows.iter().any(|f| f.rtt.is_some());
     let rows: Vec<Vec<String>> = flows
         .iter()
         .map(|f| {
             let mut r = row(f).to_vec();
             if resends {
                 r.insert(RESENT_AT, resent_cell(f));
+            }
+            if rtts {
+                r.push(rtt_cell(f));
             }
             if mirrors {
                 r.push(mirror_cell(f));
@@ -67,6 +71,10 @@ pub fn render(doc: &Document) -> String {
     if resends {
         headers.insert(RESENT_AT, RESENT_TITLE);
         right.insert(RESENT_AT, true);
+    }
+    if rtts {
+        headers.push(RTT_TITLE);
+        right.push(true);
     }
     if mirrors {
         headers.push(MIRROR_TITLE);
@@ -118,6 +126,28 @@ const RESENT_AT: usize = 12;
 /// `12/1`: retransmitted packets, retransmit timeouts.
 pub fn resent_cell(f: &Flow) -> String {
     format!("{}/{}", f.retransmitted_packets, f.retransmit_timeouts)
+}
+
+/// The title of the round-trip column (only when a flow has round trips).
+pub const RTT_TITLE: &str = "RTT p50/p99";
+
+/// `96µs/573µs`, `-` without round trips.
+pub fn rtt_cell(f: &Flow) -> String {
+    match &f.rtt {
+        Some(r) => format!("{}/{}", round_trip(r.p50_us), round_trip(r.p99_us)),
+        None => "-".to_string(),
+    }
+}
+
+/// A round trip of `us` microseconds: µs below a millisecond, then ms, then s.
+pub fn round_trip(us: f64) -> String {
+    if us < 1_000.0 {
+        format!("{us:.0}µs")
+    } else if us < 1_000_000.0 {
+        format!("{:.2}ms", us / 1_000.0)
+    } else {
+        format!("{:.2}s", us / 1_000_000.0)
+    }
 }
 
 /// The title of the column of mirrored flows' sessions.
@@ -319,6 +349,35 @@ mod tests {
             lines[3].contains("; mirror copies without RoCE: mirror_other 0, mirror_truncated 4"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_round_trip_column_only_when_a_flow_has_round_trips() {
+        let plain = flow("198.18.0.1", 1, 100, 0, 10);
+        let text = render(&Document {
+            flows: vec![plain.clone()],
+            counters: Counters::default(),
+        });
+        assert!(!text.contains(RTT_TITLE), "{text}");
+        let acks = Flow {
+            rtt: Some(crate::doc::Rtt {
+                samples: 50,
+                min_us: 80.0,
+                p50_us: 96.4,
+                p99_us: 20_441.0,
+            }),
+            ..flow("198.18.0.3", 3, 5000, 0, 10)
+        };
+        let text = render(&Document {
+            flows: vec![plain, acks],
+            counters: Counters::default(),
+        });
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("  RTT p50/p99"), "{text}");
+        assert!(lines[1].ends_with("  96µs/20.44ms"), "{text}");
+        assert!(lines[2].ends_with("  -"), "{text}");
+        assert_eq!(round_trip(999.4), "999µs");
+        assert_eq!(round_trip(2_500_000.0), "2.50s");
     }
 
     #[test]

@@ -467,20 +467,11 @@ fn cells(f: &Flow) -> [String; 19] {
         format!("{}/{}", count(f.naks), count(f.rnr_naks)),
         count(f.psn_gaps),
         f.last_dscp.to_string(),
-        f.rtt
-            .map_or_else(|| "-".to_string(), |r| round_trip(r.p99_us)),
+        f.rtt.map_or_else(
+            || "-".to_string(),
+            |r| crate::doc::table::round_trip(r.p99_us),
+        ),
     ]
-}
-
-/// A round trip of `us` microseconds: µs below a millisecond, then ms, then s.
-fn round_trip(us: f64) -> String {
-    if us < 1_000.0 {
-        format!("{us:.0}µs")
-    } else if us < 1_000_000.0 {
-        format!("{:.2}ms", us / 1_000.0)
-    } else {
-        format!("{:.2}s", us / 1_000_000.0)
-    }
 }
 
 /// The keys on the left, or the filter prompt while it is open; on the right, the
@@ -619,10 +610,10 @@ mod tests {
 
     #[test]
     fn round_trips_read_in_their_unit() {
-        assert_eq!(round_trip(38.4), "38µs");
-        assert_eq!(round_trip(1_049.0), "1.05ms");
-        assert_eq!(round_trip(20_104.0), "20.10ms");
-        assert_eq!(round_trip(2_500_000.0), "2.50s");
+        assert_eq!(crate::doc::table::round_trip(38.4), "38µs");
+        assert_eq!(crate::doc::table::round_trip(1_049.0), "1.05ms");
+        assert_eq!(crate::doc::table::round_trip(20_104.0), "20.10ms");
+        assert_eq!(crate::doc::table::round_trip(2_500_000.0), "2.50s");
     }
 
     #[test]

@@ -250,7 +250,7 @@ mod tests {
         assert_eq!(events.dropped["ring_full"], 0);
         // Every kind and reason, zero or not: the series exist from the start.
         let zero = event_counts(&Counters::default()).unwrap();
-        assert_eq!(zero.by_kind.len(), 5);
+        assert_eq!(zero.by_kind.len(), 6);
         assert_eq!(zero.dropped.len(), 2);
         let doc = LiveDocument::default();
         let text = encode(&Inputs {

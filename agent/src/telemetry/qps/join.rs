@@ -216,6 +216,9 @@ struct Figures {
     cnps: u64,
     naks: u64,
     psn_gaps: u64,
+    retransmitted_packets: u64,
+    retransmit_timeouts: u64,
+    rtt: Option<crate::doc::Rtt>,
 }
 
 impl Figures {
@@ -227,6 +230,9 @@ impl Figures {
             cnps: f.cnps,
             naks: f.naks.saturating_add(f.rnr_naks),
             psn_gaps: f.psn_gaps,
+            retransmitted_packets: f.retransmitted_packets,
+            retransmit_timeouts: f.retransmit_timeouts,
+            rtt: f.rtt,
         }
     }
 }
@@ -451,11 +457,21 @@ fn add_figures(w: &mut QpWire, f: Figures, egress: bool) {
         w.tx_packets = w.tx_packets.saturating_add(f.packets);
         w.tx_bytes = w.tx_bytes.saturating_add(f.bytes);
         w.cnps_sent = w.cnps_sent.saturating_add(f.cnps);
+        w.retransmitted_packets = w
+            .retransmitted_packets
+            .saturating_add(f.retransmitted_packets);
+        w.retransmit_timeouts = w.retransmit_timeouts.saturating_add(f.retransmit_timeouts);
     } else {
         w.rx_packets = w.rx_packets.saturating_add(f.packets);
         w.rx_bytes = w.rx_bytes.saturating_add(f.bytes);
         w.rx_ce = w.rx_ce.saturating_add(f.ce);
         w.cnps_received = w.cnps_received.saturating_add(f.cnps);
+        // The responses to this QP's requests arrive on its ingress flows.
+        if let Some(r) = f.rtt {
+            if w.rtt.is_none_or(|have| r.samples > have.samples) {
+                w.rtt = Some(r);
+            }
+        }
     }
     w.naks = w.naks.saturating_add(f.naks);
     w.psn_gaps = w.psn_gaps.saturating_add(f.psn_gaps);
@@ -723,11 +739,21 @@ pub(crate) mod tests {
         rx.naks = 1;
         rx.rnr_naks = 1;
         rx.psn_gaps = 4;
+        let rtt = crate::doc::Rtt {
+            samples: 9,
+            min_us: 10.0,
+            p50_us: 12.5,
+            p99_us: 40.0,
+        };
+        rx.rtt = Some(rtt);
+        // Another ingress flow of the QP (another interface) with fewer samples.
         let mut tx = egress("eth1", "198.18.0.1", "198.18.0.2", 18);
         tx.packets = 7;
         tx.bytes = 700;
         tx.cnps = 5;
         tx.psn_gaps = 1;
+        tx.retransmitted_packets = 3;
+        tx.retransmit_timeouts = 1;
         let qps = vec![
             cm(qp("rxe0", "eth1", 17, Some(18)), "198.18.0.1", "198.18.0.2"),
             qp("rxe0", "eth1", 30, Some(31)),
@@ -747,6 +773,9 @@ pub(crate) mod tests {
                 cnps_received: 2,
                 naks: 2,
                 psn_gaps: 5,
+                retransmitted_packets: 3,
+                retransmit_timeouts: 1,
+                rtt: Some(rtt),
             })
         );
         // No packet of it crossed the stack: offloaded, or idle.
