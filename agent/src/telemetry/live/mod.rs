@@ -119,6 +119,18 @@ impl LiveDocument {
         (0..self.len()).filter_map(|i| self.flow(i))
     }
 
+    /// The flows with round trips, each with its histogram by octave (bounds:
+    /// `rtt_totals::octave_bound_seconds`) and the sum of its round trips in ns; the
+    /// collector's documents only (a document made elsewhere has no histograms).
+    pub fn round_trips(
+        &self,
+    ) -> Box<dyn Iterator<Item = (Flow, [u32; roce_common::rtt::RTT_OCTAVES], u64)> + '_> {
+        match &self.flows {
+            Flows::Rows(t) => Box::new(t.round_trips()),
+            Flows::Flows(_) => Box::new(std::iter::empty()),
+        }
+    }
+
     /// Calls `f` with the summed figures of every flow and its place in the document,
     /// making no `Flow`. The flows come in no particular order (the order they lie in
     /// memory, which is the fast one).

@@ -18,7 +18,7 @@ use roce_common::key::{
 use roce_common::mirror::{
     MirrorTag, MIRROR_ERSPAN2, MIRROR_ERSPAN3, MIRROR_GRE, MIRROR_KIND_MASK, MIRROR_SOURCE_V6,
 };
-use roce_common::rtt::RttHist;
+use roce_common::rtt::{RttHist, RTT_OCTAVES, RTT_SUB_BUCKETS};
 
 use super::Figures;
 use crate::doc::{Direction, Ecn, Flow, Rtt};
@@ -107,22 +107,31 @@ pub(super) struct Rare {
     pub(super) rtt: Option<RttNs>,
 }
 
-/// [`crate::doc::Rtt`] in whole ns (a row's figures compare exactly).
+/// [`crate::doc::Rtt`] in whole ns (a row's figures compare exactly), with the
+/// histogram by octave and the sum (`roce_qp_rtt_seconds`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct RttNs {
     samples: u64,
     min_ns: u64,
     p50_ns: u64,
     p99_ns: u64,
+    pub(super) sum_ns: u64,
+    pub(super) octaves: [u32; RTT_OCTAVES],
 }
 
 impl RttNs {
     pub(super) fn of(h: &RttHist) -> Option<RttNs> {
+        let mut octaves = [0u32; RTT_OCTAVES];
+        for (i, n) in h.buckets.iter().enumerate() {
+            octaves[i / RTT_SUB_BUCKETS] = octaves[i / RTT_SUB_BUCKETS].saturating_add(*n);
+        }
         Some(RttNs {
             samples: h.samples,
             min_ns: h.min_ns,
             p50_ns: h.quantile_ns(0.5)?,
             p99_ns: h.quantile_ns(0.99)?,
+            sum_ns: h.sum_ns,
+            octaves,
         })
     }
 
@@ -511,6 +520,15 @@ impl RowTable {
         f.rtt = rare.rtt.map(|r| r.doc());
         f.rates = self.rates(i);
         f
+    }
+
+    /// The rows with round trips: each as its flow, with its histogram by octave and
+    /// the sum of its round trips in ns.
+    pub(super) fn round_trips(&self) -> impl Iterator<Item = (Flow, [u32; RTT_OCTAVES], u64)> + '_ {
+        self.rows.iter().enumerate().filter_map(|(i, r)| {
+            let rtt = self.rare_of(r).rtt?;
+            Some((self.flow(i), rtt.octaves, rtt.sum_ns))
+        })
     }
 
     fn rare_of(&self, r: &Row) -> Rare {

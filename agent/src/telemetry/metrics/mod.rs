@@ -180,7 +180,7 @@ impl Exporter {
             text.push_str(&encode_ring(ring.read())?);
         }
         if let Some(view) = qps {
-            text.push_str(&encode_qps(view)?);
+            text.push_str(&encode_qps(view, document)?);
         }
         text.push_str(&encode_snapshot(ProcessStats::read().snapshot())?);
         Ok(text)

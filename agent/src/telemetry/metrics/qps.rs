@@ -7,9 +7,12 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::encode::encode_snapshot;
-use super::snapshot::{Kind, Snapshot, Value};
+use super::snapshot::{HistogramFamily, HistogramValue, Kind, Snapshot, Value};
 use super::MetricsError;
+use crate::telemetry::live::rtt_totals::octave_bound_seconds;
+use crate::telemetry::live::LiveDocument;
 use crate::telemetry::qps::{Mode, QpView};
+use roce_common::rtt::RTT_OCTAVES;
 
 impl Snapshot {
     /// The QP and visibility families of `view`.
@@ -144,11 +147,61 @@ fn metric_name(counter: &str) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-/// The text format 0.0.4 of the QP and visibility families of `view`.
-pub fn encode_qps(view: &QpView) -> Result<String, MetricsError> {
+/// The text format 0.0.4 of the QP and visibility families of `view`, and the round
+/// trips of `document`'s flows by owner.
+pub fn encode_qps(view: &QpView, document: &LiveDocument) -> Result<String, MetricsError> {
     let mut snapshot = Snapshot::default();
     snapshot.qp_families(view);
+    snapshot.owner_rtt_family(view, document);
     encode_snapshot(snapshot)
+}
+
+impl Snapshot {
+    /// `roce_qp_rtt_seconds{comm,pod}`: the round trips of the flows the QP table gives
+    /// an owner (the responses to its QPs' requests), summed over the flows in the
+    /// table now: unlike `roce_rtt_seconds`, a flow's part leaves with it.
+    fn owner_rtt_family(&mut self, view: &QpView, document: &LiveDocument) {
+        type Owner = (String, String);
+        let mut sums: BTreeMap<Owner, ([u64; RTT_OCTAVES], u64, u64)> = BTreeMap::new();
+        for (flow, octaves, sum_ns) in document.round_trips() {
+            let Some(o) = view.owners.owner_of(&flow) else {
+                continue;
+            };
+            let key = (
+                o.comm.clone().unwrap_or_default(),
+                o.pod_uid.clone().unwrap_or_default(),
+            );
+            let s = sums.entry(key).or_insert(([0; RTT_OCTAVES], 0, 0));
+            for (a, n) in s.0.iter_mut().zip(octaves) {
+                *a += u64::from(n);
+            }
+            s.1 += octaves.iter().map(|&n| u64::from(n)).sum::<u64>();
+            s.2 = s.2.saturating_add(sum_ns);
+        }
+        let samples = sums
+            .into_iter()
+            .map(|((comm, pod), (octaves, count, sum_ns))| {
+                let buckets = octaves
+                    .iter()
+                    .enumerate()
+                    .map(|(o, &n)| (octave_bound_seconds(o), n))
+                    .collect();
+                (
+                    vec![("comm", comm), ("pod", pod)],
+                    HistogramValue {
+                        buckets,
+                        count,
+                        sum: sum_ns as f64 / 1e9,
+                    },
+                )
+            })
+            .collect();
+        self.histograms.push(HistogramFamily {
+            name: "roce_qp_rtt_seconds".into(),
+            help: "Round trips of the requests of each owner's QPs (the QP table's command and pod UID), from the flows in the table now: a flow's part leaves with it.".into(),
+            samples,
+        });
+    }
 }
 
 #[cfg(test)]
@@ -157,6 +210,92 @@ mod tests {
     use crate::doc::qp::{Qp, QpDocument};
     use crate::telemetry::qps::join::tests::qp;
     use crate::telemetry::qps::JoinCounts;
+
+    #[test]
+    fn round_trips_by_owner_from_the_flows_the_qp_table_gives_one() {
+        use crate::telemetry::live::Builder;
+        use roce_common::flow::FlowStats;
+        use roce_common::key::{addr_v4_mapped, FlowKey};
+        use roce_common::rtt::RttHist;
+        // Two ingress flows (ACKs) on eth1 to local QPs 10 and 11 of one owner, one to
+        // QP 99 that no QP of the table has.
+        let key = |qp: u32| FlowKey {
+            src: addr_v4_mapped(u32::from_ne_bytes([198, 18, 0, 2])),
+            dst: addr_v4_mapped(u32::from_ne_bytes([198, 18, 0, 1])),
+            dest_qp: qp,
+            ifindex: 7,
+            ..FlowKey::default()
+        };
+        let stats = FlowStats {
+            packets: 10,
+            bytes: 600,
+            ..FlowStats::default()
+        };
+        let hist = |samples: &[u64]| {
+            let mut h = RttHist::default();
+            for &s in samples {
+                h.add(s);
+            }
+            h
+        };
+        let mut b = Builder::new(4, |_| Some("eth1".to_string()));
+        b.add_flow(&key(10), &stats, None, Some(&hist(&[3_000, 600_000])));
+        b.add_flow(&key(11), &stats, None, Some(&hist(&[700_000])));
+        b.add_flow(&key(99), &stats, None, Some(&hist(&[5_000])));
+        let doc = b.finish(&[], None);
+        let pod = "0f3c2a7e-1111-2222-3333-444455556666";
+        let joined = crate::telemetry::qps::join::join(
+            vec![
+                owned(qp("rxe0", "eth1", 10, Some(20)), "nccl", Some(pod)),
+                owned(qp("rxe0", "eth1", 11, Some(21)), "nccl", Some(pod)),
+            ],
+            doc.flows(),
+        );
+        let view = QpView {
+            document: QpDocument::default(),
+            owners: joined.owners,
+            counts: joined.counts,
+            visibility: Vec::new(),
+        };
+        let text = encode_qps(&view, &doc).unwrap();
+        let labels = format!(r#"comm="nccl",pod="{pod}""#);
+        let line = |s: &str| {
+            text.lines()
+                .find(|l| l.starts_with(s))
+                .map(|l| l.rsplit(' ').next().unwrap_or_default().to_string())
+        };
+        assert!(
+            text.contains("# TYPE roce_qp_rtt_seconds histogram"),
+            "{text}"
+        );
+        assert_eq!(
+            line(&format!("roce_qp_rtt_seconds_count{{{labels}}}")).as_deref(),
+            Some("3"),
+            "{text}"
+        );
+        // 3 µs in the 4.096 µs bucket; 600 and 700 µs under 1.048576 ms.
+        assert_eq!(
+            line(&format!(
+                r#"roce_qp_rtt_seconds_bucket{{{labels},le="4.096e-06"}}"#
+            ))
+            .as_deref(),
+            Some("1"),
+            "{text}"
+        );
+        assert_eq!(
+            line(&format!(
+                r#"roce_qp_rtt_seconds_bucket{{{labels},le="0.001048576"}}"#
+            ))
+            .as_deref(),
+            Some("3"),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("roce_qp_rtt_seconds_count{").count(),
+            1,
+            "QP 99 has no owner: {text}"
+        );
+    }
 
     fn owned(mut q: Qp, comm: &str, pod: Option<&str>) -> Qp {
         q.comm = Some(comm.to_string());
@@ -207,7 +346,7 @@ mod tests {
 
     #[test]
     fn qp_families_as_written() {
-        let text = encode_qps(&view()).unwrap();
+        let text = encode_qps(&view(), &LiveDocument::default()).unwrap();
         let pod = "0f3c2a7e-1111-2222-3333-444455556666";
         let want = format!(
             r#"# HELP roce_qp_info Queue pairs of the host's RDMA devices (RDMA netlink, as `rdma resource show qp` lists them) by device, port (empty before the QP has one), type, state, the owner's command (comm) and its pod UID (empty outside a pod): the value is how many. QP counts by device, type or state are sums of it, e.g. sum by (device, state) (roce_qp_info).
@@ -271,7 +410,7 @@ roce_visibility{{ifname="eth2",mode="none"}} 0
             },
             ..QpView::default()
         };
-        let text = encode_qps(&v).unwrap();
+        let text = encode_qps(&v, &LiveDocument::default()).unwrap();
         assert!(
             text.contains(
                 "roce_qp_out_of_sequence_total{pod=\"\",comm=\"nccl\",device=\"mlx5_0\"} 53\n"
@@ -292,7 +431,7 @@ roce_visibility{{ifname="eth2",mode="none"}} 0
             visibility: vec![("vb".to_string(), Mode::None)],
             ..QpView::default()
         };
-        let text = encode_qps(&v).unwrap();
+        let text = encode_qps(&v, &LiveDocument::default()).unwrap();
         assert!(!text.contains("roce_qp_info"), "{text}");
         assert!(text.contains("roce_visibility{ifname=\"vb\",mode=\"none\"} 1\n"));
         assert!(text.contains("roce_qp_unjoined_flows{reason=\"tie\"} 0\n"));
