@@ -81,12 +81,14 @@ pub fn count_on_flow<C: FrameHead>(
     };
     // A mirror copy's NAKs answer the go-backs its own mirroring device copied.
     let scope = mirror.map_or(0, mirror_scope);
-    // Requests leaving start round-trip samples, responses arriving end them; a
-    // mirror session sees both directions.
-    let sampling = cfg.flags & CONFIG_NO_RTT == 0;
+    // Requests leaving (tc) start samples, responses arriving (XDP) end them. Not on
+    // mirror sessions: `xdp_mirror_flows` walks every classifier path of a copy, and
+    // sampling there takes its verification past what older kernels accept
+    // (`analyze` of a mirror port's capture measures round trips).
+    let sampling = cfg.flags & CONFIG_NO_RTT == 0 && mirror.is_none();
     let mut rtt = RttMap {
         slot: index,
-        starts: (egress || mirror.is_some()) && sampling,
+        starts: egress && sampling,
         ends: !egress && sampling,
         spike_us: cfg.rtt_spike_us,
     };

@@ -189,20 +189,7 @@ impl RttMemory for RttMap {
     }
     #[inline(always)]
     fn start(&mut self, key: &NakKey) -> bool {
-        let wait = RttWait {
-            // SAFETY: no arguments.
-            sent_ns: unsafe { bpf_ktime_get_ns() },
-            slot: self.slot,
-            psn: key.psn,
-        };
-        if RTT_WAIT.insert(key, &wait, BPF_NOEXIST as u64).is_err() {
-            return false;
-        }
-        if let Some(n) = psn_count(key.psn) {
-            // SAFETY: an entry of the array, shared by all CPUs: added to atomically.
-            unsafe { add(&mut *n, 1) };
-        }
-        true
+        start_sample(self.slot, key) != 0
     }
     #[inline(always)]
     fn cancel(&mut self, key: &NakKey) {
@@ -215,6 +202,45 @@ impl RttMemory for RttMap {
     }
     #[inline(always)]
     fn end(&mut self, key: &NakKey) -> Option<u64> {
+        match end_sample(self.slot, key) {
+            0 => None,
+            ns => Some(ns),
+        }
+    }
+}
+
+/// [`RttMap::start`] for the request flow in `slot`: 1 when a sample started, 0 when
+/// one waits under `key` already. A subprogram, as [`end_sample`].
+#[inline(never)]
+fn start_sample(slot: u32, key: &NakKey) -> u32 {
+    let wait = RttWait {
+        // SAFETY: no arguments.
+        sent_ns: unsafe { bpf_ktime_get_ns() },
+        slot,
+        psn: key.psn,
+    };
+    if RTT_WAIT.insert(key, &wait, BPF_NOEXIST as u64).is_err() {
+        return 0;
+    }
+    if let Some(n) = psn_count(key.psn) {
+        // SAFETY: an entry of the array, shared by all CPUs: added to atomically.
+        unsafe { add(&mut *n, 1) };
+    }
+    1
+}
+
+/// [`RttMap::end`] for the flow in `slot`: the round trip in ns (at least 1), 0 when
+/// no sample waits under `key`. A BPF subprogram, not inlined: the programs call it
+/// from every path through the classifier that ends on a response, and inlined, the
+/// verifier walked its branches once for each (four times the instructions).
+#[inline(never)]
+fn end_sample(slot: u32, key: &NakKey) -> u64 {
+    end_sample_inline(slot, key).map_or(0, |ns| ns.max(1))
+}
+
+#[inline(always)]
+fn end_sample_inline(slot: u32, key: &NakKey) -> Option<u64> {
+    {
         let n = psn_count(key.psn)?;
         // SAFETY: as above; a plain read (a sample started meanwhile on another CPU is
         // one this response came before).
@@ -236,12 +262,12 @@ impl RttMemory for RttMap {
             // meanwhile (a stale sample's restart), then the next response sets it right.
             unsafe { (*request).stats.rtt_sample_ended(wait.psn) };
         }
-        let hist = match RTT_HIST.get_ptr_mut(&self.slot) {
+        let hist = match RTT_HIST.get_ptr_mut(&slot) {
             Some(h) => h,
             None => {
                 let zero = RTT_HIST_ZERO.get(0)?;
-                let _ = RTT_HIST.insert(&self.slot, zero, BPF_NOEXIST as u64);
-                RTT_HIST.get_ptr_mut(&self.slot)?
+                let _ = RTT_HIST.insert(&slot, zero, BPF_NOEXIST as u64);
+                RTT_HIST.get_ptr_mut(&slot)?
             }
         };
         // SAFETY: the flow's entry, shared with other CPUs counting on the flow: its

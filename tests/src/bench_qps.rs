@@ -54,6 +54,10 @@ fn live_flows(qps: &[Qp]) -> LiveDocument {
         bytes: 1_084_000,
         ..FlowStats::default()
     };
+    let mut rtt = roce_common::rtt::RttHist::default();
+    for ns in [9_000, 11_000, 12_000, 40_000] {
+        rtt.add(ns);
+    }
     for (n, q) in qps.iter().enumerate() {
         let ifindex = if q.netdev.as_deref() == Some("eth1") {
             11
@@ -67,7 +71,8 @@ fn live_flows(qps: &[Qp]) -> LiveDocument {
             qp_dir: q.lqpn,
             ifindex,
         };
-        b.add(&ingress.widen(), &stats);
+        // The responses to the QP's requests: its round trips (roce_qp_rtt_seconds).
+        b.add_flow(&ingress.widen(), &stats, None, Some(&rtt));
         if let Some(rqpn) = q.rqpn {
             let egress = FlowKey4 {
                 src: raw(LOCAL),
@@ -139,7 +144,7 @@ pub fn run(opts: &Options) -> Result<()> {
         let (view, _) = rounds.round(read, &flows, &watched);
         let joined_at = Instant::now();
         let json = serde_json::to_vec(&view.document).context("GET /qps")?;
-        let metrics = encode_qps(&view).context("/metrics")?;
+        let metrics = encode_qps(&view, &flows).context("/metrics")?;
         let end = Instant::now();
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1000.0;
         times.push(ms(start, end));
