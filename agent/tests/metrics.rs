@@ -157,6 +157,8 @@ fn flow(ifname: &str, direction: Direction, src: &str, dst: &str, qp: u32) -> Fl
         mirror: None,
         owner: None,
         rtt: None,
+        nak_to_resend: None,
+        recovery: None,
     }
 }
 

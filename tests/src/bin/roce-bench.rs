@@ -699,6 +699,10 @@ fn bench_xdp_in_order(args: &Args, rounds: usize) -> Result<()> {
     Ok(())
 }
 
+/// One `bench_rtt` line's measurements, by round: (name, sampling on, sampling off,
+/// the empty programs), ns.
+type RttMeasures<'a> = (&'a str, Vec<f64>, Vec<f64>, Vec<f64>);
+
 /// Frames of each round of [`bench_rtt`], and request-ACK pairs.
 const RTT_FRAMES: u32 = 2000;
 const RTT_PAIRS: u32 = 500;
@@ -757,7 +761,7 @@ fn bench_rtt(args: &Args, rounds: usize) -> Result<()> {
     let tc_once = |fd: BorrowedFd<'_>, f: &[u8]| tc_ns(fd, f, 1, false);
     let xdp_once = |fd: BorrowedFd<'_>, f: &[u8]| ns_per_packet(fd, f, 1).map(f64::from);
     // (name, on, off, empty) ns per packet (per pair for rtt_sample), medians of rounds.
-    let mut results: Vec<(&str, Vec<f64>, Vec<f64>, Vec<f64>)> = names
+    let mut results: Vec<RttMeasures> = names
         .iter()
         .map(|n| (*n, Vec::new(), Vec::new(), Vec::new()))
         .collect();
