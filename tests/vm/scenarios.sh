@@ -388,6 +388,9 @@ qp_snapshot() { # SUFFIX
 	"$AGENT" flows --json --api "$API" >"$D/flows-$1.json"
 	rdma -j resource show qp >"$D/rdma-qp-$1-after.json"
 	rdma -j resource show cm_id >"$D/rdma-cm_id-$1-after.json"
+	# The tables as people read them (the README's examples), not judged.
+	"$AGENT" qps --api "$API" >"$D/qps-$1.txt" 2>&1 || true
+	"$AGENT" flows --api "$API" >"$D/flows-$1.txt" 2>&1 || true
 }
 
 sc_qp_table() {
