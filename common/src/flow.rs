@@ -254,7 +254,7 @@ impl FlowStats {
                         }
                     }
                     // Karn's rule: the response may answer either copy.
-                    if self.rtt_sample_ns & RTT_WAITING != 0 {
+                    if rtt.starts() && self.rtt_sample_ns & RTT_WAITING != 0 {
                         let psn = self.rtt_sample_psn;
                         rtt.cancel(&NakKey::of_request(&p.key, psn, naks.scope()));
                         self.rtt_sample_ns &= !RTT_WAITING;

@@ -104,30 +104,53 @@ impl NakMemory for NakMap {
     }
     #[inline(always)]
     fn remember(&mut self, key: &NakKey) {
-        if let Some(n) = NAK_WAITING.get_ptr_mut(0) {
-            // SAFETY: the map's one value, shared by all CPUs: added to atomically.
-            unsafe { add(&mut *n, 1) };
-        }
-        let _ = NAK_PSNS.insert(key, &self.now_ns(), 0);
+        nak_remember(key);
     }
     #[inline(always)]
     fn take(&mut self, key: &NakKey) -> Option<u64> {
-        let n = NAK_WAITING.get_ptr_mut(0)?;
-        // SAFETY: as above; a plain read, another CPU may change it meanwhile (a NAK
-        // counted after this read is one this go-back came before).
-        if unsafe { *n } == 0 {
-            return None;
+        match nak_take(key) {
+            0 => None,
+            seen => Some(seen),
         }
-        // SAFETY: a copy of the value out of the map.
-        let seen = unsafe { *NAK_PSNS.get(key)? };
-        if NAK_PSNS.remove(key).is_err() {
-            // Another CPU's go-back took it first.
-            return None;
-        }
-        // SAFETY: as above.
-        unsafe { add(&mut *n, u64::MAX) };
-        Some(seen)
     }
+}
+
+/// [`NakMap::remember`]. BPF subprograms, this and [`nak_take`], as the round-trip
+/// ones (`end_sample`): inlined, the verifier walks their branches once for every
+/// path through the classifier that reaches them.
+#[inline(never)]
+fn nak_remember(key: &NakKey) {
+    if let Some(n) = NAK_WAITING.get_ptr_mut(0) {
+        // SAFETY: the map's one value, shared by all CPUs: added to atomically.
+        unsafe { add(&mut *n, 1) };
+    }
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let _ = NAK_PSNS.insert(key, &now.max(1), 0);
+}
+
+/// [`NakMap::take`]: when the NAK under `key` was seen, 0 when none waits.
+#[inline(never)]
+fn nak_take(key: &NakKey) -> u64 {
+    let Some(n) = NAK_WAITING.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: as above; a plain read, another CPU may change it meanwhile (a NAK
+    // counted after this read is one this go-back came before).
+    if unsafe { *n } == 0 {
+        return 0;
+    }
+    // SAFETY: a copy of the value out of the map.
+    let Some(seen) = (unsafe { NAK_PSNS.get(key).copied() }) else {
+        return 0;
+    };
+    if NAK_PSNS.remove(key).is_err() {
+        // Another CPU's go-back took it first.
+        return 0;
+    }
+    // SAFETY: as above.
+    unsafe { add(&mut *n, u64::MAX) };
+    seen
 }
 
 /// Round-trip samples waiting for their response (`roce_common::rtt`): a request
