@@ -25,6 +25,8 @@ pub mod map {
     /// Programs `xdp_mirror` tail-calls (`tail::XDP_TAIL_MIRROR_FLOWS`,
     /// `tail::XDP_TAIL_CLASSIFY`).
     pub const XDP_TAIL: &str = "XDP_TAIL";
+    /// What `xdp_classify` found of a RoCE packet, for `xdp_count` (one per CPU).
+    pub const COUNT_SCRATCH: &str = "COUNT_SCRATCH";
     /// The flows' counters and keys (`flow::FlowSlot`), shared by all CPUs; the agent
     /// maps it into its memory.
     pub const FLOW_SLOTS: &str = "FLOW_SLOTS";
@@ -72,7 +74,7 @@ pub mod map {
     pub const TC_TAIL: &str = "TC_TAIL";
 
     /// Every map of the object.
-    pub const ALL: [&str; 26] = [
+    pub const ALL: [&str; 27] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
@@ -98,6 +100,7 @@ pub mod map {
         RTT_WAIT_PSNS,
         RTT_HIST,
         RTT_HIST_ZERO,
+        COUNT_SCRATCH,
         TC_TAIL,
     ];
 }
@@ -114,6 +117,12 @@ pub mod program {
     /// (never attached): walks the copy's mirrored frame and counts its flow. Two
     /// programs, so that each verifies well inside the verifier's limits.
     pub const XDP_MIRROR_FLOWS: &str = "xdp_mirror_flows";
+    /// The second step of `xdp_classify` for a RoCE packet, tail-called through
+    /// XDP_TAIL (never attached): counts it on its flow (COUNT_SCRATCH holds what the
+    /// classifier found). A program of its own, verified once: inlined in
+    /// `xdp_classify`, the counting was verified once for every path through the
+    /// classifier, past the million instructions 5.10 allows.
+    pub const XDP_COUNT: &str = "xdp_count";
     /// An empty XDP program: the benchmarks' baseline.
     pub const XDP_BASELINE: &str = "xdp_baseline";
     /// Host DSCP policy and VTEP propagation on egress.
@@ -126,8 +135,9 @@ pub mod program {
     pub const TC_BASELINE: &str = "tc_baseline";
 
     /// Every program of the object.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         XDP_CLASSIFY,
+        XDP_COUNT,
         XDP_MIRROR,
         XDP_MIRROR_FLOWS,
         XDP_BASELINE,
@@ -158,6 +168,8 @@ pub mod tail {
     pub const XDP_TAIL_MIRROR_FLOWS: u32 = 0;
     /// `program::XDP_CLASSIFY` in XDP_TAIL (any other frame on a mirror interface).
     pub const XDP_TAIL_CLASSIFY: u32 = 1;
+    /// `program::XDP_COUNT` in XDP_TAIL (a RoCE packet's count, from `xdp_classify`).
+    pub const XDP_TAIL_COUNT: u32 = 2;
     /// Slots in XDP_TAIL.
-    pub const XDP_TAIL_LEN: u32 = 2;
+    pub const XDP_TAIL_LEN: u32 = 3;
 }

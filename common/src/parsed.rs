@@ -137,6 +137,15 @@ pub struct Parsed {
     pub ext_truncated: bool,
 }
 
+/// What `xdp_classify` hands `xdp_count` (COUNT_SCRATCH): the packet as parsed, the
+/// interface and the frame's length.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CountScratch {
+    pub parsed: Parsed,
+    pub ifindex: u32,
+    pub frame_len: u32,
+}
+
 impl Parsed {
     /// The AETH syndrome, when the opcode carries one and it was present.
     #[inline(always)]

@@ -14,8 +14,10 @@ use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror};
 use roce_common::mirror::{MirrorScratch, MirrorTag};
 use roce_common::nak::{NakKey, NakMemory};
 pub use roce_common::names::tail::{
-    TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_CLASSIFY, XDP_TAIL_LEN, XDP_TAIL_MIRROR_FLOWS,
+    TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_CLASSIFY, XDP_TAIL_COUNT, XDP_TAIL_LEN,
+    XDP_TAIL_MIRROR_FLOWS,
 };
+use roce_common::parsed::CountScratch;
 use roce_common::policy::{
     DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
@@ -53,6 +55,10 @@ pub static MIRROR_TAGS: Array<MirrorTag> = Array::with_max_entries(65536, BPF_F_
 /// What `xdp_mirror` found, for the program it tail-calls (one entry per CPU).
 #[map]
 pub static MIRROR_SCRATCH: PerCpuArray<MirrorScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// What `xdp_classify` found of a RoCE packet, for the `xdp_count` it tail-calls.
+#[map]
+pub static COUNT_SCRATCH: PerCpuArray<CountScratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Programs `xdp_mirror` tail-calls, filled by the agent when it loads them.
 #[map]

@@ -7,16 +7,16 @@ use aya_ebpf::programs::XdpContext;
 use roce_common::classify::{
     classify_from_into, classify_into, mirror_start, MirrorStart, NotFlowSink,
 };
-use roce_common::counters::{class_index, stat_indices};
+use roce_common::counters::{class_index, stat_indices, STAT_FLOW_INSERT_FAILED};
 use roce_common::mirror::MirrorScratch;
 use roce_common::packet::Packet as _;
-use roce_common::parsed::{Class, Outcome};
+use roce_common::parsed::{Class, CountScratch, Outcome};
 use roce_common::wire::ETH_HLEN;
 
 use crate::flow::{count_on_flow, hidden_from_compiler};
 use crate::maps::{
-    bump, generation, runtime_config, MIRROR_SCRATCH, XDP_TAIL, XDP_TAIL_CLASSIFY,
-    XDP_TAIL_MIRROR_FLOWS,
+    bump, generation, runtime_config, COUNT_SCRATCH, MIRROR_SCRATCH, XDP_TAIL, XDP_TAIL_CLASSIFY,
+    XDP_TAIL_COUNT, XDP_TAIL_MIRROR_FLOWS,
 };
 use crate::packet::KernelPacket;
 
@@ -46,8 +46,41 @@ fn classify_and_count(ctx: &XdpContext) {
     // only linear frames and data_end bounds the whole frame. (BPF_PROG_TEST_RUN
     // splits inputs over ~3.5 KB into fragments: `analyze` takes bytes from the capture.)
     let frame_len = (ctx.data_end() - ctx.data()) as u32;
-    let parsed = hidden_from_compiler(parsed);
-    count_on_flow(ctx, &parsed, ifindex, false, frame_len, &cfg, None);
+    let Some(scratch) = COUNT_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's entry, read by the program tail-called next on this CPU.
+    unsafe {
+        *scratch = CountScratch {
+            parsed,
+            ifindex,
+            frame_len,
+        }
+    };
+    // SAFETY: XDP_TAIL holds XDP programs only (the agent fills it); the call returns
+    // only when the slot is empty: the packet is not counted on a flow.
+    let _ = unsafe { XDP_TAIL.tail_call(ctx, XDP_TAIL_COUNT) };
+    bump(STAT_FLOW_INSERT_FAILED);
+}
+
+/// The second step of `xdp_classify` for a RoCE packet: counts it on its flow, as
+/// COUNT_SCRATCH says it is.
+#[xdp]
+pub fn xdp_count(ctx: XdpContext) -> u32 {
+    let Some(scratch) = COUNT_SCRATCH.get(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    let cfg = runtime_config(generation());
+    count_on_flow(
+        &ctx,
+        &scratch.parsed,
+        scratch.ifindex,
+        false,
+        scratch.frame_len,
+        &cfg,
+        None,
+    );
+    xdp_action::XDP_PASS
 }
 
 /// `xdp_classify` of mirror collector interfaces (`run --mirror`): GRE (transparent

@@ -33,9 +33,11 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
 /// moved the counters after them. Version 5: the retransmission counters in FLOW_SLOTS
 /// (320 bytes a slot, with a request flow's round-trip sample), the spike threshold in
 /// CONFIG, the rtt_spike event counter in STATS, NAK_PSNS, NAK_WAITING
-/// and the round-trip maps RTT_WAIT, RTT_WAIT_PSNS, RTT_HIST and RTT_HIST_ZERO.
-const LAYOUT_5: [(&str, u32, u32, u32, u32); 26] = [
+/// and the round-trip maps RTT_WAIT, RTT_WAIT_PSNS, RTT_HIST and RTT_HIST_ZERO;
+/// COUNT_SCRATCH and a third XDP_TAIL slot (`xdp_count`).
+const LAYOUT_5: [(&str, u32, u32, u32, u32); 27] = [
     ("CONFIG", 2, 4, 20, 2),
+    ("COUNT_SCRATCH", 6, 4, 120, 1),
     ("EVENTS", 27, 0, 0, 0),
     ("EVENT_BUDGET", 6, 4, 40, 1),
     ("FLOWS", 1, 80, 8, 0),
@@ -60,7 +62,7 @@ const LAYOUT_5: [(&str, u32, u32, u32, u32); 26] = [
     ("STATS", 6, 4, 8, 0),
     ("TC_TAIL", 3, 4, 4, 1),
     ("VTEPS", 10, 16, 40, 4096),
-    ("XDP_TAIL", 3, 4, 4, 2),
+    ("XDP_TAIL", 3, 4, 4, 3),
 ];
 
 /// Maps whose size is not part of the layout (the configuration or a counter list

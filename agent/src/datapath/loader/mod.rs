@@ -246,6 +246,8 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
     let mut ebpf = loader.load(crate::EBPF_OBJECT)?;
     let prog: &mut Xdp = typed_program_mut(&mut ebpf, XDP_PROGRAM)?;
     prog.load().map_err(program_error(XDP_PROGRAM))?;
+    // What it tail-calls to count a RoCE packet.
+    programs::load_xdp_count(&mut ebpf)?;
     // A pinned datapath always has it: `pin_programs` pins it, and an adopted
     // `tc_egress` tail-calls it.
     if opts.egress_flows || pins.is_some() {

@@ -11,8 +11,10 @@ use aya::programs::xdp::XdpLinkId;
 use aya::programs::{SchedClassifier, Xdp, XdpMode};
 use aya::Ebpf;
 use roce_common::names::map;
-use roce_common::names::program::XDP_MIRROR_FLOWS;
-use roce_common::names::tail::{TC_TAIL_EGRESS_FLOWS, XDP_TAIL_CLASSIFY, XDP_TAIL_MIRROR_FLOWS};
+use roce_common::names::program::{XDP_COUNT, XDP_MIRROR_FLOWS};
+use roce_common::names::tail::{
+    TC_TAIL_EGRESS_FLOWS, XDP_TAIL_CLASSIFY, XDP_TAIL_COUNT, XDP_TAIL_MIRROR_FLOWS,
+};
 
 use super::{
     map_error, program_error, typed_map_mut, typed_program, typed_program_mut, LoadError, Loaded,
@@ -343,6 +345,24 @@ impl Loaded {
     pub fn set_egress_flow_counting(&mut self, on: bool) -> Result<(), LoadError> {
         set_egress_flows_slot(&mut self.ebpf, on)
     }
+}
+
+/// Loads `xdp_count` and puts it into XDP_TAIL, where `xdp_classify` tail-calls it
+/// for every RoCE packet (without it, no flow is counted: `flow_insert_failed`).
+pub(super) fn load_xdp_count(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    let count: &mut Xdp = typed_program_mut(ebpf, XDP_COUNT)?;
+    count.load().map_err(program_error(XDP_COUNT))?;
+    let fd = count
+        .fd()
+        .map_err(program_error(XDP_COUNT))?
+        .try_clone()
+        .map_err(|source| LoadError::Fd {
+            name: XDP_COUNT,
+            source,
+        })?;
+    let mut tail: ProgramArray<&mut MapData> = typed_map_mut(ebpf, map::XDP_TAIL)?;
+    tail.set(XDP_TAIL_COUNT, &fd, 0)
+        .map_err(map_error(map::XDP_TAIL))
 }
 
 /// Detaches `link` of XDP program `program` from `ifname`, logging a failure.
