@@ -84,15 +84,18 @@ sc_netem_loss() {
 # Round trips: ib_send_lat between rxe0 and rxe1, first as it is (the baseline), then
 # with netem delaying veth0's egress by RTT_DELAY_MS. rxe0's requests leave veth0
 # (where the agent's tc starts samples) and their ACKs arrive there (XDP ends them);
-# rxe1's requests leave veth1 and their ACKs, sent by rxe0, cross the delay too. The
-# flows of the two runs are told apart by QP (flows-baseline.json is taken between).
+# rxe1's requests leave veth1 and their ACKs, sent by rxe0, cross the delay too. One
+# agent a run (rxe may give the second run's QPs the first run's numbers, the same
+# flows): flows-baseline.json is the first's, flows.json the second's.
 RTT_DELAY_MS=20
 sc_netem_delay() {
 	agent_start agent.log --no-pin
 	lat="ib_send_lat -F --tclass=$TCLASS -s 64"
 	pair ib_send_lat "$lat -d rxe1 -x $G1 -n 300" "$lat -d rxe0 -x $G0 -n 300 198.18.0.2"
 	agent_flows flows-baseline.json
+	agent_stop
 	tc qdisc add dev veth0 root netem delay ${RTT_DELAY_MS}ms
+	agent_start agent-delayed.log --no-pin
 	pair ib_send_lat_delayed "$lat -d rxe1 -x $G1 -n 100" "$lat -d rxe0 -x $G0 -n 100 198.18.0.2"
 	tc -s qdisc show dev veth0 >"$D/netem.txt"
 	agent_flows flows.json
