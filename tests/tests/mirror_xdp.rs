@@ -325,7 +325,12 @@ fn without_mirror_decapsulation_copies_stay_other_ip() {
 fn the_mirror_programs_verify_well_inside_the_limit() {
     let h = Harness::load_mirror();
     let mut report = Vec::new();
-    for name in ["xdp_classify", "xdp_count", "xdp_mirror", "xdp_mirror_flows"] {
+    for name in [
+        "xdp_classify",
+        "xdp_count",
+        "xdp_mirror",
+        "xdp_mirror_flows",
+    ] {
         let n = h
             .loaded()
             .verified_insns(name)
