@@ -91,7 +91,8 @@ RTT_DELAY_MS=20
 sc_netem_delay() {
 	agent_start agent.log --no-pin
 	lat="ib_send_lat -F --tclass=$TCLASS -s 64"
-	pair ib_send_lat "$lat -d rxe1 -x $G1 -n 300" "$lat -d rxe0 -x $G0 -n 300 198.18.0.2"
+	# Enough messages for a sample every tick (one a flow per tick) over about a second.
+	pair ib_send_lat "$lat -d rxe1 -x $G1 -n 5000" "$lat -d rxe0 -x $G0 -n 5000 198.18.0.2"
 	agent_flows flows-baseline.json
 	agent_stop
 	tc qdisc add dev veth0 root netem delay ${RTT_DELAY_MS}ms
