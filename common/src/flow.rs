@@ -93,6 +93,10 @@ const RTT_WAITING: u64 = 1;
 /// least 1, saturated), 0 when none.
 #[inline(always)]
 fn end_rtt(p: &Parsed, scope: u32, rtt: &mut impl RttMemory) -> u32 {
+    // Most responses name no waiting sample: no key made for them.
+    if !rtt.may_end(p.bth.psn) {
+        return 0;
+    }
     match rtt.end(&NakKey::of_nak(&p.key, p.bth.psn, scope)) {
         Some(ns) => {
             let us = ns / 1000;
@@ -240,17 +244,19 @@ impl FlowStats {
                     add(&mut self.retransmitted_packets, 1);
                     add(&mut self.retransmitted_bytes, frame_len as u64);
                     if seen == Seen::GoBack {
-                        let now = naks.now_ns();
+                        // The clock only where a time is kept (a NAK taken, a recovery
+                        // begun): most go-backs of a recovery need none.
                         match naks.take(&NakKey::of_request(&p.key, p.bth.psn, naks.scope())) {
                             Some(nak_seen) => {
                                 add32(&mut self.nak_resends, 1);
-                                add(&mut self.nak_to_resend_ns, now.saturating_sub(nak_seen));
+                                let took = naks.now_ns().saturating_sub(nak_seen);
+                                add(&mut self.nak_to_resend_ns, took);
                             }
                             None => add(&mut self.retransmit_timeouts, 1),
                         }
                         // A go-back within a recovery continues it.
                         if self.recovery_start_ns == 0 {
-                            self.recovery_start_ns = now.max(1);
+                            self.recovery_start_ns = naks.now_ns().max(1);
                         }
                     }
                     // Karn's rule: the response may answer either copy.

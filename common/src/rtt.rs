@@ -167,6 +167,11 @@ pub trait RttMemory {
     /// a sample waits under that key already (another QP between the same hosts at the
     /// same PSN).
     fn start(&mut self, key: &NakKey) -> bool;
+    /// Whether a sample may wait at `psn` (a cheap test before [`RttMemory::end`]
+    /// builds its key; false only when none does).
+    fn may_end(&self, _psn: u32) -> bool {
+        true
+    }
     /// Forgets the sample under `key` (its request was resent, or it went stale).
     fn cancel(&mut self, key: &NakKey);
     /// Ends the sample under `key`, if one waits: adds the round trip to the flow being

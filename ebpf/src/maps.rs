@@ -114,6 +114,12 @@ impl NakMemory for NakMap {
     }
     #[inline(always)]
     fn take(&mut self, key: &NakKey) -> Option<u64> {
+        // No NAK waits (a host that NAKs nothing): no call, no look.
+        let n = NAK_WAITING.get_ptr_mut(0)?;
+        // SAFETY: the map's one value; a plain read (see `nak_take`).
+        if unsafe { *n } == 0 {
+            return None;
+        }
         match nak_take(key) {
             0 => None,
             seen => Some(seen),
@@ -215,6 +221,12 @@ impl RttMemory for RttMap {
     #[inline(always)]
     fn spike_us(&self) -> u32 {
         self.spike_us
+    }
+    #[inline(always)]
+    fn may_end(&self, psn: u32) -> bool {
+        // SAFETY: an entry of the array; a plain read (a sample started meanwhile on
+        // another CPU is one this response came before).
+        psn_count(psn).is_some_and(|n| unsafe { *n } != 0)
     }
     #[inline(always)]
     fn start(&mut self, key: &NakKey) -> bool {
