@@ -333,8 +333,8 @@ fn qps_prints_the_agents_table_and_names_an_agent_without_one() {
     assert_eq!(
         text(&out.stdout),
         "\
-device/port  lqpn  rqpn  type  state  owner             pod   src→dst                wire tx/rx pkts  hw counters
-rxe0/1       0x11  0x12  RC    RTS    ib_write_bw[577]  1111  198.18.0.1→198.18.0.2            10/12            0
+device/port  lqpn  rqpn  type  state  owner             pod   src→dst                wire tx/rx pkts  RTT p99  hw counters
+rxe0/1       0x11  0x12  RC    RTS    ib_write_bw[577]  1111  198.18.0.1→198.18.0.2            10/12        -            0
 qps 1: 1 seen on the wire, 0 offloaded, 0 not seen
 visibility: va kernel_path
 "

@@ -343,7 +343,9 @@ fn top_shows_flows_worst_first_sorts_on_keys_and_restores_the_terminal() {
             "0",
             "0/0",
             "1",
-            "26"
+            "26",
+            // RTT p99: no round trips on this flow
+            "-"
         ],
         "{screen}"
     );
