@@ -281,57 +281,55 @@ fn end_sample(slot: u32, key: &NakKey) -> u64 {
 
 #[inline(always)]
 fn end_sample_inline(slot: u32, key: &NakKey) -> Option<u64> {
-    {
-        let n = psn_count(key.psn)?;
-        // SAFETY: as above; a plain read (a sample started meanwhile on another CPU is
-        // one this response came before).
-        if unsafe { *n } == 0 {
-            return None;
-        }
-        // SAFETY: a copy of the entry out of the map.
-        let wait = unsafe { *RTT_WAIT.get(key)? };
-        if RTT_WAIT.remove(key).is_err() {
-            // Another CPU ended it first.
-            return None;
-        }
-        // SAFETY: as above.
-        unsafe { add(&mut *n, u64::MAX) };
-        // SAFETY: no arguments.
-        let rtt = unsafe { bpf_ktime_get_ns() }.saturating_sub(wait.sent_ns);
-        if let Some(request) = FLOW_SLOTS.get_ptr_mut(wait.slot) {
-            // SAFETY: a slot of FLOW_SLOTS; the request flow's CPU may write the marker
-            // meanwhile (a stale sample's restart), then the next response sets it right.
-            unsafe { (*request).stats.rtt_sample_ended(wait.psn) };
-        }
-        let hist = match RTT_HIST.get_ptr_mut(&slot) {
-            Some(h) => h,
-            None => {
-                let zero = RTT_HIST_ZERO.get(0)?;
-                let _ = RTT_HIST.insert(&slot, zero, BPF_NOEXIST as u64);
-                RTT_HIST.get_ptr_mut(&slot)?
-            }
-        };
-        // SAFETY: the flow's entry, shared with other CPUs counting on the flow: its
-        // counts are added atomically, min and max written racily (a sample of two
-        // ending at once may be lost from them, not from the counts).
-        unsafe {
-            let h = &mut *hist;
-            add(&mut h.samples, 1);
-            add(&mut h.sum_ns, rtt);
-            if h.min_ns == 0 || rtt < h.min_ns {
-                h.min_ns = rtt;
-            }
-            if rtt > h.max_ns {
-                h.max_ns = rtt;
-            }
-            // Hidden, so that the compiler keeps the bound the verifier needs.
-            let i = opaque(bucket_of(rtt));
-            if i < RTT_BUCKETS {
-                add32(&mut h.buckets[i], 1);
-            }
-        }
-        Some(rtt)
+    let n = psn_count(key.psn)?;
+    // SAFETY: as above; a plain read (a sample started meanwhile on another CPU is
+    // one this response came before).
+    if unsafe { *n } == 0 {
+        return None;
     }
+    // SAFETY: a copy of the entry out of the map.
+    let wait = unsafe { *RTT_WAIT.get(key)? };
+    if RTT_WAIT.remove(key).is_err() {
+        // Another CPU ended it first.
+        return None;
+    }
+    // SAFETY: as above.
+    unsafe { add(&mut *n, u64::MAX) };
+    // SAFETY: no arguments.
+    let rtt = unsafe { bpf_ktime_get_ns() }.saturating_sub(wait.sent_ns);
+    if let Some(request) = FLOW_SLOTS.get_ptr_mut(wait.slot) {
+        // SAFETY: a slot of FLOW_SLOTS; the request flow's CPU may write the marker
+        // meanwhile (a stale sample's restart), then the next response sets it right.
+        unsafe { (*request).stats.rtt_sample_ended(wait.psn) };
+    }
+    let hist = match RTT_HIST.get_ptr_mut(&slot) {
+        Some(h) => h,
+        None => {
+            let zero = RTT_HIST_ZERO.get(0)?;
+            let _ = RTT_HIST.insert(&slot, zero, BPF_NOEXIST as u64);
+            RTT_HIST.get_ptr_mut(&slot)?
+        }
+    };
+    // SAFETY: the flow's entry, shared with other CPUs counting on the flow: its
+    // counts are added atomically, min and max written racily (a sample of two
+    // ending at once may be lost from them, not from the counts).
+    unsafe {
+        let h = &mut *hist;
+        add(&mut h.samples, 1);
+        add(&mut h.sum_ns, rtt);
+        if h.min_ns == 0 || rtt < h.min_ns {
+            h.min_ns = rtt;
+        }
+        if rtt > h.max_ns {
+            h.max_ns = rtt;
+        }
+        // Hidden, so that the compiler keeps the bound the verifier needs.
+        let i = opaque(bucket_of(rtt));
+        if i < RTT_BUCKETS {
+            add32(&mut h.buckets[i], 1);
+        }
+    }
+    Some(rtt)
 }
 
 /// Per-class, per-reason and flow-table counters (see `roce_common::counters`).

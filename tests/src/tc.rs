@@ -32,6 +32,17 @@ pub const TC_NEXT: u32 = u32::MAX;
 /// builds (XDP test runs take any frame of 14 bytes or more). Such frames cannot be
 /// run through the tc programs here; `tests/differential.rs` checks this rule
 /// against the kernel.
+/// The test interface with the host policy in audit mode and the kernel's ECN
+/// propagation: `tc_egress` counts egress flows and changes no byte.
+pub fn audit_iface() -> IfaceQos {
+    IfaceQos {
+        host: roce_common::policy::HOST_AUDIT,
+        vtep: 0,
+        ecn: roce_common::policy::ECN_KERNEL,
+        _pad: 0,
+    }
+}
+
 pub fn refuses_skb_test_run(frame: &[u8]) -> bool {
     let Some(t) = frame.get(12..14) else {
         return true;

@@ -20,6 +20,7 @@ use roce_testkit::frame::{
 };
 use roce_tests::events::{EventStats, EventsHarness, EventsOptions};
 use roce_tests::expect::{key, tunnel_key};
+use roce_tests::tc::audit_iface;
 
 const QP: u32 = 0x01_2345;
 const SPORT: u16 = 0xC0DE;
@@ -536,7 +537,7 @@ fn a_round_trip_over_the_threshold_is_an_rtt_spike_on_its_response() {
     // Egress flows are counted where the host policy is on (audit here).
     let mut h = EventsHarness::load(EventsOptions {
         rtt_spike_us: 1000,
-        iface: audit(),
+        iface: audit_iface(),
         ..EventsOptions::default()
     });
     let out = host4(0x6a);
@@ -573,7 +574,7 @@ fn a_round_trip_over_the_threshold_is_an_rtt_spike_on_its_response() {
 fn no_rtt_spike_when_the_threshold_is_zero() {
     let mut h = EventsHarness::load(EventsOptions {
         rtt_spike_us: 0,
-        iface: audit(),
+        iface: audit_iface(),
         ..EventsOptions::default()
     });
     let out = host4(0x6a);
@@ -591,13 +592,4 @@ fn no_rtt_spike_when_the_threshold_is_zero() {
     );
     assert!(h.drain().is_empty());
     assert_eq!(h.stats().emitted, [0; 6]);
-}
-
-fn audit() -> IfaceQos {
-    IfaceQos {
-        host: HOST_AUDIT,
-        vtep: 0,
-        ecn: ECN_KERNEL,
-        _pad: 0,
-    }
 }

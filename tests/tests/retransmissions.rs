@@ -11,12 +11,12 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use roce_common::flow::FlowStats;
 use roce_common::key::{FlowKey, KEY_EGRESS};
-use roce_common::policy::{IfaceQos, Policy, ECN_KERNEL, HOST_AUDIT};
+use roce_common::policy::Policy;
 use roce_common::reference::ReferenceTable;
 use roce_testkit::frame::{roce_frame, vxlan_frame, Eth, RoceMsg, L3};
 use roce_tests::expect::{compare_with_reference, key, tunnel_key};
 use roce_tests::harness::{Harness, XDP_PASS};
-use roce_tests::tc::{TcHarness, TC_NEXT, TEST_RUN_IFINDEX};
+use roce_tests::tc::{audit_iface, TcHarness, TC_NEXT, TEST_RUN_IFINDEX};
 
 const SPORT: u16 = 0xC0DE;
 /// The responder's QP (the requests' destination) and the requester's (the ACKs').
@@ -259,15 +259,6 @@ fn tunnelled_and_ipv6_flows_pair_their_naks_too() {
     assert_eq!((s.retransmitted_packets, s.retransmit_timeouts), (1, 0));
 }
 
-fn audit() -> IfaceQos {
-    IfaceQos {
-        host: HOST_AUDIT,
-        vtep: 0,
-        ecn: ECN_KERNEL,
-        _pad: 0,
-    }
-}
-
 fn egress_key(k: FlowKey) -> FlowKey {
     FlowKey {
         flags: k.flags | KEY_EGRESS,
@@ -277,7 +268,7 @@ fn egress_key(k: FlowKey) -> FlowKey {
 
 #[test]
 fn on_the_requesters_host_the_nak_arrives_in_xdp_and_its_go_back_leaves_through_tc() {
-    let mut h = TcHarness::load(&Policy::default(), audit());
+    let mut h = TcHarness::load(&Policy::default(), audit_iface());
     let len = send(0).len() as u64;
     let out = |h: &mut TcHarness, psn| {
         let o = h.egress(&send(psn), 0);
@@ -305,7 +296,7 @@ fn on_the_requesters_host_the_nak_arrives_in_xdp_and_its_go_back_leaves_through_
 
 #[test]
 fn on_the_responders_host_the_nak_leaves_through_tc_and_its_go_back_arrives_in_xdp() {
-    let mut h = TcHarness::load(&Policy::default(), audit());
+    let mut h = TcHarness::load(&Policy::default(), audit_iface());
     for psn in [1, 2, 4] {
         assert_eq!(h.xdp(&send(psn)), XDP_PASS);
     }

@@ -9,12 +9,12 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use roce_common::key::{FlowKey, KEY_EGRESS};
-use roce_common::policy::{IfaceQos, Policy, ECN_KERNEL, HOST_AUDIT};
+use roce_common::policy::Policy;
 use roce_common::rtt::RttHist;
 use roce_testkit::frame::{roce_frame, Eth, RoceMsg, L3};
 use roce_tests::expect::key;
 use roce_tests::harness::XDP_PASS;
-use roce_tests::tc::{TcHarness, TC_NEXT};
+use roce_tests::tc::{audit_iface, TcHarness, TC_NEXT};
 
 const SPORT: u16 = 0xC0DE;
 const RESPONDER_QP: u32 = 0x11;
@@ -48,15 +48,7 @@ fn ack(psn: u32, syndrome: u8) -> Vec<u8> {
 }
 
 fn load() -> TcHarness {
-    TcHarness::load(
-        &Policy::default(),
-        IfaceQos {
-            host: HOST_AUDIT,
-            vtep: 0,
-            ecn: ECN_KERNEL,
-            _pad: 0,
-        },
-    )
+    TcHarness::load(&Policy::default(), audit_iface())
 }
 
 /// A flow starts at most one sample a tick of the kernel's coarse clock (10 ms at

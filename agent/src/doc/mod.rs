@@ -200,7 +200,8 @@ impl Durations {
     pub fn of(count: u64, sum_ns: u64, max_us: Option<u32>) -> Option<Durations> {
         (count > 0).then(|| Durations {
             count,
-            mean_us: (sum_ns as f64 / count as f64 / 1000.0 * 1000.0).round() / 1000.0,
+            // µs to the ns.
+            mean_us: (sum_ns as f64 / count as f64).round() / 1000.0,
             max_us: max_us.map(f64::from),
         })
     }
@@ -221,13 +222,23 @@ pub struct Rtt {
 impl Rtt {
     /// The summary of a histogram; None without samples.
     pub fn of(h: &roce_common::rtt::RttHist) -> Option<Rtt> {
+        Some(Rtt::from_ns(
+            h.samples,
+            h.min_ns,
+            h.quantile_ns(0.5)?,
+            h.quantile_ns(0.99)?,
+        ))
+    }
+
+    /// The figures in ns, as the document writes them (µs).
+    pub fn from_ns(samples: u64, min_ns: u64, p50_ns: u64, p99_ns: u64) -> Rtt {
         let us = |ns: u64| ns as f64 / 1000.0;
-        Some(Rtt {
-            samples: h.samples,
-            min_us: us(h.min_ns),
-            p50_us: us(h.quantile_ns(0.5)?),
-            p99_us: us(h.quantile_ns(0.99)?),
-        })
+        Rtt {
+            samples,
+            min_us: us(min_ns),
+            p50_us: us(p50_ns),
+            p99_us: us(p99_ns),
+        }
     }
 }
 

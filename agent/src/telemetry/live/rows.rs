@@ -136,13 +136,7 @@ impl RttNs {
     }
 
     fn doc(&self) -> Rtt {
-        let us = |ns: u64| ns as f64 / 1000.0;
-        Rtt {
-            samples: self.samples,
-            min_us: us(self.min_ns),
-            p50_us: us(self.p50_ns),
-            p99_us: us(self.p99_ns),
-        }
+        Rtt::from_ns(self.samples, self.min_ns, self.p50_ns, self.p99_ns)
     }
 }
 
