@@ -116,6 +116,23 @@ macro_rules! for_each_event_drop_counter {
     };
 }
 
+/// Round-trip samples left unmeasured because the wire did not say which queue pair's
+/// response answers them (`rtt`, "pairing"), after the event-drop counters
+/// (`counters.rtt_unpaired`, `roce_rtt_unpaired_total{reason}`). Append only.
+#[macro_export]
+macro_rules! for_each_rtt_unpaired_counter {
+    ($callback:ident) => {
+        $callback! {
+            /// A request found a sample of another flow waiting under its hosts and PSN
+            /// (two queue pairs between the same hosts at one PSN): it started none.
+            STAT_RTT_SHARED_PSN => shared_psn,
+            /// A response named a waiting sample's hosts and PSN, but its request flow's
+            /// responses go to another QP: a coincidence of PSNs, which ended nothing.
+            STAT_RTT_OTHER_QP => other_qp,
+        }
+    };
+}
+
 macro_rules! flow_table_indices {
     ($($t:tt)*) => { stat_indices!(STAT_REASON_BASE + REASON_COUNT as u32; $($t)*); };
 }
@@ -136,6 +153,11 @@ macro_rules! event_drop_indices {
 }
 for_each_event_drop_counter!(event_drop_indices);
 
+macro_rules! rtt_unpaired_indices {
+    ($($t:tt)*) => { stat_indices!(STAT_EVENTS_DROPPED_RING_FULL + 1; $($t)*); };
+}
+for_each_rtt_unpaired_counter!(rtt_unpaired_indices);
+
 macro_rules! flow_table_names {
     ($($t:tt)*) => { stat_names!(STAT_NAMES_OTHER; $($t)*); };
 }
@@ -155,6 +177,11 @@ macro_rules! event_drop_names {
     ($($t:tt)*) => { stat_names!(STAT_NAMES_EVENTS_DROPPED; $($t)*); };
 }
 for_each_event_drop_counter!(event_drop_names);
+
+macro_rules! rtt_unpaired_names {
+    ($($t:tt)*) => { stat_names!(STAT_NAMES_RTT_UNPAIRED; $($t)*); };
+}
+for_each_rtt_unpaired_counter!(rtt_unpaired_names);
 
 /// The `events` counter of event kind `kind` (`event::EVENT_*`).
 #[inline(always)]
@@ -244,6 +271,17 @@ mod tests {
                 (STAT_EVENTS_DROPPED_RATE_LIMIT, "rate_limit"),
                 (STAT_EVENTS_DROPPED_RING_FULL, "ring_full")
             ]
+        );
+    }
+
+    #[test]
+    fn rtt_unpaired_counters_come_last_and_fit() {
+        assert_eq!(STAT_RTT_SHARED_PSN, STAT_EVENTS_DROPPED_RING_FULL + 1);
+        assert_eq!((STAT_RTT_SHARED_PSN, STAT_RTT_OTHER_QP), (61, 62));
+        const { assert!(STAT_RTT_OTHER_QP < STATS_LEN) };
+        assert_eq!(
+            STAT_NAMES_RTT_UNPAIRED,
+            &[(STAT_RTT_SHARED_PSN, "shared_psn"), (STAT_RTT_OTHER_QP, "other_qp")]
         );
     }
 }

@@ -97,7 +97,7 @@ fn end_rtt(p: &Parsed, scope: u32, rtt: &mut impl RttMemory) -> u32 {
     if !rtt.may_end(p.bth.psn) {
         return 0;
     }
-    match rtt.end(&NakKey::of_nak(&p.key, p.bth.psn, scope)) {
+    match rtt.end(&NakKey::of_nak(&p.key, p.bth.psn, scope), p.key.dest_qp) {
         Some(ns) => {
             let us = ns / 1000;
             if us >= u32::MAX as u64 {
@@ -149,8 +149,9 @@ pub struct FlowSlot {
     pub key: FlowKey,
     /// [`SLOT_FREE`], [`SLOT_LIVE`] or [`SLOT_EVICTED`].
     pub state: u32,
-    /// Free for later per-flow state.
-    pub _reserved: u32,
+    /// A request flow's requester QP (`rtt::pair_with`), learnt from the first
+    /// response that ended one of its round-trip samples; 0 before.
+    pub rtt_peer_qp: u32,
 }
 
 impl FlowStats {

@@ -123,6 +123,11 @@ pub mod program {
     /// `xdp_classify`, the counting was verified once for every path through the
     /// classifier, past the million instructions 5.10 allows.
     pub const XDP_COUNT: &str = "xdp_count";
+    /// `xdp_count` for a mirror copy, tail-called by `xdp_mirror_flows` (never
+    /// attached): counts the mirrored packet on its session's flow, where requests
+    /// start round-trip samples and responses end them (a session copies both
+    /// directions), then moves the packet's start back.
+    pub const XDP_COUNT_MIRROR: &str = "xdp_count_mirror";
     /// An empty XDP program: the benchmarks' baseline.
     pub const XDP_BASELINE: &str = "xdp_baseline";
     /// Host DSCP policy and VTEP propagation on egress.
@@ -135,9 +140,10 @@ pub mod program {
     pub const TC_BASELINE: &str = "tc_baseline";
 
     /// Every program of the object.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         XDP_CLASSIFY,
         XDP_COUNT,
+        XDP_COUNT_MIRROR,
         XDP_MIRROR,
         XDP_MIRROR_FLOWS,
         XDP_BASELINE,
@@ -170,6 +176,9 @@ pub mod tail {
     pub const XDP_TAIL_CLASSIFY: u32 = 1;
     /// `program::XDP_COUNT` in XDP_TAIL (a RoCE packet's count, from `xdp_classify`).
     pub const XDP_TAIL_COUNT: u32 = 2;
+    /// `program::XDP_COUNT_MIRROR` in XDP_TAIL (a mirrored RoCE packet's count, from
+    /// `xdp_mirror_flows`).
+    pub const XDP_TAIL_COUNT_MIRROR: u32 = 3;
     /// Slots in XDP_TAIL.
-    pub const XDP_TAIL_LEN: u32 = 3;
+    pub const XDP_TAIL_LEN: u32 = 4;
 }

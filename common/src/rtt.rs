@@ -12,15 +12,40 @@
 //! for a response (AckReq, READ, atomics); a request flow whose sample no response
 //! named (a coalesced ACK acknowledged a later PSN) starts another after
 //! [`RTT_SAMPLE_STALE_NS`]. Karn's rule: a retransmission while a sample waits voids
-//! it, as the response may answer either copy. Where two queue pairs between the same
-//! hosts sample one PSN at once, the second starts none (counted nowhere: a missed
-//! sample).
+//! it, as the response may answer either copy.
+//!
+//! Pairing, never guessed: a request flow's responses all go to one QP (its
+//! requester's), which the requests do not name. The first response that ends one of
+//! the flow's samples names it ([`RTT_PEER_KNOWN`]: the kernel keeps it in the
+//! request flow's slot); from then on a response to another QP that happens to name a
+//! waiting sample's hosts and PSN ends nothing (`other_qp`). Where two queue pairs
+//! between the same hosts sample one PSN at once, the second starts none
+//! (`shared_psn`). Both are counted (`counters.rtt_unpaired`): samples not taken,
+//! never samples of the wrong pair. Where the host has a QP table, `qps` pairs the
+//! two directions from it exactly.
 //!
 //! The sample lands on the flow the response travels in (the requester's QP's inbound
 //! flow): a histogram of log-linear buckets ([`RttHist`]), sixteen to an octave from
 //! 1 µs, from which the p50 and p99 are read (to within 3.1%).
 
 use crate::nak::NakKey;
+
+/// The request flow's requester QP is known (`FlowSlot::rtt_peer_qp`: this bit and
+/// the QPN; 0 before its first sample ended).
+pub const RTT_PEER_KNOWN: u32 = 1 << 31;
+
+/// What a response whose destination QP is `qp` makes of a waiting sample of a
+/// request flow whose requester QP reads `peer` (`FlowSlot::rtt_peer_qp`): the value
+/// to keep when it ends the sample, `None` when the flow answers to another QP.
+#[inline(always)]
+pub fn pair_with(peer: u32, qp: u32) -> Option<u32> {
+    let mine = qp | RTT_PEER_KNOWN;
+    if peer == 0 || peer == mine {
+        Some(mine)
+    } else {
+        None
+    }
+}
 
 /// A request flow whose sample no response ended within this long starts another.
 pub const RTT_SAMPLE_STALE_NS: u64 = 1_000_000_000;
@@ -165,7 +190,7 @@ pub trait RttMemory {
     fn ends(&self) -> bool;
     /// Starts a sample of the request under `key` on the flow being counted; false when
     /// a sample waits under that key already (another QP between the same hosts at the
-    /// same PSN).
+    /// same PSN: counted as `shared_psn`).
     fn start(&mut self, key: &NakKey) -> bool;
     /// Whether a sample may wait at `psn` (a cheap test before [`RttMemory::end`]
     /// builds its key; false only when none does).
@@ -174,9 +199,11 @@ pub trait RttMemory {
     }
     /// Forgets the sample under `key` (its request was resent, or it went stale).
     fn cancel(&mut self, key: &NakKey);
-    /// Ends the sample under `key`, if one waits: adds the round trip to the flow being
-    /// counted and lets the request flow start another. The round trip in ns.
-    fn end(&mut self, key: &NakKey) -> Option<u64>;
+    /// Ends the sample under `key`, if one waits and its request flow answers to `qp`
+    /// (the response's destination QP; [`pair_with`]: else counted as `other_qp`):
+    /// adds the round trip to the flow being counted and lets the request flow start
+    /// another. The round trip in ns.
+    fn end(&mut self, key: &NakKey, qp: u32) -> Option<u64>;
     /// Round trips longer than this (µs) are spikes (`event::EVENT_RTT_SPIKE`); 0: none.
     fn spike_us(&self) -> u32 {
         0
@@ -198,7 +225,7 @@ impl RttMemory for NoRtt {
         false
     }
     fn cancel(&mut self, _: &NakKey) {}
-    fn end(&mut self, _: &NakKey) -> Option<u64> {
+    fn end(&mut self, _: &NakKey, _: u32) -> Option<u64> {
         None
     }
 }
@@ -221,6 +248,11 @@ pub struct RttBook<K> {
     pub enabled: bool,
     /// The request flow and PSN of the sample the last count ended.
     ended: Option<(K, u32)>,
+    /// Each request flow's requester QP, as [`pair_with`] keeps it.
+    peers: std::collections::HashMap<K, u32>,
+    /// Samples not taken, as the kernel counts them (`counters.rtt_unpaired`).
+    pub shared_psn: u64,
+    pub other_qp: u64,
 }
 
 #[cfg(any(feature = "std", test))]
@@ -233,6 +265,9 @@ impl<K> Default for RttBook<K> {
             now_ns: 0,
             enabled: true,
             ended: None,
+            peers: Default::default(),
+            shared_psn: 0,
+            other_qp: 0,
         }
     }
 }
@@ -275,6 +310,7 @@ impl<K: Clone + Eq + core::hash::Hash> RttMemory for RttBook<K> {
             return false;
         };
         if self.waiting.contains_key(key) {
+            self.shared_psn += 1;
             return false;
         }
         if self.waiting.len() >= RTT_BOOK_MAX_WAITING {
@@ -286,9 +322,16 @@ impl<K: Clone + Eq + core::hash::Hash> RttMemory for RttBook<K> {
     fn cancel(&mut self, key: &NakKey) {
         self.waiting.remove(key);
     }
-    fn end(&mut self, key: &NakKey) -> Option<u64> {
+    fn end(&mut self, key: &NakKey, qp: u32) -> Option<u64> {
         let current = self.current.clone()?;
+        let (_, request) = self.waiting.get(key)?;
+        let peer = self.peers.get(request).copied().unwrap_or(0);
+        let Some(paired) = pair_with(peer, qp) else {
+            self.other_qp += 1;
+            return None;
+        };
         let (sent, request) = self.waiting.remove(key)?;
+        self.peers.insert(request.clone(), paired);
         let rtt = self.now_ns.saturating_sub(sent);
         self.hists.entry(current).or_default().add(rtt);
         self.ended = Some((request, key.psn));
@@ -356,15 +399,44 @@ mod tests {
         b.counting(&"requests", 1_000);
         assert!(b.start(&key));
         assert!(!b.start(&key), "one sample a key");
+        assert_eq!(b.shared_psn, 1);
         b.counting(&"acks", 51_000);
-        assert_eq!(b.end(&key), Some(50_000));
+        assert_eq!(b.end(&key, 17), Some(50_000));
         assert_eq!(b.ended(), Some(("requests", 7)));
-        assert_eq!(b.end(&key), None, "ended once");
+        assert_eq!(b.end(&key, 17), None, "ended once");
         assert_eq!(b.hists["acks"].samples, 1);
         assert!(!b.hists.contains_key("requests"));
         b.counting(&"requests", 60_000);
         assert!(b.start(&key));
         b.cancel(&key);
-        assert_eq!(b.end(&key), None);
+        assert_eq!(b.end(&key, 17), None);
+        assert_eq!(b.other_qp, 0);
+    }
+
+    #[test]
+    fn a_request_flow_pairs_with_the_qp_its_first_sample_answered() {
+        let mut b = RttBook::<&str>::default();
+        let at = |psn| NakKey {
+            psn,
+            ..Default::default()
+        };
+        b.counting(&"requests", 0);
+        assert!(b.start(&at(100)));
+        b.counting(&"acks to 17", 10_000);
+        assert_eq!(b.end(&at(100), 17), Some(10_000));
+        // Another QP's ACK at the PSN the flow samples next ends nothing, and the
+        // sample still waits for its own response.
+        b.counting(&"requests", 20_000);
+        assert!(b.start(&at(200)));
+        b.counting(&"acks to 18", 25_000);
+        assert_eq!(b.end(&at(200), 18), None);
+        assert_eq!(b.other_qp, 1);
+        assert_eq!(b.waiting(), 1);
+        b.counting(&"acks to 17", 30_000);
+        assert_eq!(b.end(&at(200), 17), Some(10_000));
+        assert!(!b.hists.contains_key("acks to 18"));
+        assert_eq!(pair_with(0, 17), Some(17 | RTT_PEER_KNOWN));
+        assert_eq!(pair_with(17 | RTT_PEER_KNOWN, 17), Some(17 | RTT_PEER_KNOWN));
+        assert_eq!(pair_with(17 | RTT_PEER_KNOWN, 0), None);
     }
 }

@@ -24,7 +24,6 @@ use crate::maps::{
     bump, NakMap, RttMap, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS,
     MIRROR_TAGS,
 };
-use crate::packet::opaque;
 
 /// Counts `parsed` (a frame of `frame_len` bytes) on the flow of its key seen on
 /// `ifindex`, on egress when `egress`, then writes the events the packet calls for
@@ -81,14 +80,12 @@ pub fn count_on_flow<C: FrameHead>(
     };
     // A mirror copy's NAKs answer the go-backs its own mirroring device copied.
     let scope = mirror.map_or(0, mirror_scope);
-    // Requests leaving (tc) start samples, responses arriving (XDP) end them. Not on
-    // mirror sessions: `xdp_mirror_flows` walks every classifier path of a copy, and
-    // sampling there takes its verification past what older kernels accept
-    // (`analyze` of a mirror port's capture measures round trips).
-    let sampling = cfg.flags & CONFIG_NO_RTT == 0 && mirror.is_none();
+    // Requests leaving (tc) start samples, responses arriving (XDP) end them; a
+    // mirror session copies both directions into XDP, where both happen.
+    let sampling = cfg.flags & CONFIG_NO_RTT == 0;
     let mut rtt = RttMap {
         slot: index,
-        starts: egress && sampling,
+        starts: (egress || mirror.is_some()) && sampling,
         ends: !egress && sampling,
         spike_us: cfg.rtt_spike_us,
     };
@@ -106,35 +103,6 @@ pub fn count_on_flow<C: FrameHead>(
             cfg.events_sample,
         );
     }
-}
-
-/// `parsed` with its discrete fields hidden from the compiler (a register move each
-/// at run time; the values are unchanged). Each path through the classifier knows
-/// some of them as constants (the key's shape, whether the opcode carries an AETH or
-/// a RETH, ...), and the compiler would specialise the counting for each path's
-/// constants, which multiplies the verifier's work; hidden, the load is several times
-/// shorter at no per-packet cost. `analyze --engine kernel` waits for that load. Not
-/// used in `tc_egress_flows`, where it makes verification longer. By value: hiding a
-/// copy's fields slows the cold table.
-#[inline(always)]
-pub fn hidden_from_compiler(mut parsed: Parsed) -> Parsed {
-    let hide = |x: u32| opaque(x as usize) as u32;
-    let hide_bool = |b: bool| hide(b as u32) != 0;
-    parsed.tunnelled = hide_bool(parsed.tunnelled);
-    parsed.key.flags = hide(parsed.key.flags);
-    parsed.outer_tos = hide(parsed.outer_tos as u32) as u8;
-    parsed.inner_tos = hide(parsed.inner_tos as u32) as u8;
-    parsed.udp_len = hide(parsed.udp_len as u32) as u16;
-    parsed.bth.opcode = hide(parsed.bth.opcode as u32) as u8;
-    parsed.bth.flags = hide(parsed.bth.flags as u32) as u8;
-    parsed.bth.fecn = hide_bool(parsed.bth.fecn);
-    parsed.bth.becn = hide_bool(parsed.bth.becn);
-    parsed.bth.ack_req = hide_bool(parsed.bth.ack_req);
-    parsed.aeth_syndrome = hide(parsed.aeth_syndrome as u32) as u8;
-    parsed.has_syndrome = hide_bool(parsed.has_syndrome);
-    parsed.read_len = hide(parsed.read_len);
-    parsed.ext_truncated = hide_bool(parsed.ext_truncated);
-    parsed
 }
 
 /// The slot of `key`'s flow (its index and place), taken from FLOW_FREE when the

@@ -8,20 +8,20 @@ use aya_ebpf::maps::{
     Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, Queue,
 };
 use roce_common::config::{Generation, RuntimeConfig, GENERATIONS};
-use roce_common::counters::STATS_LEN;
+use roce_common::counters::{STATS_LEN, STAT_RTT_OTHER_QP, STAT_RTT_SHARED_PSN};
 use roce_common::flow::{add, add32, FlowSlot};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror};
 use roce_common::mirror::{MirrorScratch, MirrorTag};
 use roce_common::nak::{NakKey, NakMemory};
 pub use roce_common::names::tail::{
-    TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_CLASSIFY, XDP_TAIL_COUNT, XDP_TAIL_LEN,
-    XDP_TAIL_MIRROR_FLOWS,
+    TC_TAIL_EGRESS_FLOWS, TC_TAIL_LEN, XDP_TAIL_CLASSIFY, XDP_TAIL_COUNT, XDP_TAIL_COUNT_MIRROR,
+    XDP_TAIL_LEN, XDP_TAIL_MIRROR_FLOWS,
 };
 use roce_common::parsed::CountScratch;
 use roce_common::policy::{
     DscpEntry, DscpTable, IfaceQos, QosConfig, VtepKey, VtepStats, DSCP_COUNT, IFACE_DIRECT,
 };
-use roce_common::rtt::{bucket_of, RttHist, RttMemory, RttWait, RTT_BUCKETS};
+use roce_common::rtt::{bucket_of, pair_with, RttHist, RttMemory, RttWait, RTT_BUCKETS};
 
 /// Tunnels with IPv6 outside or inside: key -> index of the flow's slot in FLOW_SLOTS
 /// (a u64: the agent writes the tables with batch calls, whose values are whole
@@ -165,6 +165,9 @@ fn nak_take(key: &NakKey) -> u64 {
     seen
 }
 
+/// The error a BPF_NOEXIST insert returns when the key is there already.
+const EEXIST: i32 = 17;
+
 /// Round-trip samples waiting for their response (`roce_common::rtt`): a request
 /// leaving through tc starts one, the response arriving in XDP ends it.
 #[map]
@@ -242,8 +245,8 @@ impl RttMemory for RttMap {
         }
     }
     #[inline(always)]
-    fn end(&mut self, key: &NakKey) -> Option<u64> {
-        match end_sample(self.slot, key) {
+    fn end(&mut self, key: &NakKey, qp: u32) -> Option<u64> {
+        match end_sample(self.slot, key, qp) {
             0 => None,
             ns => Some(ns),
         }
@@ -260,7 +263,12 @@ fn start_sample(slot: u32, key: &NakKey) -> u32 {
         slot,
         psn: key.psn,
     };
-    if RTT_WAIT.insert(key, &wait, BPF_NOEXIST as u64).is_err() {
+    if let Err(e) = RTT_WAIT.insert(key, &wait, BPF_NOEXIST as u64) {
+        // A sample of another flow waits under the key (the flow's own stale one was
+        // cancelled before): that pairing would be a guess.
+        if e == -EEXIST {
+            bump(STAT_RTT_SHARED_PSN);
+        }
         return 0;
     }
     if let Some(n) = psn_count(key.psn) {
@@ -270,17 +278,18 @@ fn start_sample(slot: u32, key: &NakKey) -> u32 {
     1
 }
 
-/// [`RttMap::end`] for the flow in `slot`: the round trip in ns (at least 1), 0 when
-/// no sample waits under `key`. A BPF subprogram, not inlined: the programs call it
-/// from every path through the classifier that ends on a response, and inlined, the
-/// verifier walked its branches once for each (four times the instructions).
+/// [`RttMap::end`] for the flow in `slot`, a response to `qp`: the round trip in ns
+/// (at least 1), 0 when no sample of a request flow answering to `qp` waits under
+/// `key`. A BPF subprogram, not inlined: the programs call it from every path through
+/// the classifier that ends on a response, and inlined, the verifier walked its
+/// branches once for each (four times the instructions).
 #[inline(never)]
-fn end_sample(slot: u32, key: &NakKey) -> u64 {
-    end_sample_inline(slot, key).map_or(0, |ns| ns.max(1))
+fn end_sample(slot: u32, key: &NakKey, qp: u32) -> u64 {
+    end_sample_inline(slot, key, qp).map_or(0, |ns| ns.max(1))
 }
 
 #[inline(always)]
-fn end_sample_inline(slot: u32, key: &NakKey) -> Option<u64> {
+fn end_sample_inline(slot: u32, key: &NakKey, qp: u32) -> Option<u64> {
     let n = psn_count(key.psn)?;
     // SAFETY: as above; a plain read (a sample started meanwhile on another CPU is
     // one this response came before).
@@ -289,6 +298,14 @@ fn end_sample_inline(slot: u32, key: &NakKey) -> Option<u64> {
     }
     // SAFETY: a copy of the entry out of the map.
     let wait = unsafe { *RTT_WAIT.get(key)? };
+    let request = FLOW_SLOTS.get_ptr_mut(wait.slot)?;
+    // SAFETY: a slot of FLOW_SLOTS; its pairing is written once (racing responses of
+    // one pair write the same value), and zeroed with the slot.
+    let peer = unsafe { (*request).rtt_peer_qp };
+    let Some(paired) = pair_with(peer, qp) else {
+        bump(STAT_RTT_OTHER_QP);
+        return None;
+    };
     if RTT_WAIT.remove(key).is_err() {
         // Another CPU ended it first.
         return None;
@@ -297,10 +314,11 @@ fn end_sample_inline(slot: u32, key: &NakKey) -> Option<u64> {
     unsafe { add(&mut *n, u64::MAX) };
     // SAFETY: no arguments.
     let rtt = unsafe { bpf_ktime_get_ns() }.saturating_sub(wait.sent_ns);
-    if let Some(request) = FLOW_SLOTS.get_ptr_mut(wait.slot) {
-        // SAFETY: a slot of FLOW_SLOTS; the request flow's CPU may write the marker
-        // meanwhile (a stale sample's restart), then the next response sets it right.
-        unsafe { (*request).stats.rtt_sample_ended(wait.psn) };
+    // SAFETY: as above; the request flow's CPU may write the marker meanwhile (a
+    // stale sample's restart), then the next response sets it right.
+    unsafe {
+        (*request).rtt_peer_qp = paired;
+        (*request).stats.rtt_sample_ended(wait.psn);
     }
     let hist = match RTT_HIST.get_ptr_mut(&slot) {
         Some(h) => h,

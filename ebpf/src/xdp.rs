@@ -13,10 +13,10 @@ use roce_common::packet::Packet as _;
 use roce_common::parsed::{Class, CountScratch, Outcome};
 use roce_common::wire::ETH_HLEN;
 
-use crate::flow::{count_on_flow, hidden_from_compiler};
+use crate::flow::count_on_flow;
 use crate::maps::{
     bump, generation, runtime_config, COUNT_SCRATCH, MIRROR_SCRATCH, XDP_TAIL, XDP_TAIL_CLASSIFY,
-    XDP_TAIL_COUNT, XDP_TAIL_MIRROR_FLOWS,
+    XDP_TAIL_COUNT, XDP_TAIL_COUNT_MIRROR, XDP_TAIL_MIRROR_FLOWS,
 };
 use crate::packet::KernelPacket;
 
@@ -158,19 +158,20 @@ fn restore_head(ctx: &XdpContext, eth: i32) {
 }
 
 /// The second step of `xdp_mirror` for a mirror copy: walks its mirrored frame (moved
-/// to the packet's start) and counts it, then moves the packet's start back.
+/// to the packet's start) and hands a RoCE packet to `xdp_count_mirror`, which counts
+/// it and moves the packet's start back; every other frame's start moves back here.
 #[xdp]
 pub fn xdp_mirror_flows(ctx: XdpContext) -> u32 {
     let Some(scratch) = MIRROR_SCRATCH.get(0).copied() else {
         return xdp_action::XDP_PASS;
     };
-    count_mirrored(&ctx, &scratch);
+    walk_mirrored(&ctx, &scratch);
     restore_head(&ctx, scratch.eth as i32);
     xdp_action::XDP_PASS
 }
 
 #[inline(always)]
-fn count_mirrored(ctx: &XdpContext, scratch: &MirrorScratch) {
+fn walk_mirrored(ctx: &XdpContext, scratch: &MirrorScratch) {
     let cfg = runtime_config(generation());
     let pkt = KernelPacket::new(ctx.data(), ctx.data_end());
     let (outcome, wire_len) =
@@ -185,18 +186,48 @@ fn count_mirrored(ctx: &XdpContext, scratch: &MirrorScratch) {
     }
     // SAFETY: ctx.ctx points at the kernel's xdp_md for this invocation.
     let ifindex = unsafe { (*ctx.ctx).ingress_ifindex };
-    let parsed = hidden_from_compiler(parsed);
-    // A copy counts the mirrored frame as it was sent, however much was kept; its
-    // session from the map (carried through the walk, it cost stack).
-    count_on_flow(
-        ctx,
-        &parsed,
-        ifindex,
-        false,
-        wire_len,
-        &cfg,
-        Some(&scratch.tag),
-    );
+    let Some(count) = COUNT_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // A copy counts the mirrored frame as it was sent, however much was kept.
+    // SAFETY: this CPU's entry, read by the program tail-called next on this CPU.
+    unsafe {
+        *count = CountScratch {
+            parsed,
+            ifindex,
+            frame_len: wire_len,
+        }
+    };
+    // SAFETY: XDP_TAIL holds XDP programs only (the agent fills it); the call returns
+    // only when the slot is empty: the packet is not counted on a flow.
+    let _ = unsafe { XDP_TAIL.tail_call(ctx, XDP_TAIL_COUNT_MIRROR) };
+    bump(STAT_FLOW_INSERT_FAILED);
+}
+
+/// The last step of `xdp_mirror` for a mirrored RoCE packet: counts it on its
+/// session's flow, as COUNT_SCRATCH and MIRROR_SCRATCH say, then moves the packet's
+/// start back to where `xdp_mirror` found it. A program of its own for the verifier,
+/// as `xdp_count` is: with round trips sampled, the walk and the count together took
+/// it past what older kernels accept.
+#[xdp]
+pub fn xdp_count_mirror(ctx: XdpContext) -> u32 {
+    let Some(mirror) = MIRROR_SCRATCH.get(0).copied() else {
+        return xdp_action::XDP_PASS;
+    };
+    if let Some(scratch) = COUNT_SCRATCH.get(0) {
+        let cfg = runtime_config(generation());
+        count_on_flow(
+            &ctx,
+            &scratch.parsed,
+            scratch.ifindex,
+            false,
+            scratch.frame_len,
+            &cfg,
+            Some(&mirror.tag),
+        );
+    }
+    restore_head(&ctx, mirror.eth as i32);
+    xdp_action::XDP_PASS
 }
 
 /// Frames that are not flows count in STATS where their walk ends.

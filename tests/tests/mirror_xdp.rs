@@ -330,6 +330,7 @@ fn the_mirror_programs_verify_well_inside_the_limit() {
         "xdp_count",
         "xdp_mirror",
         "xdp_mirror_flows",
+        "xdp_count_mirror",
     ] {
         let n = h
             .loaded()
@@ -423,4 +424,46 @@ fn mirrored_flows_are_evicted_by_their_key_and_session_and_come_back_as_new_flow
         st.packets, 1,
         "counted on a fresh slot, not the evicted one"
     );
+}
+
+#[test]
+fn a_session_that_copies_both_directions_measures_round_trips() {
+    let mut h = Harness::load_mirror();
+    let eth = Eth::default();
+    let requests =
+        L3::v4(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2)).with_tos(0x6A);
+    let responses =
+        L3::v4(Ipv4Addr::new(198, 18, 0, 2), Ipv4Addr::new(198, 18, 0, 1)).with_tos(0x6A);
+    let copy = |l3: &L3, msg: &RoceMsg, session: u16| {
+        mirror_frame(
+            &eth,
+            &outer(false),
+            &Encap::erspan2(session),
+            &roce_frame(&eth, l3, 49152, msg),
+        )
+    };
+    h.pass(&copy(
+        &requests,
+        &RoceMsg::send_only(0x11, 100, 64).with_ack_req(true),
+        5,
+    ));
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    h.pass(&copy(&responses, &RoceMsg::ack(0x22, 100, 0x1F), 5));
+    let acks = FlowKeyMirror {
+        key: FlowKey {
+            flags: KEY_MIRROR,
+            ..roce_tests::expect::key(&responses, 0x22)
+        },
+        tag: tag(false, MIRROR_ERSPAN2, 5),
+    };
+    let loaded = h.loaded_mut();
+    let index = match loaded.mirrored_flow_index(&acks) {
+        Ok(Some(i)) => i,
+        other => panic!("the ACK's mirrored flow: {other:?}"),
+    };
+    let hists = loaded.rtt_hists().expect("reading RTT_HIST");
+    let rtt = hists.get(&index).expect("a round trip on the ACK's flow");
+    assert_eq!(rtt.samples, 1);
+    assert!(rtt.min_ns >= 2_000_000, "slept 2 ms: {} ns", rtt.min_ns);
+    assert_eq!(hists.len(), 1, "the request's flow has none");
 }

@@ -25,7 +25,7 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
     assert_eq!(programs, declared);
 }
 
-/// The maps as layout version 5 lays them out: (name, BPF map type, key size, value
+/// The maps as layout version 6 lays them out: (name, BPF map type, key size, value
 /// size, entries; 0 where the configuration sizes the map). A change here is a change
 /// of layout: raise `LAYOUT_VERSION` with it, so that a new binary never reads an old
 /// pin the wrong way. Version 4: the mirror maps (FLOWS_MIRROR, MIRROR_TAGS,
@@ -34,8 +34,11 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
 /// (320 bytes a slot, with a request flow's round-trip sample), the spike threshold in
 /// CONFIG, the rtt_spike event counter in STATS, NAK_PSNS, NAK_WAITING
 /// and the round-trip maps RTT_WAIT, RTT_WAIT_PSNS, RTT_HIST and RTT_HIST_ZERO;
-/// COUNT_SCRATCH and a third XDP_TAIL slot (`xdp_count`).
-const LAYOUT_5: [(&str, u32, u32, u32, u32); 27] = [
+/// COUNT_SCRATCH and a third XDP_TAIL slot (`xdp_count`). Version 6: a fourth
+/// XDP_TAIL slot (`xdp_count_mirror`), a request flow's requester QP in its FLOW_SLOTS
+/// slot (`rtt_peer_qp`, where 4 bytes were reserved) and the rtt_unpaired counters in
+/// STATS.
+const LAYOUT_6: [(&str, u32, u32, u32, u32); 27] = [
     ("CONFIG", 2, 4, 20, 2),
     ("COUNT_SCRATCH", 6, 4, 120, 1),
     ("EVENTS", 27, 0, 0, 0),
@@ -62,7 +65,7 @@ const LAYOUT_5: [(&str, u32, u32, u32, u32); 27] = [
     ("STATS", 6, 4, 8, 0),
     ("TC_TAIL", 3, 4, 4, 1),
     ("VTEPS", 10, 16, 40, 4096),
-    ("XDP_TAIL", 3, 4, 4, 3),
+    ("XDP_TAIL", 3, 4, 4, 4),
 ];
 
 /// Maps whose size is not part of the layout (the configuration or a counter list
@@ -83,7 +86,7 @@ const SIZED_ELSEWHERE: [&str; 9] = [
 fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     assert_eq!(
         roce_common::config::LAYOUT_VERSION,
-        5,
+        6,
         "a new version: give it its table"
     );
     let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
@@ -104,7 +107,7 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     }
     drop(loaded);
     shapes.sort();
-    let mut expected = LAYOUT_5.to_vec();
+    let mut expected = LAYOUT_6.to_vec();
     expected.sort();
     assert_eq!(
         shapes, expected,

@@ -203,3 +203,51 @@ fn a_flow_given_back_forgets_its_round_trips() {
         Err(e) => panic!("reading RTT_HIST: {e}"),
     }
 }
+
+/// The `counters.rtt_unpaired` STATS: (shared_psn, other_qp).
+fn unpaired(h: &TcHarness) -> (u64, u64) {
+    use roce_common::counters::{STAT_RTT_OTHER_QP, STAT_RTT_SHARED_PSN};
+    let stats = h.stats();
+    (
+        stats[STAT_RTT_SHARED_PSN as usize],
+        stats[STAT_RTT_OTHER_QP as usize],
+    )
+}
+
+#[test]
+fn two_queue_pairs_sampling_one_psn_take_one_sample_and_count_the_other() {
+    let mut h = load();
+    let to = |qp: u32| request(RoceMsg::send_only(qp, 50, 256).with_ack_req(true));
+    out(&mut h, &to(RESPONDER_QP));
+    out(&mut h, &to(RESPONDER_QP + 1));
+    assert_eq!(unpaired(&h), (1, 0), "the second QP's PSN 50 is not sampled");
+    // One ACK of PSN 50 ends the one sample; the other QP's ends nothing.
+    arrive(&mut h, &ack(50, ACK));
+    arrive(&mut h, &response(RoceMsg::ack(REQUESTER_QP + 1, 50, ACK)));
+    assert_eq!(hist(&mut h, &acks_flow()).map(|r| r.samples), Some(1));
+    assert_eq!(
+        hist(&mut h, &key(&responses4(), REQUESTER_QP + 1)),
+        None,
+        "nothing waited for the other QP's ACK"
+    );
+    assert_eq!(unpaired(&h), (1, 0));
+}
+
+#[test]
+fn a_request_flow_answers_to_one_qp_and_a_coincident_psn_of_another_ends_nothing() {
+    let mut h = load();
+    // The first sample pairs the request flow with the QP its ACK went to.
+    out(&mut h, &send(60, true));
+    arrive(&mut h, &ack(60, ACK));
+    next_tick();
+    out(&mut h, &send(61, true));
+    // Another QP between the same hosts acknowledges its own PSN 61: not this flow's.
+    let other = key(&responses4(), REQUESTER_QP + 1);
+    arrive(&mut h, &response(RoceMsg::ack(REQUESTER_QP + 1, 61, ACK)));
+    assert_eq!(unpaired(&h), (0, 1));
+    assert_eq!(hist(&mut h, &other), None);
+    // The sample waited on: its own ACK ends it.
+    arrive(&mut h, &ack(61, ACK));
+    assert_eq!(hist(&mut h, &acks_flow()).map(|r| r.samples), Some(2));
+    assert_eq!(unpaired(&h), (0, 1));
+}

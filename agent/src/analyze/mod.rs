@@ -291,6 +291,8 @@ pub fn analyze_input(input: &Input, opts: &AnalyzeOptions) -> Result<Analysis, A
             extra.recovery_max_us = e.stats.recovery_max_us;
             (k.key, extra)
         }));
+        tally.rtt_unpaired.shared_psn += shard.rtt.shared_psn;
+        tally.rtt_unpaired.other_qp += shard.rtt.other_qp;
         tally
             .rtt
             .extend(shard.rtt.hists.into_iter().map(|(k, h)| (k.key, h)));
@@ -366,7 +368,8 @@ pub fn build_report(
         }
     }
     let doc = Document::build_with_mirrored(plain, mirrored, &counted.stats, None);
-    let counters = doc.counters;
+    let mut counters = doc.counters;
+    counters.rtt_unpaired = tally.rtt_unpaired;
     let extras: HashMap<FlowIdent, &FlowExtra> = tally
         .flows
         .iter()

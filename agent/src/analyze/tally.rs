@@ -73,6 +73,8 @@ pub struct Tally {
     pub flows: HashMap<FlowId, FlowExtra>,
     /// Round trips of the flows that had any (`roce_common::rtt`).
     pub rtt: HashMap<FlowId, roce_common::rtt::RttHist>,
+    /// Round-trip samples not taken (`counters.rtt_unpaired`).
+    pub rtt_unpaired: crate::doc::RttUnpairedCounters,
     pub non_roce_lossless: NonRoceLossless,
     pub icrc_checked: u64,
     pub first_ns: Option<u64>,

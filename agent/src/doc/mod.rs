@@ -370,6 +370,10 @@ pub struct Counters {
     /// Added: sampled events lost, by reason (`rate_limit`, `ring_full`).
     #[serde(default)]
     pub events_dropped: EventDropCounters,
+    /// Added: round-trip samples not taken because the wire did not tie a response to
+    /// its request flow (`shared_psn`, `other_qp`: `roce_common::rtt`).
+    #[serde(default)]
+    pub rtt_unpaired: RttUnpairedCounters,
 }
 
 /// Declares a struct of counters from one list of STATS counters in `roce_common`
@@ -422,6 +426,17 @@ macro_rules! event_drop_counters_struct {
     };
 }
 roce_common::for_each_event_drop_counter!(event_drop_counters_struct);
+
+macro_rules! rtt_unpaired_counters_struct {
+    ($($t:tt)*) => {
+        stat_counters_struct! {
+            /// Round-trip samples not taken, by reason (`counters.rtt_unpaired`): the
+            /// pairing of a response with its request flow would have been a guess.
+            RttUnpairedCounters; $($t)*
+        }
+    };
+}
+roce_common::for_each_rtt_unpaired_counter!(rtt_unpaired_counters_struct);
 
 /// Declares [`QosCounters`] from the one list of QoS counters in `roce_common`:
 /// a field per counter (its JSON name), filled from its STATS index.
@@ -519,6 +534,7 @@ impl Counters {
             qos: QosCounters::from_stats(stats),
             events: EventCounters::from_stats(stats),
             events_dropped: EventDropCounters::from_stats(stats),
+            rtt_unpaired: RttUnpairedCounters::from_stats(stats),
         }
     }
 

@@ -11,9 +11,9 @@ use aya::programs::xdp::XdpLinkId;
 use aya::programs::{SchedClassifier, Xdp, XdpMode};
 use aya::Ebpf;
 use roce_common::names::map;
-use roce_common::names::program::{XDP_COUNT, XDP_MIRROR_FLOWS};
+use roce_common::names::program::{XDP_COUNT, XDP_COUNT_MIRROR, XDP_MIRROR_FLOWS};
 use roce_common::names::tail::{
-    TC_TAIL_EGRESS_FLOWS, XDP_TAIL_CLASSIFY, XDP_TAIL_COUNT, XDP_TAIL_MIRROR_FLOWS,
+    TC_TAIL_EGRESS_FLOWS, XDP_TAIL_CLASSIFY, XDP_TAIL_COUNT, XDP_TAIL_COUNT_MIRROR, XDP_TAIL_MIRROR_FLOWS,
 };
 
 use super::{
@@ -64,21 +64,14 @@ impl Loaded {
 
     /// `xdp_mirror`, loaded (and pinned, with pins) the first time it is asked for:
     /// a datapath without mirror interfaces never verifies it.
-    /// What it tail-calls goes into XDP_TAIL first: `xdp_mirror_flows` for a copy,
-    /// `xdp_classify` (loaded with the object) for any other frame.
+    /// What it tail-calls goes into XDP_TAIL first: `xdp_mirror_flows` for a copy (and
+    /// `xdp_count_mirror` after it), `xdp_classify` (loaded with the object) for any
+    /// other frame.
     pub fn xdp_mirror_fd(&mut self) -> Result<BorrowedFd<'_>, LoadError> {
         let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_MIRROR)?;
         if prog.fd().is_err() {
-            let flows: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_MIRROR_FLOWS)?;
-            flows.load().map_err(program_error(XDP_MIRROR_FLOWS))?;
-            let fd = flows
-                .fd()
-                .map_err(program_error(XDP_MIRROR_FLOWS))?
-                .try_clone()
-                .map_err(|source| LoadError::Fd {
-                    name: XDP_MIRROR_FLOWS,
-                    source,
-                })?;
+            load_into_xdp_tail(&mut self.ebpf, XDP_COUNT_MIRROR, XDP_TAIL_COUNT_MIRROR)?;
+            load_into_xdp_tail(&mut self.ebpf, XDP_MIRROR_FLOWS, XDP_TAIL_MIRROR_FLOWS)?;
             let classify: &Xdp = typed_program(&self.ebpf, XDP_PROGRAM)?;
             let classify = classify
                 .fd()
@@ -90,8 +83,6 @@ impl Loaded {
                 })?;
             let mut tail: ProgramArray<&mut MapData> =
                 typed_map_mut(&mut self.ebpf, map::XDP_TAIL)?;
-            tail.set(XDP_TAIL_MIRROR_FLOWS, &fd, 0)
-                .map_err(map_error(map::XDP_TAIL))?;
             tail.set(XDP_TAIL_CLASSIFY, &classify, 0)
                 .map_err(map_error(map::XDP_TAIL))?;
             let prog: &mut Xdp = typed_program_mut(&mut self.ebpf, XDP_MIRROR)?;
@@ -350,19 +341,20 @@ impl Loaded {
 /// Loads `xdp_count` and puts it into XDP_TAIL, where `xdp_classify` tail-calls it
 /// for every RoCE packet (without it, no flow is counted: `flow_insert_failed`).
 pub(super) fn load_xdp_count(ebpf: &mut Ebpf) -> Result<(), LoadError> {
-    let count: &mut Xdp = typed_program_mut(ebpf, XDP_COUNT)?;
-    count.load().map_err(program_error(XDP_COUNT))?;
-    let fd = count
+    load_into_xdp_tail(ebpf, XDP_COUNT, XDP_TAIL_COUNT)
+}
+
+/// Loads XDP program `name` and puts it into XDP_TAIL's `slot`.
+fn load_into_xdp_tail(ebpf: &mut Ebpf, name: &'static str, slot: u32) -> Result<(), LoadError> {
+    let prog: &mut Xdp = typed_program_mut(ebpf, name)?;
+    prog.load().map_err(program_error(name))?;
+    let fd = prog
         .fd()
-        .map_err(program_error(XDP_COUNT))?
+        .map_err(program_error(name))?
         .try_clone()
-        .map_err(|source| LoadError::Fd {
-            name: XDP_COUNT,
-            source,
-        })?;
+        .map_err(|source| LoadError::Fd { name, source })?;
     let mut tail: ProgramArray<&mut MapData> = typed_map_mut(ebpf, map::XDP_TAIL)?;
-    tail.set(XDP_TAIL_COUNT, &fd, 0)
-        .map_err(map_error(map::XDP_TAIL))
+    tail.set(slot, &fd, 0).map_err(map_error(map::XDP_TAIL))
 }
 
 /// Detaches `link` of XDP program `program` from `ifname`, logging a failure.

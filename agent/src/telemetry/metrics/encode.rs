@@ -308,6 +308,16 @@ impl Snapshot {
             qos.samples
                 .push((vec![("action", action.to_string())], Value::Int(v)));
         }
+        let unpaired = self.family(
+            "roce_rtt_unpaired",
+            Kind::Counter,
+            "Round-trip samples not taken because the wire did not tie a response to its request flow, by reason: shared_psn (two queue pairs between the same hosts sampled one PSN at once), other_qp (a response to another QP named a waiting sample's hosts and PSN).",
+        );
+        for (reason, v) in document.rtt_unpaired.named() {
+            unpaired
+                .samples
+                .push((vec![("reason", reason.to_string())], Value::Int(v)));
+        }
     }
 
     fn event_families(&mut self, events: Option<&EventCounts>) {
