@@ -159,6 +159,7 @@ fn flow(ifname: &str, direction: Direction, src: &str, dst: &str, qp: u32) -> Fl
         rtt: None,
         nak_to_resend: None,
         recovery: None,
+        capture_gaps: None,
     }
 }
 

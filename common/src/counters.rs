@@ -281,7 +281,10 @@ mod tests {
         const { assert!(STAT_RTT_OTHER_QP < STATS_LEN) };
         assert_eq!(
             STAT_NAMES_RTT_UNPAIRED,
-            &[(STAT_RTT_SHARED_PSN, "shared_psn"), (STAT_RTT_OTHER_QP, "other_qp")]
+            &[
+                (STAT_RTT_SHARED_PSN, "shared_psn"),
+                (STAT_RTT_OTHER_QP, "other_qp")
+            ]
         );
     }
 }

@@ -19,6 +19,7 @@ pub mod config;
 pub mod counters;
 pub mod event;
 pub mod flow;
+pub mod gaps;
 pub mod icrc;
 pub mod key;
 pub mod mirror;

@@ -38,9 +38,8 @@ pub struct NakKey {
     pub psn: u32,
     /// The flow key's [`NAK_KEY_FLAGS`].
     pub flags: u32,
-    /// A mirrored flow's sender ([`mirror_scope`]), 0 otherwise: copies from one
-    /// mirroring device answer each other, not another device's copies of the same
-    /// traffic.
+    /// A mirrored flow's session ([`mirror_scope`]), 0 otherwise: copies of one
+    /// session answer each other, not another session's copies of the same traffic.
     pub scope: u32,
 }
 
@@ -78,11 +77,21 @@ impl NakKey {
     }
 }
 
-/// The [`NakKey::scope`] of copies from the mirroring device `tag` names: its address
-/// folded into a word.
+/// The [`NakKey::scope`] of the copies of the session `tag` names: its mirroring
+/// device's address, session and encapsulation folded into a word. A session, not a
+/// device: a device that copies the same traffic into several sessions (to several
+/// collectors, or as the VM lab does) sends each packet once a session, and a NAK,
+/// a request or a gap of one session must meet its answer in that session, not in a
+/// twin's copy. So a device that mirrors each direction of a port into a session of
+/// its own gives round trips and NAK pairings none (README, "Mirror sessions").
 #[inline(always)]
 pub fn mirror_scope(tag: &MirrorTag) -> u32 {
-    tag.source[0] ^ tag.source[1] ^ tag.source[2] ^ tag.source[3]
+    tag.source[0]
+        ^ tag.source[1]
+        ^ tag.source[2]
+        ^ tag.source[3]
+        ^ tag.session.rotate_left(16)
+        ^ tag.kind.rotate_left(8)
 }
 
 /// Where NAKs wait for their go-back. `FlowStats::record` remembers each NAK and RNR

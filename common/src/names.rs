@@ -73,8 +73,18 @@ pub mod map {
     /// Programs `tc_egress` tail-calls (`tail`).
     pub const TC_TAIL: &str = "TC_TAIL";
 
+    /// PSN gaps of mirrored flows waiting for their verdict (`gaps`): host pair and
+    /// mirroring device (`nak::NakKey`, PSN 0) -> `gaps::GapWait`, an LRU hash.
+    pub const CAPTURE_GAP_WAIT: &str = "CAPTURE_GAP_WAIT";
+    /// At least as many as the gaps in CAPTURE_GAP_WAIT (one u64): 0 spares a
+    /// mirrored response the look.
+    pub const CAPTURE_GAP_WAITING: &str = "CAPTURE_GAP_WAITING";
+    /// Gaps the capture lost, per mirrored flow: FLOW_SLOTS index -> u64, for the
+    /// flows that have any (a hash without preallocation).
+    pub const CAPTURE_GAPS: &str = "CAPTURE_GAPS";
+
     /// Every map of the object.
-    pub const ALL: [&str; 27] = [
+    pub const ALL: [&str; 30] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
@@ -102,6 +112,9 @@ pub mod map {
         RTT_HIST_ZERO,
         COUNT_SCRATCH,
         TC_TAIL,
+        CAPTURE_GAP_WAIT,
+        CAPTURE_GAP_WAITING,
+        CAPTURE_GAPS,
     ];
 }
 

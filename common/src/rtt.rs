@@ -436,7 +436,10 @@ mod tests {
         assert_eq!(b.end(&at(200), 17), Some(10_000));
         assert!(!b.hists.contains_key("acks to 18"));
         assert_eq!(pair_with(0, 17), Some(17 | RTT_PEER_KNOWN));
-        assert_eq!(pair_with(17 | RTT_PEER_KNOWN, 17), Some(17 | RTT_PEER_KNOWN));
+        assert_eq!(
+            pair_with(17 | RTT_PEER_KNOWN, 17),
+            Some(17 | RTT_PEER_KNOWN)
+        );
         assert_eq!(pair_with(17 | RTT_PEER_KNOWN, 0), None);
     }
 }

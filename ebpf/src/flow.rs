@@ -10,7 +10,7 @@ use aya_ebpf::helpers::bpf_jiffies64;
 use aya_ebpf::maps::HashMap;
 use roce_common::config::{RuntimeConfig, CONFIG_NO_RTT};
 use roce_common::counters::{STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED};
-use roce_common::event::{Trouble, EVENTS_OFF};
+use roce_common::event::{Trouble, EVENTS_OFF, EVENT_PSN_GAP};
 use roce_common::flow::FlowSlot;
 use roce_common::flow::{SLOT_FREE, SLOT_LIVE};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, KEY4_EGRESS, KEY_EGRESS};
@@ -19,6 +19,7 @@ use roce_common::nak::mirror_scope;
 use roce_common::parsed::Parsed;
 
 use crate::events::{emit, FrameHead};
+use crate::gaps;
 use crate::kernel::coarse_ns;
 use crate::maps::{
     bump, NakMap, RttMap, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS,
@@ -90,7 +91,23 @@ pub fn count_on_flow<C: FrameHead>(
         spike_us: cfg.rtt_spike_us,
     };
     // SAFETY: a live slot of FLOW_SLOTS; other CPUs may count on it too (see `record`).
+    let before = mirror.map(|_| unsafe { gaps::Before::of(slot) });
+    // SAFETY: as above.
     let trouble = unsafe { record(slot, parsed, frame_len, cfg, scope, &mut rtt) };
+    // A mirror port is a capture point: its PSN gaps may be the copies' loss.
+    if let Some(before) = before {
+        // SAFETY: as above.
+        unsafe {
+            gaps::watch(
+                parsed,
+                scope,
+                index,
+                slot,
+                before,
+                trouble.kind == EVENT_PSN_GAP,
+            )
+        };
+    }
     if !trouble.is_none() && cfg.events_sample != EVENTS_OFF {
         // The slot holds the wide key; it is read only for an event the sampling keeps.
         // SAFETY: as above; the key is written once, when the slot is taken.

@@ -4,6 +4,7 @@
 
 mod events;
 mod flow;
+mod gaps;
 mod kernel;
 mod maps;
 mod packet;

@@ -72,7 +72,7 @@ fn live_flows(qps: &[Qp]) -> LiveDocument {
             ifindex,
         };
         // The responses to the QP's requests: its round trips (roce_qp_rtt_seconds).
-        b.add_flow(&ingress.widen(), &stats, None, Some(&rtt));
+        b.add_flow(&ingress.widen(), &stats, None, Some(&rtt), 0);
         if let Some(rqpn) = q.rqpn {
             let egress = FlowKey4 {
                 src: raw(LOCAL),

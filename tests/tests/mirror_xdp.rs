@@ -467,3 +467,108 @@ fn a_session_that_copies_both_directions_measures_round_trips() {
     assert!(rtt.min_ns >= 2_000_000, "slept 2 ms: {} ns", rtt.min_ns);
     assert_eq!(hists.len(), 1, "the request's flow has none");
 }
+
+/// Copies of one queue pair's two directions, as one ERSPAN II session sends them.
+struct Session {
+    eth: Eth,
+    session: u16,
+}
+
+impl Session {
+    const REQUESTS: ([u8; 4], [u8; 4]) = ([198, 18, 0, 1], [198, 18, 0, 2]);
+
+    fn l3(from_requester: bool) -> L3 {
+        let (a, b) = Self::REQUESTS;
+        let (src, dst) = if from_requester { (a, b) } else { (b, a) };
+        L3::v4(Ipv4Addr::from(src), Ipv4Addr::from(dst)).with_tos(0x6A)
+    }
+
+    fn copy(&self, from_requester: bool, msg: &RoceMsg) -> Vec<u8> {
+        mirror_frame(
+            &self.eth,
+            &outer(false),
+            &Encap::erspan2(self.session),
+            &roce_frame(&self.eth, &Self::l3(from_requester), 49152, msg),
+        )
+    }
+
+    fn send(&self, psn: u32) -> Vec<u8> {
+        self.copy(true, &RoceMsg::send_only(0x11, psn, 64))
+    }
+
+    fn ack(&self, psn: u32, syndrome: u8) -> Vec<u8> {
+        self.copy(false, &RoceMsg::ack(0x22, psn, syndrome))
+    }
+
+    /// The gaps the copies lost on the request flow (None: no CAPTURE_GAPS entry).
+    fn capture_gaps(&self, h: &Harness) -> Option<u64> {
+        let requests = FlowKeyMirror {
+            key: FlowKey {
+                flags: KEY_MIRROR,
+                ..roce_tests::expect::key(&Self::l3(true), 0x11)
+            },
+            tag: tag(false, MIRROR_ERSPAN2, u32::from(self.session)),
+        };
+        let index = match h.loaded().mirrored_flow_index(&requests) {
+            Ok(Some(i)) => i,
+            other => panic!("the request flow: {other:?}"),
+        };
+        let gaps = h.loaded().capture_gaps().expect("reading CAPTURE_GAPS");
+        gaps.get(&index).copied()
+    }
+}
+
+const ACK: u8 = 0x1F;
+const NAK_SEQ: u8 = 0x60;
+
+#[test]
+fn a_gap_that_a_later_ack_covers_was_lost_by_the_copies() {
+    let h = Harness::load_mirror();
+    let s = Session {
+        eth: Eth::default(),
+        session: 7,
+    };
+    // 10, 11 copied, 12 and 13 not, 14 shows the gap; the flow expects 15.
+    for psn in [10, 11, 14] {
+        h.pass(&s.send(psn));
+    }
+    // Near misses: an ACK before the gap, one beyond the flow's next PSN.
+    h.pass(&s.ack(11, ACK));
+    h.pass(&s.ack(15, ACK));
+    assert_eq!(s.capture_gaps(&h), None);
+    // An ACK of 14 says the responder took 12 and 13: the copies lost them.
+    h.pass(&s.ack(14, ACK));
+    assert_eq!(s.capture_gaps(&h), Some(1));
+    // Decided once.
+    h.pass(&s.ack(14, ACK));
+    assert_eq!(s.capture_gaps(&h), Some(1));
+}
+
+#[test]
+fn a_gap_that_is_resent_or_naked_was_lost_by_the_fabric() {
+    let h = Harness::load_mirror();
+    // A resend of a missing PSN: the requester had to send it again.
+    let resent = Session {
+        eth: Eth::default(),
+        session: 8,
+    };
+    for psn in [20, 23, 21, 22, 23] {
+        h.pass(&resent.send(psn));
+    }
+    h.pass(&resent.ack(23, ACK));
+    assert_eq!(resent.capture_gaps(&h), None);
+    // A NAK of the first missing PSN, then the go-back and its ACK.
+    let naked = Session {
+        eth: Eth::default(),
+        session: 9,
+    };
+    for psn in [30, 33] {
+        h.pass(&naked.send(psn));
+    }
+    h.pass(&naked.ack(31, NAK_SEQ));
+    h.pass(&naked.ack(33, ACK));
+    assert_eq!(naked.capture_gaps(&h), None);
+    let stats = h.mirrored_flows();
+    let gaps: u64 = stats.values().map(|st| st.psn_gaps).sum();
+    assert_eq!(gaps, 2, "both gaps counted as gaps");
+}

@@ -36,9 +36,13 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
 /// and the round-trip maps RTT_WAIT, RTT_WAIT_PSNS, RTT_HIST and RTT_HIST_ZERO;
 /// COUNT_SCRATCH and a third XDP_TAIL slot (`xdp_count`). Version 6: a fourth
 /// XDP_TAIL slot (`xdp_count_mirror`), a request flow's requester QP in its FLOW_SLOTS
-/// slot (`rtt_peer_qp`, where 4 bytes were reserved) and the rtt_unpaired counters in
-/// STATS.
-const LAYOUT_6: [(&str, u32, u32, u32, u32); 27] = [
+/// slot (`rtt_peer_qp`, where 4 bytes were reserved), the rtt_unpaired counters in
+/// STATS, and the capture-gap maps of mirror sessions (CAPTURE_GAP_WAIT,
+/// CAPTURE_GAP_WAITING, CAPTURE_GAPS).
+const LAYOUT_6: [(&str, u32, u32, u32, u32); 30] = [
+    ("CAPTURE_GAPS", 1, 4, 8, 65536),
+    ("CAPTURE_GAP_WAIT", 9, 80, 12, 4096),
+    ("CAPTURE_GAP_WAITING", 2, 4, 8, 1),
     ("CONFIG", 2, 4, 20, 2),
     ("COUNT_SCRATCH", 6, 4, 120, 1),
     ("EVENTS", 27, 0, 0, 0),

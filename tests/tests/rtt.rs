@@ -220,7 +220,11 @@ fn two_queue_pairs_sampling_one_psn_take_one_sample_and_count_the_other() {
     let to = |qp: u32| request(RoceMsg::send_only(qp, 50, 256).with_ack_req(true));
     out(&mut h, &to(RESPONDER_QP));
     out(&mut h, &to(RESPONDER_QP + 1));
-    assert_eq!(unpaired(&h), (1, 0), "the second QP's PSN 50 is not sampled");
+    assert_eq!(
+        unpaired(&h),
+        (1, 0),
+        "the second QP's PSN 50 is not sampled"
+    );
     // One ACK of PSN 50 ends the one sample; the other QP's ends nothing.
     arrive(&mut h, &ack(50, ACK));
     arrive(&mut h, &response(RoceMsg::ack(REQUESTER_QP + 1, 50, ACK)));

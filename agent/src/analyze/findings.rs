@@ -109,7 +109,7 @@ fn icrc_not_kept<'a>(flows: &'a [AnalyzedFlow], extras: &[FlowExtra]) -> Vec<&'a
             .or_insert((0, 0, true, Vec::new()));
         s.0 += f.flow.packets.saturating_sub(e.icrc_unchecked);
         s.1 += f.icrc_errors;
-        s.2 &= f.flow.psn_gaps <= f.capture_gaps && f.flow.naks == 0;
+        s.2 &= f.flow.psn_gaps <= f.capture_gaps() && f.flow.naks == 0;
         s.3.push(f);
     }
     sources
@@ -151,12 +151,12 @@ pub fn findings(
     let gaps: Vec<(&AnalyzedFlow, &FlowExtra)> = flows
         .iter()
         .zip(extras)
-        .filter(|(f, _)| f.flow.psn_gaps > f.capture_gaps)
+        .filter(|(f, _)| f.flow.psn_gaps > f.capture_gaps())
         .collect();
     if !gaps.is_empty() {
         let total: u64 = gaps
             .iter()
-            .map(|(f, _)| f.flow.psn_gaps - f.capture_gaps)
+            .map(|(f, _)| f.flow.psn_gaps - f.capture_gaps())
             .sum();
         let fabric: u64 = gaps.iter().map(|(_, e)| e.fabric_gaps).sum();
         out.push(finding(
@@ -176,9 +176,9 @@ pub fn findings(
     }
 
     // Gaps the capture lost: the responder acknowledged what the capture never held.
-    let lost: Vec<&AnalyzedFlow> = flows.iter().filter(|f| f.capture_gaps > 0).collect();
+    let lost: Vec<&AnalyzedFlow> = flows.iter().filter(|f| f.capture_gaps() > 0).collect();
     if !lost.is_empty() {
-        let total: u64 = lost.iter().map(|f| f.capture_gaps).sum();
+        let total: u64 = lost.iter().map(|f| f.capture_gaps()).sum();
         out.push(finding(
             "capture_gaps",
             Severity::Warning,
@@ -188,7 +188,7 @@ pub fn findings(
                 lost.len(),
                 examples_of(lost.iter().copied(), |f| format!(
                     "{} of {} gaps",
-                    f.capture_gaps, f.flow.psn_gaps
+                    f.capture_gaps(), f.flow.psn_gaps
                 ))
             ),
             "a capture that holds every frame (its gaps are not the fabric's, and its counts are short of the wire's)".into(),

@@ -1,33 +1,22 @@
-//! Loss in the fabric or in the capture. A PSN gap in a capture says that requests
-//! did not reach the capture point; whether they reached the responder, the other
-//! direction of the queue pair says, later in the capture:
-//! - a retransmission of a missing PSN on the gap's flow, or a NAK or RNR NAK of one
-//!   (the responder's sequence error, on the other direction): the requester had to
-//!   resend, the fabric lost it ([`Verdict::Fabric`]);
-//! - else a positive response (ACK, READ response, ATOMIC ACKNOWLEDGE) on the other
-//!   direction whose PSN is at or after the first missing one and before the flow's
-//!   next expected PSN: the responder took the missing requests (responses are
-//!   cumulative and in order), so only the capture lost them ([`Verdict::Capture`],
-//!   Wireshark's "previous segment not captured" beside its "retransmission").
+//! Loss in the fabric or in the capture, in `analyze`: the gaps waiting for their
+//! verdict, many per host pair, decided by the rule of `roce_common::gaps` (which live
+//! mirror sessions share). A gap that nothing decides before the capture ends (no
+//! response of that queue pair in the capture: one direction captured, or the capture
+//! stopped) stays undecided.
 //!
-//! The first of these decides. A gap that none of them meets before the capture ends
-//! (no response of that queue pair in the capture: one direction captured, or the
-//! capture stopped) stays undecided.
-//!
-//! The responses travel to the requester's QP, which the wire does not tie to the
-//! responder's, so they are matched by host pair and PSN, as NAKs are matched to
-//! go-backs (`roce_common::nak`): a response of another queue pair between the same
-//! hosts decides a gap only if its PSN falls in that gap's window, from the first
-//! missing PSN to the flow's next one (a few PSNs out of 2^24, the window of requests
-//! in flight). Both directions of a host pair reach one worker (`engine::Split`), in
-//! capture order.
+//! A response of another queue pair between the same hosts decides a gap only if its
+//! PSN falls in that gap's window, from the first missing PSN to the flow's next one
+//! (a few PSNs out of 2^24, the window of requests in flight). Both directions of a
+//! host pair reach one worker (`engine::Split`), in capture order.
 
 use std::collections::{HashMap, VecDeque};
 
-use roce_common::bth::{self, SyndromeClass};
+pub use roce_common::gaps::Verdict;
+use roce_common::gaps::{
+    decides, pair_of_request, pair_of_response, resend_decides, response_verdict,
+};
 use roce_common::nak::NakKey;
 use roce_common::parsed::Parsed;
-use roce_common::psn::{PSN_HALF, PSN_MASK};
 
 /// Gaps waiting for a verdict at most, per worker: beyond, new gaps are left
 /// undecided (a capture whose other direction never shows).
@@ -37,15 +26,6 @@ pub const MAX_PENDING: usize = 1 << 16;
 /// left undecided. Every response between the hosts is held against each of them, so
 /// this bounds that work (a window in flight holds a few gaps of each queue pair).
 pub const MAX_PENDING_PER_PAIR: usize = 256;
-
-/// Where a gap's missing requests were lost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Resent, or NAKed: the fabric lost them.
-    Fabric,
-    /// Acknowledged with no NAK and no resend: the capture lost them.
-    Capture,
-}
 
 /// A gap waiting for its verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,18 +56,6 @@ impl<K> Default for GapWatch<K> {
     }
 }
 
-/// `psn` lies in the window from `from` (included) `len` PSNs on (24-bit arithmetic).
-fn within(psn: u32, from: u32, len: u32) -> bool {
-    psn.wrapping_sub(from) & PSN_MASK < len
-}
-
-/// `psn` lies from `from` (included) up to `to` (not included), `to` being after
-/// `from` by less than half the PSN space.
-fn between(psn: u32, from: u32, to: u32) -> bool {
-    let len = to.wrapping_sub(from) & PSN_MASK;
-    len < PSN_HALF && within(psn, from, len)
-}
-
 impl<K: Copy + PartialEq> GapWatch<K> {
     /// Gaps waiting for a verdict.
     pub fn len(&self) -> usize {
@@ -104,7 +72,7 @@ impl<K: Copy + PartialEq> GapWatch<K> {
         if self.len >= MAX_PENDING {
             return;
         }
-        let pair = NakKey::of_request(&p.key, 0, scope);
+        let pair = pair_of_request(p, scope);
         let gaps = self.pending.entry(pair).or_default();
         if gaps.len() >= MAX_PENDING_PER_PAIR {
             gaps.pop_front();
@@ -141,9 +109,11 @@ impl<K: Copy + PartialEq> GapWatch<K> {
     /// A request `p` of `flow` was a retransmission: the gaps of that flow missing its
     /// PSN were lost in the fabric. Returns their flows.
     pub fn resent(&mut self, p: &Parsed, scope: u32, flow: &K) -> Vec<K> {
-        let pair = NakKey::of_request(&p.key, 0, scope);
+        let pair = pair_of_request(p, scope);
         let psn = p.bth.psn;
-        self.take_where(&pair, |g| g.flow == *flow && between(psn, g.first, g.end))
+        self.take_where(&pair, |g| {
+            g.flow == *flow && resend_decides(psn, g.first, g.end)
+        })
     }
 
     /// A response `p` (an RC or XRC response opcode) on the other direction of some
@@ -155,26 +125,20 @@ impl<K: Copy + PartialEq> GapWatch<K> {
         scope: u32,
         next_of: impl Fn(&K) -> Option<u32>,
     ) -> Vec<(K, Verdict)> {
-        if !bth::is_response(p.bth.opcode) {
+        let Some(verdict) = response_verdict(p) else {
             return Vec::new();
-        }
-        let class = match p.syndrome() {
-            Some(s) => bth::syndrome_class(s),
-            // READ RESPONSE MIDDLE: no AETH, a response all the same.
-            None => SyndromeClass::Ack,
         };
-        let verdict = match class {
-            SyndromeClass::Ack => Verdict::Capture,
-            SyndromeClass::Nak | SyndromeClass::RnrNak => Verdict::Fabric,
-            SyndromeClass::Reserved => return Vec::new(),
-        };
-        let pair = NakKey::of_nak(&p.key, 0, scope);
+        let pair = pair_of_response(p, scope);
         let psn = p.bth.psn;
-        let taken = self.take_where(&pair, |g| match verdict {
-            // A NAK of a missing PSN (or of the one that showed the gap).
-            Verdict::Fabric => between(psn, g.first, g.end.wrapping_add(1) & PSN_MASK),
-            // A response from the first missing PSN to the flow's next one.
-            Verdict::Capture => next_of(&g.flow).is_some_and(|next| between(psn, g.first, next)),
+        let taken = self.take_where(&pair, |g| {
+            // Read only for a capture verdict.
+            let next = || next_of(&g.flow);
+            match verdict {
+                Verdict::Fabric => decides(verdict, psn, g.first, g.end, 0),
+                Verdict::Capture => {
+                    next().is_some_and(|n| decides(verdict, psn, g.first, g.end, n))
+                }
+            }
         });
         taken.into_iter().map(|k| (k, verdict)).collect()
     }

@@ -388,11 +388,11 @@ pub fn build_report(
             let ident = FlowIdent::of_flow(&flow);
             let e = extras.get(&ident).map_or_else(FlowExtra::default, |e| **e);
             flow.rtt = rtts.get(&ident).copied();
+            flow.capture_gaps = Some(e.capture_gaps);
             flow_extras.push(e);
             AnalyzedFlow {
                 flow,
                 icrc_errors: e.icrc_errors,
-                capture_gaps: e.capture_gaps,
             }
         })
         .collect();

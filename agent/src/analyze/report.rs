@@ -21,11 +21,13 @@ pub struct AnalyzedFlow {
     pub flow: Flow,
     /// Packets whose ICRC (recomputed over the masked headers, `roce_common::icrc`) did not match.
     pub icrc_errors: u64,
-    /// Added: the flow's PSN gaps (of `psn_gaps`) that later responses of its queue
-    /// pair acknowledged with no NAK and no resend of the missing PSNs: lost by the
-    /// capture (the sniffer, the mirror port), not by the fabric (`analyze::gaps`).
-    #[serde(default)]
-    pub capture_gaps: u64,
+}
+
+impl AnalyzedFlow {
+    /// The flow's gaps lost by the capture (`Flow::capture_gaps`, always measured here).
+    pub fn capture_gaps(&self) -> u64 {
+        self.flow.capture_gaps.unwrap_or(0)
+    }
 }
 
 /// Facts about the capture file.

@@ -184,6 +184,12 @@ pub struct Flow {
     /// where the flow had been; null when none ended.
     #[serde(default)]
     pub recovery: Option<Durations>,
+    /// Added: the flow's PSN gaps (of `psn_gaps`) that later responses of its queue
+    /// pair covered with no NAK and no resend of the missing PSNs: lost by the capture
+    /// point (a sniffer, a mirror port), not by the fabric (`roce_common::gaps`).
+    /// Measured in `analyze` and on live mirror sessions; null elsewhere.
+    #[serde(default)]
+    pub capture_gaps: Option<u64>,
 }
 
 /// How many times something took how long.
@@ -618,6 +624,7 @@ impl Flow {
                 st.recovery_ns,
                 Some(st.recovery_max_us),
             ),
+            capture_gaps: None,
         }
     }
 
@@ -630,6 +637,9 @@ impl Flow {
     ) -> Flow {
         Flow {
             mirror: Mirror::from_tag(&key.tag),
+            // A mirror port is a capture point: its gaps are told apart (the count is
+            // kept apart from the slot, CAPTURE_GAPS; the caller sets it).
+            capture_gaps: Some(0),
             ..Flow::from_entry(&key.key, st, resolve)
         }
     }
@@ -738,6 +748,7 @@ pub(crate) fn test_flow(ifname: &str, src: &str, dst: &str, qp: u32) -> Flow {
         rtt: None,
         nak_to_resend: None,
         recovery: None,
+        capture_gaps: None,
     }
 }
 
@@ -1087,7 +1098,7 @@ mod tests {
         );
         assert!(
             text.ends_with(
-                r#""rates":null,"mirror":null,"owner":null,"rtt":null,"nak_to_resend":null,"recovery":null,"extra":7}"#
+                r#""rates":null,"mirror":null,"owner":null,"rtt":null,"nak_to_resend":null,"recovery":null,"capture_gaps":null,"extra":7}"#
             ),
             "{text}"
         );

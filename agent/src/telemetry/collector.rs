@@ -58,6 +58,7 @@ impl Collector {
         let mut builder = Builder::new(expected + expected / 16, netif::name_of)
             .unix_offset_ns(monotonic_to_unix_offset_ns());
         let rtt = self.loaded.rtt_hists()?;
+        let capture_gaps = self.loaded.capture_gaps()?;
         let mut rtt_now = HashMap::with_capacity(rtt.len());
         let entries = self
             .loaded
@@ -66,7 +67,8 @@ impl Collector {
                 if let Some(h) = h {
                     rtt_now.insert(slot, (key.ifindex, *h));
                 }
-                builder.add_flow(key, stats, mirror, h)
+                let gaps = capture_gaps.get(&slot).copied().unwrap_or(0);
+                builder.add_flow(key, stats, mirror, h, gaps)
             })?;
         self.rtt.update(rtt_now);
         let read = start.elapsed();

@@ -7,6 +7,7 @@ use std::os::fd::AsFd;
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, Queue};
 use aya::Ebpf;
+use aya::Pod;
 use roce_common::flow::{FlowSlot, FlowStats, SLOT_EVICTED, SLOT_LIVE};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, ShapedKey};
 use roce_common::mirror::MirrorTag;
@@ -112,16 +113,30 @@ impl Loaded {
 
     /// The round trips of the flows that have any (RTT_HIST), by slot index.
     pub fn rtt_hists(&self) -> Result<std::collections::HashMap<u32, RttHist>, LoadError> {
-        let hists: HashMap<&MapData, u32, RttHist> = typed_map(&self.ebpf, map::RTT_HIST)?;
+        self.by_slot(map::RTT_HIST)
+    }
+
+    /// The gaps the capture lost, of the mirrored flows that have any (CAPTURE_GAPS),
+    /// by slot index.
+    pub fn capture_gaps(&self) -> Result<std::collections::HashMap<u32, u64>, LoadError> {
+        self.by_slot(map::CAPTURE_GAPS)
+    }
+
+    /// The entries of `name`, a hash of the flows that have one, by slot index.
+    fn by_slot<V: Pod>(
+        &self,
+        name: &'static str,
+    ) -> Result<std::collections::HashMap<u32, V>, LoadError> {
+        let entries: HashMap<&MapData, u32, V> = typed_map(&self.ebpf, name)?;
         let mut out = std::collections::HashMap::new();
-        for entry in hists.iter() {
+        for entry in entries.iter() {
             match entry {
-                Ok((slot, h)) => {
-                    out.insert(slot, h);
+                Ok((slot, v)) => {
+                    out.insert(slot, v);
                 }
                 // Deleted between the key and its value: the slot was given back.
                 Err(MapError::KeyNotFound) => {}
-                Err(source) => return Err(map_error(map::RTT_HIST)(source)),
+                Err(source) => return Err(map_error(name)(source)),
             }
         }
         Ok(out)
@@ -283,23 +298,32 @@ impl Loaded {
         slots.set(i, slot, 0).map_err(map_error(map::FLOW_SLOTS))
     }
 
-    /// Zeroes slots `indexes`, and forgets their round trips.
+    /// Zeroes slots `indexes`, and forgets their round trips and capture gaps.
     fn zero_slots(&mut self, indexes: &[u32]) -> Result<(), LoadError> {
         for &i in indexes {
             self.write_slot(i, &FlowSlot::default())?;
         }
-        let mut hists: HashMap<&mut MapData, u32, RttHist> =
-            typed_map_mut(&mut self.ebpf, map::RTT_HIST)?;
+        self.forget_slots::<RttHist>(map::RTT_HIST, indexes)?;
+        self.forget_slots::<u64>(map::CAPTURE_GAPS, indexes)
+    }
+
+    /// Deletes the entries of slots `indexes` from `name`, a hash by slot index.
+    fn forget_slots<V: Pod>(
+        &mut self,
+        name: &'static str,
+        indexes: &[u32],
+    ) -> Result<(), LoadError> {
+        let mut entries: HashMap<&mut MapData, u32, V> = typed_map_mut(&mut self.ebpf, name)?;
         // Most flows have none: only the slots that do cost a delete.
-        let with_rtt: std::collections::HashSet<u32> =
-            hists.keys().filter_map(Result::ok).collect();
-        for i in indexes.iter().filter(|i| with_rtt.contains(i)) {
-            match hists.remove(i) {
+        let present: std::collections::HashSet<u32> =
+            entries.keys().filter_map(Result::ok).collect();
+        for i in indexes.iter().filter(|i| present.contains(i)) {
+            match entries.remove(i) {
                 Ok(()) | Err(MapError::KeyNotFound) => {}
                 // Given back by the kernel's own delete in between.
                 Err(MapError::SyscallError(e))
                     if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(source) => return Err(map_error(map::RTT_HIST)(source)),
+                Err(source) => return Err(map_error(name)(source)),
             }
         }
         Ok(())

@@ -13,7 +13,8 @@ use aya::Ebpf;
 use roce_common::names::map;
 use roce_common::names::program::{XDP_COUNT, XDP_COUNT_MIRROR, XDP_MIRROR_FLOWS};
 use roce_common::names::tail::{
-    TC_TAIL_EGRESS_FLOWS, XDP_TAIL_CLASSIFY, XDP_TAIL_COUNT, XDP_TAIL_COUNT_MIRROR, XDP_TAIL_MIRROR_FLOWS,
+    TC_TAIL_EGRESS_FLOWS, XDP_TAIL_CLASSIFY, XDP_TAIL_COUNT, XDP_TAIL_COUNT_MIRROR,
+    XDP_TAIL_MIRROR_FLOWS,
 };
 
 use super::{

@@ -103,16 +103,18 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
     /// [`Self::add`], with a mirrored flow's session (`Loaded::for_each_flow_tagged`).
     /// A key with KEY_MIRROR but no session is shown as the flow it is, without one.
     pub fn add_tagged(&mut self, k: &FlowKey, st: &FlowStats, mirror: Option<&MirrorTag>) {
-        self.add_flow(k, st, mirror, None);
+        self.add_flow(k, st, mirror, None, 0);
     }
 
-    /// [`Self::add_tagged`], with the flow's round trips (RTT_HIST) when it has any.
+    /// [`Self::add_tagged`], with the flow's round trips (RTT_HIST) when it has any,
+    /// and a mirrored flow's gaps lost by the copies (CAPTURE_GAPS).
     pub fn add_flow(
         &mut self,
         k: &FlowKey,
         st: &FlowStats,
         mirror: Option<&MirrorTag>,
         rtt: Option<&RttHist>,
+        capture_gaps: u64,
     ) {
         self.entries += 1;
         if st.packets == 0 {
@@ -120,6 +122,7 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
         }
         let mut rare = Rare::of(st);
         rare.rtt = rtt.and_then(RttNs::of);
+        rare.capture_gaps = capture_gaps;
         if rare != Rare::default() {
             self.rare.push(rare);
         }

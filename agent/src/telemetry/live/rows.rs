@@ -105,6 +105,8 @@ pub(super) struct Rare {
     psn_split: bool,
     /// The flow's round trips (`doc::Flow::rtt`), read from its histogram.
     pub(super) rtt: Option<RttNs>,
+    /// A mirrored flow's gaps lost by the copies (`doc::Flow::capture_gaps`).
+    pub(super) capture_gaps: u64,
 }
 
 /// [`crate::doc::Rtt`] in whole ns (a row's figures compare exactly), with the
@@ -159,6 +161,7 @@ impl Rare {
             recovery_ns: st.recovery_ns,
             psn_split: st.psn.split(),
             rtt: None,
+            capture_gaps: 0,
         }
     }
 }
@@ -506,7 +509,10 @@ impl RowTable {
         let name = |i: u32| self.names.get(i as usize).cloned();
         let mut f = match self.mirror_tag(r) {
             Some(tag) => {
-                Flow::from_mirrored_entry(&FlowKeyMirror { key, tag }, &stats, Some(&name))
+                let mut f =
+                    Flow::from_mirrored_entry(&FlowKeyMirror { key, tag }, &stats, Some(&name));
+                f.capture_gaps = Some(rare.capture_gaps);
+                f
             }
             None => Flow::from_entry(&key, &stats, Some(&name)),
         };

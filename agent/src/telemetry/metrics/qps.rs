@@ -239,9 +239,9 @@ mod tests {
             h
         };
         let mut b = Builder::new(4, |_| Some("eth1".to_string()));
-        b.add_flow(&key(10), &stats, None, Some(&hist(&[3_000, 600_000])));
-        b.add_flow(&key(11), &stats, None, Some(&hist(&[700_000])));
-        b.add_flow(&key(99), &stats, None, Some(&hist(&[5_000])));
+        b.add_flow(&key(10), &stats, None, Some(&hist(&[3_000, 600_000])), 0);
+        b.add_flow(&key(11), &stats, None, Some(&hist(&[700_000])), 0);
+        b.add_flow(&key(99), &stats, None, Some(&hist(&[5_000])), 0);
         let doc = b.finish(&[], None);
         let pod = "0f3c2a7e-1111-2222-3333-444455556666";
         let joined = crate::telemetry::qps::join::join(
