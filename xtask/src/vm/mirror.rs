@@ -411,7 +411,78 @@ pub fn mirror(dir: &Path, o: &mut Outcome) -> Result<()> {
     }
 
     collector(dir, &wire, o)?;
-    analyze(dir, &wire, o)
+    analyze(dir, &wire, o)?;
+    loss_and_latency(dir, o)
+}
+
+/// Loss and latency at the mirroring port (the sessions copy both directions of
+/// veth0): every session's flows have round trips, none was left unpaired, and each
+/// flow's `capture_gaps` is `analyze`'s of the copies the collector received.
+fn loss_and_latency(dir: &Path, o: &mut Outcome) -> Result<()> {
+    let (Ok(live), Ok(offline)) = (
+        read_json(&dir.join("flows.json")),
+        read_json(&dir.join("analyze.json")),
+    ) else {
+        // Said already by `collector` and `analyze`.
+        return Ok(());
+    };
+    let mut samples: BTreeMap<Session, u64> = BTreeMap::new();
+    let mut live_gaps = BTreeMap::new();
+    for f in live["flows"].as_array().into_iter().flatten() {
+        let Ok(s) = session_of(&f["mirror"]) else {
+            continue;
+        };
+        *samples.entry(s.clone()).or_default() += f["rtt"]["samples"].as_u64().unwrap_or(0);
+        live_gaps.insert(gap_key(&s, f), f["capture_gaps"].clone());
+    }
+    let mut offline_gaps = BTreeMap::new();
+    for f in offline["flows"].as_array().into_iter().flatten() {
+        if let Ok(s) = session_of(&f["mirror"]) {
+            offline_gaps.insert(gap_key(&s, f), f["capture_gaps"].clone());
+        }
+    }
+    for s in expected_sessions() {
+        o.figures += 1;
+        let n = samples.get(&s).copied().unwrap_or(0);
+        if n == 0 {
+            o.problem(format!("{s}: the collector measured no round trip"));
+        }
+    }
+    o.notes.push(format!(
+        "collector round trips by session: {}",
+        samples
+            .iter()
+            .map(|(s, n)| format!("{} {}: {n}", s.kind, s.session))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    o.figures += 1;
+    if live["counters"]["rtt_unpaired"] != serde_json::json!({"shared_psn": 0, "other_qp": 0}) {
+        o.problem(format!(
+            "the collector left round trips unpaired: {}",
+            live["counters"]["rtt_unpaired"]
+        ));
+    }
+    for (k, want) in &offline_gaps {
+        o.figures += 1;
+        let got = live_gaps.get(k).cloned().unwrap_or(Value::Null);
+        if &got != want || !got.is_u64() {
+            o.problem(format!(
+                "{k}: capture_gaps live {got}, analyze {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A mirrored flow as one line: its session and key.
+fn gap_key(s: &Session, f: &Value) -> String {
+    format!(
+        "{s} {}>{} qp {}",
+        norm_ip(f["src"].as_str().unwrap_or("?")),
+        norm_ip(f["dst"].as_str().unwrap_or("?")),
+        f["dest_qp"]
+    )
 }
 
 /// The collector agent: only mirrored flows, all on the collector's interface, equal
