@@ -467,9 +467,7 @@ fn loss_and_latency(dir: &Path, o: &mut Outcome) -> Result<()> {
         o.figures += 1;
         let got = live_gaps.get(k).cloned().unwrap_or(Value::Null);
         if &got != want || !got.is_u64() {
-            o.problem(format!(
-                "{k}: capture_gaps live {got}, analyze {want}"
-            ));
+            o.problem(format!("{k}: capture_gaps live {got}, analyze {want}"));
         }
     }
     Ok(())
