@@ -16,3 +16,4 @@ pub mod rdma;
 pub mod sys;
 pub mod telemetry;
 pub mod top;
+pub mod verdict;

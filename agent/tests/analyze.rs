@@ -14,7 +14,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
@@ -3267,4 +3267,138 @@ fn an_icrc_no_frame_kept_is_the_capture_paths_not_the_fabrics() {
         !found.contains(&"icrc_not_preserved".to_string()),
         "{found:?}"
     );
+}
+
+/// The ECN -> CNP loop in a capture: `marks` CE-marked writes 198.18.0.1 -> .2 on QP
+/// 0x600, ACKs back on QP 0x601, and `cnps` CNPs back to QP 0x601.
+fn ce_loop(marks: u32, cnps: u32) -> Frames {
+    let eth = Eth::default();
+    let mut f = Frames::default();
+    for psn in 0..20 {
+        let tos = if psn < marks { TOS_CE } else { TOS_DATA };
+        f.push(roce_frame(
+            &eth,
+            &plain(tos),
+            0xC000,
+            &RoceMsg::write_only(0x600, psn, 256),
+        ));
+        f.push(roce_frame(
+            &eth,
+            &plain_back(TOS_DATA),
+            0xC001,
+            &RoceMsg::ack(0x601, psn, 0x1F),
+        ));
+    }
+    for _ in 0..cnps {
+        f.push(roce_frame(&eth, &plain_back(TOS_CNP), 0xC001, &cnp(0x601)));
+    }
+    f
+}
+
+/// The findings of `frames` named `check`, with the reference engine.
+fn findings_named(frames: &Frames, check: &str) -> Vec<Value> {
+    let s = Scratch::new();
+    let p = s.path("verdict.pcap");
+    frames.write_pcap(&p);
+    let (doc, _) = analyze_json(&p, "reference");
+    doc["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["check"] == check)
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn ce_marks_that_no_cnp_answers_are_a_broken_loop_and_the_near_misses_are_not() {
+    let found = findings_named(&ce_loop(10, 0), "ce_unanswered");
+    assert_eq!(found.len(), 1, "{found:?}");
+    let f = &found[0];
+    assert_eq!(f["severity"], "error");
+    assert_eq!(f["flows"], 1);
+    assert_eq!(f["interface"], Value::Null);
+    let text = f["found"].as_str().unwrap();
+    // 40 frames 1 µs apart.
+    assert!(
+        text.starts_with("10 CE-marked RoCE packets 198.18.0.1→198.18.0.2 in the capture (39 µs)"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("no CNP back among the 20 RoCE packets 198.18.0.2→198.18.0.1"),
+        "{text}"
+    );
+    assert!(f["fix"].as_str().unwrap().contains("roce_np"), "{f}");
+    // Nine marks are too few to say; one CNP answers them.
+    assert!(findings_named(&ce_loop(9, 0), "ce_unanswered").is_empty());
+    assert!(findings_named(&ce_loop(20, 1), "ce_unanswered").is_empty());
+}
+
+#[test]
+fn many_queue_pairs_on_one_source_port_are_low_ecmp_entropy() {
+    let eth = Eth::default();
+    let frames = |ports: u16| {
+        let mut f = Frames::default();
+        for qp in 0..8u32 {
+            let sport = 0xC000 + (qp as u16 % ports);
+            f.push(roce_frame(
+                &eth,
+                &plain(TOS_DATA),
+                sport,
+                &RoceMsg::write_only(0x700 + qp, 1, 64),
+            ));
+        }
+        f
+    };
+    let found = findings_named(&frames(1), "ecmp_low_entropy");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0]["severity"], "warning");
+    assert_eq!(found[0]["flows"], 8);
+    assert_eq!(
+        found[0]["found"],
+        "8 queue pairs 198.18.0.1→198.18.0.2 on 1 UDP source port (49152): ECMP spreads them over 1 path at most"
+    );
+    assert!(findings_named(&frames(2), "ecmp_low_entropy").len() == 1);
+    assert!(findings_named(&frames(3), "ecmp_low_entropy").is_empty());
+}
+
+#[test]
+fn real_captures_have_no_ce_so_no_loop_verdict_and_a_source_port_per_queue_pair() {
+    for p in real_captures() {
+        let (doc, _) = analyze_json(&p, "reference");
+        let flows = doc["flows"].as_array().expect("flows");
+        let ce: u64 = flows
+            .iter()
+            .map(|f| f["ecn"]["ce"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(
+            ce,
+            0,
+            "{}: soft-RoCE on a quiet link marks nothing",
+            p.display()
+        );
+        // Per path: the queue pairs and their source ports (rdma_rxe derives the port
+        // from the QP).
+        let mut paths: BTreeMap<(String, String), (BTreeSet<u64>, BTreeSet<u64>)> = BTreeMap::new();
+        for f in flows {
+            let e = paths
+                .entry((f["src"].to_string(), f["dst"].to_string()))
+                .or_default();
+            e.0.insert(f["dest_qp"].as_u64().unwrap());
+            e.1.insert(f["sport"].as_u64().unwrap());
+        }
+        for (path, (qps, ports)) in &paths {
+            assert_eq!(qps.len(), ports.len(), "{}: {path:?}", p.display());
+        }
+        let verdicts: Vec<&Value> = doc["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| {
+                ["ce_unanswered", "ecmp_low_entropy", "inner_ce_lost"]
+                    .contains(&f["check"].as_str().unwrap_or(""))
+            })
+            .collect();
+        assert!(verdicts.is_empty(), "{}: {verdicts:?}", p.display());
+    }
 }

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use roce_testkit::lab::oracle::{self, FlowTable};
 use roce_testkit::lab::{bins, Lab, LabOptions, Proc};
 use serde_json::Value;
@@ -449,4 +449,117 @@ fn a_table_too_small_for_the_traffic_evicts_the_oldest_flows_and_mixes_no_counts
     assert_eq!(old_left + evicted, 48, "flows {flows:?}, evicted {evicted}");
     rig.stop_agent()?;
     Ok(())
+}
+
+/// `GET /findings` of the agent in namespace B.
+fn agent_findings(rig: &Rig) -> Result<Vec<Value>> {
+    let out = rig.lab.exec(
+        &rig.lab.b.ns,
+        "curl",
+        &["-s", &format!("http://{API}/findings")],
+    )?;
+    let doc: Value = serde_json::from_slice(&out.stdout).context("GET /findings is not JSON")?;
+    doc["findings"]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| anyhow!("GET /findings without a findings array: {doc}"))
+}
+
+/// Polls `GET /findings` until `want` holds of the findings named `check` (10 s at most).
+fn wait_for_findings(
+    rig: &Rig,
+    check: &str,
+    what: &str,
+    want: impl Fn(&[Value]) -> bool,
+) -> Result<Vec<Value>> {
+    let start = Instant::now();
+    loop {
+        let named: Vec<Value> = agent_findings(rig)?
+            .into_iter()
+            .filter(|f| f["check"] == check)
+            .collect();
+        if want(&named) {
+            return Ok(named);
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("{what}: after 10 s the {check} findings are {named:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn unanswered_ce_marks_and_queue_pairs_on_one_port_are_live_verdicts() -> Result<()> {
+    require_root();
+    let mut rig = Rig::new(LabOptions::default())?;
+    rig.start_agent()?;
+    let (a, b) = (rig.lab.a.ip4.to_string(), rig.lab.b.ip4.to_string());
+    let veth_a = rig.lab.a.veth.clone();
+    let veth_b = rig.lab.b.veth.clone();
+    // From B, through the agent's tc: ACKs (and later a CNP) back to A's QP 0x21.
+    let from_b = |extra: &str| -> Result<()> {
+        let mut cmd = rig.lab.command(&rig.lab.b.ns, rig.exe("roce-gen"));
+        cmd.args(argv(&format!(
+            "--iface {veth_b} --dst {a} --qp 0x21 {extra}"
+        )));
+        let out = cmd.output().context("running roce-gen in B")?;
+        if !out.status.success() {
+            bail!("roce-gen in B: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    };
+    // 20 CE-marked writes to B's QP 0x20, 20 ACKs back, no CNP: the loop is broken.
+    rig.gen(&argv(&format!(
+        "--iface {veth_a} --dst {b} --qp 0x20 --ops write --count 20 --ce 20"
+    )))?;
+    from_b("--ops ack --count 20")?;
+    let found = wait_for_findings(&rig, "ce_unanswered", "20 marks, no CNP", |f| f.len() == 1)?;
+    let f = &found[0];
+    println!("{f}");
+    ensure!(
+        f["severity"] == "error" && f["interface"] == veth_b.as_str(),
+        "{f}"
+    );
+    let text = f["found"].as_str().unwrap_or_default();
+    ensure!(
+        text.starts_with(&format!("20 CE-marked RoCE packets {a}→{b} in the last ")),
+        "{text}"
+    );
+    ensure!(
+        text.ends_with(&format!("no CNP back among the 20 RoCE packets {b}→{a}")),
+        "{text}"
+    );
+    // One CNP back within the window: the notification point answers, the verdict goes.
+    from_b("--ops ack --count 1 --cnp 1")?;
+    wait_for_findings(&rig, "ce_unanswered", "a CNP back", |f| f.is_empty())?;
+
+    // Eight QPs from A on one UDP source port; then eight more, each on its own port:
+    // 17 QPs on 10 ports between the same hosts is spread enough.
+    for qp in 0..8 {
+        rig.gen(&argv(&format!(
+            "--iface {veth_a} --dst {b} --qp {} --sport 50000 --count 2",
+            0x100 + qp
+        )))?;
+    }
+    let found = wait_for_findings(&rig, "ecmp_low_entropy", "8 QPs on 1 port", |f| {
+        f.len() == 1
+    })?;
+    println!("{}", found[0]);
+    // With the first test's QP 0x20 on port 49152: 9 QPs on 2 ports.
+    ensure!(
+        found[0]["found"]
+            == format!(
+                "9 queue pairs {a}→{b} on 2 UDP source ports (49152, 50000): ECMP spreads them over 2 paths at most"
+            )
+            .as_str(),
+        "{}",
+        found[0]
+    );
+    rig.gen(&argv(&format!(
+        "--iface {veth_a} --dst {b} --qp 0x200 --flows 8 --sport 51000 --count 2"
+    )))?;
+    wait_for_findings(&rig, "ecmp_low_entropy", "17 QPs on 10 ports", |f| {
+        f.is_empty()
+    })?;
+    rig.stop_agent()
 }

@@ -513,6 +513,16 @@ pub fn findings(
         ));
     }
 
+    // The fabric verdicts, over the capture's time.
+    let span = match (capture.first_ns, capture.last_ns) {
+        (Some(a), Some(b)) if b > a => Some(std::time::Duration::from_nanos(b - a)),
+        _ => None,
+    };
+    out.extend(crate::verdict::of_capture(
+        flows.iter().map(|f| &f.flow),
+        span,
+    ));
+
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
 }

@@ -51,6 +51,8 @@ pub struct Watcher {
     failing: Option<String>,
     /// The RDMA ports' GID tables, kept between rounds.
     ports: PortCache,
+    /// The fabric verdicts on the flows, each round judging its own window.
+    verdicts: crate::verdict::Live,
 }
 
 impl Watcher {
@@ -68,14 +70,24 @@ impl Watcher {
             reported: BTreeSet::new(),
             failing: None,
             ports: PortCache::new(GID_TABLES_MAX_AGE),
+            verdicts: crate::verdict::Live::default(),
         }
     }
 
-    /// One round: audit, enforce, log what changed. The findings to serve (an audit
-    /// that could not run is itself a finding, so `/findings` never lies by omission).
+    /// One round: audit, enforce, judge the flows, log what changed. The findings to
+    /// serve (an audit that could not run is itself a finding, so `/findings` never
+    /// lies by omission).
     pub fn round(&mut self, flows: Option<&LiveDocument>) -> Vec<Finding> {
         let wanted = self.wanted_peers(flows);
-        self.round_with_peers(wanted)
+        let verdicts = flows.map(|d| self.verdicts(d)).unwrap_or_default();
+        self.round_with_peers(wanted, verdicts)
+    }
+
+    /// The fabric verdicts on the flows of `doc` (`crate::verdict`), over the window
+    /// since the last call.
+    pub fn verdicts(&mut self, doc: &LiveDocument) -> Vec<Finding> {
+        self.verdicts
+            .round(|f| doc.for_each_facts(f), &doc.counters.qos.vteps)
     }
 
     /// The peers to probe: the configured ones, then (when asked for) the remote outer
@@ -101,8 +113,13 @@ impl Watcher {
         wanted
     }
 
-    /// [`Self::round`] with the peers [`Self::wanted_peers`] chose.
-    pub fn round_with_peers(&mut self, wanted: Vec<IpAddr>) -> Vec<Finding> {
+    /// [`Self::round`] with the peers [`Self::wanted_peers`] chose and the verdicts
+    /// [`Self::verdicts`] made.
+    pub fn round_with_peers(
+        &mut self,
+        wanted: Vec<IpAddr>,
+        verdicts: Vec<Finding>,
+    ) -> Vec<Finding> {
         let mut result = audit_with(&self.opts, &mut self.ports);
         if self.enforce_mtu {
             if let Ok(a) = &result {
@@ -128,6 +145,7 @@ impl Watcher {
                     tracing::info!("the host audit runs again");
                 }
                 a.findings.extend(self.probe_peers(wanted));
+                a.findings.extend(verdicts);
                 crate::audit::sort(&mut a.findings);
                 self.log_changes(&a.findings);
                 a.findings
@@ -138,14 +156,17 @@ impl Watcher {
                     tracing::warn!(error = %text, "the host audit could not run");
                     self.failing = Some(text.clone());
                 }
-                vec![crate::audit::finding(
+                // The verdicts on the flows stand without the host audit.
+                let mut findings = vec![crate::audit::finding(
                     "audit",
                     None,
                     Severity::Error,
                     format!("the host audit could not run: {text}"),
                     "an audit that runs",
                     "see the agent's log",
-                )]
+                )];
+                findings.extend(verdicts);
+                findings
             }
         }
     }
@@ -230,8 +251,9 @@ pub async fn every(
         let doc = flows.borrow().clone();
         match tokio::task::spawn_blocking(move || {
             let wanted = w.wanted_peers(Some(&doc));
+            let verdicts = w.verdicts(&doc);
             drop(doc); // a large table is not kept alive for the length of the probes
-            let findings = w.round_with_peers(wanted);
+            let findings = w.round_with_peers(wanted, verdicts);
             (w, findings)
         })
         .await

@@ -189,6 +189,23 @@ impl LiveDocument {
         }
     }
 
+    /// Calls `f` with what the fabric verdicts read of every flow (`verdict`), making
+    /// no `Flow`; in no particular order.
+    pub fn for_each_facts(&self, f: &mut dyn FnMut(crate::verdict::FlowFacts<'_>)) {
+        match &self.flows {
+            Flows::Rows(t) => {
+                for r in &t.rows {
+                    f(t.facts(r));
+                }
+            }
+            Flows::Flows(v) => {
+                for flow in v {
+                    f(crate::verdict::FlowFacts::of(flow));
+                }
+            }
+        }
+    }
+
     /// The same document as a [`Document`] (every flow made at once: tests and tools).
     pub fn to_document(&self) -> Document {
         Document {

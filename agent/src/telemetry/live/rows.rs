@@ -21,7 +21,7 @@ use roce_common::mirror::{
 use roce_common::rtt::{RttHist, RTT_OCTAVES, RTT_SUB_BUCKETS};
 
 use super::Figures;
-use crate::doc::{Direction, Ecn, Flow, Rtt};
+use crate::doc::{key_addr, Direction, Ecn, Flow, Rtt};
 use crate::telemetry::rates::{self, Totals};
 
 /// One flow: the kernel's counters, CPUs merged, and its key, compact. The counters
@@ -580,6 +580,29 @@ impl RowTable {
             }
         };
         Some(rates::rates(&totals, self.interval_s))
+    }
+
+    /// What the fabric verdicts read of row `r`.
+    pub(super) fn facts(&self, r: &Row) -> crate::verdict::FlowFacts<'_> {
+        let k = self.wide_key(r);
+        let fig = self.figures(r);
+        let tunnelled = r.tunnelled();
+        let inner = |a: &[u32; 4]| tunnelled.then(|| key_addr(a, r.inner_v6()));
+        crate::verdict::FlowFacts {
+            ifname: fig.ifname,
+            // A mirror session's copies hold both directions, as a capture does.
+            direction: fig.direction.filter(|_| !r.mirrored()),
+            src: key_addr(&k.src, r.outer_v6()),
+            dst: key_addr(&k.dst, r.outer_v6()),
+            vni: tunnelled.then_some(k.vni),
+            inner_src: inner(&k.inner_src),
+            inner_dst: inner(&k.inner_dst),
+            dest_qp: r.dest_qp,
+            sport: r.sport,
+            packets: r.packets,
+            ce: r.ce + fig.inner_ecn.map_or(0, |e| e.ce),
+            cnps: fig.cnps,
+        }
     }
 
     pub(super) fn figures(&self, r: &Row) -> Figures<'_> {

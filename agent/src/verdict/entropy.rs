@@ -1,0 +1,124 @@
+//! ECMP entropy: RoCEv2 carries a flow's entropy in its UDP source port (the
+//! destination port is always 4791), so ECMP spreads the queue pairs between two hosts
+//! over the fabric's paths only as far as their source ports differ. Many queue pairs
+//! on few ports pile onto few paths, however many the fabric has (Meta's RoCE fabric
+//! for training, SIGCOMM 2024: QP-aware hashing and more QPs per connection gave up to
+//! 40% on AllReduce). Per interface and path (the source host chose the ports): the
+//! distinct destination QPs against the distinct source ports of the flows on it. In
+//! VXLAN the VTEP derives the outer port from the inner flow, so the inner ports count.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{FlowFacts, Path};
+use crate::doc::finding::{Finding, Severity};
+
+/// Queue pairs on one path before their ports are judged.
+pub const MIN_QPS: usize = 8;
+/// Low: at least this many queue pairs a port on average.
+pub const QPS_PER_PORT: usize = 4;
+
+/// The queue pairs and source ports of each path, by interface.
+#[derive(Clone, Debug, Default)]
+pub struct Ports {
+    /// Queue pairs, ports and flows.
+    paths: BTreeMap<(Option<String>, Path), (BTreeSet<u32>, BTreeSet<u16>, u64)>,
+}
+
+impl Ports {
+    pub fn add(&mut self, f: &FlowFacts<'_>) {
+        let e = self
+            .paths
+            .entry((f.ifname.map(str::to_string), Path::of(f)))
+            .or_default();
+        e.0.insert(f.dest_qp);
+        e.1.insert(f.sport);
+        e.2 += 1;
+    }
+}
+
+/// `ecmp_low_entropy` for every path with [`MIN_QPS`] queue pairs or more that share
+/// their source ports [`QPS_PER_PORT`] or more to a port; `in_capture` counts the
+/// flows of each finding, as `analyze`'s findings do.
+pub fn low_entropy(ports: &Ports, in_capture: bool) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for ((ifname, path), (qps, sports, flows)) in &ports.paths {
+        if qps.len() < MIN_QPS || sports.len() * QPS_PER_PORT > qps.len() {
+            continue;
+        }
+        let mut list: Vec<String> = sports.iter().take(8).map(u16::to_string).collect();
+        if sports.len() > 8 {
+            list.push("...".to_string());
+        }
+        out.push(Finding {
+            check: "ecmp_low_entropy".to_string(),
+            interface: ifname.clone(),
+            severity: Severity::Warning,
+            found: format!(
+                "{} queue pairs {path} on {} UDP source port{} ({}): ECMP spreads them over {} path{} at most",
+                qps.len(),
+                sports.len(),
+                if sports.len() == 1 { "" } else { "s" },
+                list.join(", "),
+                sports.len(),
+                if sports.len() == 1 { "" } else { "s" },
+            ),
+            expected: "a UDP source port per queue pair (RoCEv2's only flow entropy: the destination port is always 4791)".to_string(),
+            fix: format!(
+                "at {}: let the RNIC derive each QP's UDP source port from the QP (its default; a fixed port is a driver, firmware or rdma_cm setting to undo), or spread the traffic over more ports; on the switches, hash on more than the 5-tuple (QP-aware hashing) where they can",
+                path.from
+            ),
+            flows: in_capture.then_some(*flows),
+            flow_keys: Vec::new(),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doc::Direction;
+
+    fn flows(qps: u32, ports: u16) -> Ports {
+        let mut p = Ports::default();
+        for qp in 0..qps {
+            p.add(&FlowFacts {
+                ifname: Some("eth1"),
+                direction: Some(Direction::Egress),
+                src: "198.18.0.1".parse().unwrap(),
+                dst: "198.18.0.2".parse().unwrap(),
+                vni: None,
+                inner_src: None,
+                inner_dst: None,
+                dest_qp: 0x100 + qp,
+                sport: 49152 + (qp as u16 % ports),
+                packets: 10,
+                ce: 0,
+                cnps: 0,
+            });
+        }
+        p
+    }
+
+    fn low_entropy_live(p: &Ports) -> Vec<Finding> {
+        low_entropy(p, false)
+    }
+
+    #[test]
+    fn many_queue_pairs_on_few_ports_are_low_entropy_and_the_near_misses_are_not() {
+        let found = low_entropy_live(&flows(8, 1));
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].check, "ecmp_low_entropy");
+        assert_eq!(found[0].interface.as_deref(), Some("eth1"));
+        assert_eq!(
+            found[0].found,
+            "8 queue pairs 198.18.0.1→198.18.0.2 on 1 UDP source port (49152): ECMP spreads them over 1 path at most"
+        );
+        assert_eq!(low_entropy_live(&flows(16, 4)).len(), 1);
+        // 7 queue pairs: too few to judge; 8 on 3 ports, 16 on 5: spread enough.
+        assert!(low_entropy_live(&flows(7, 1)).is_empty());
+        assert!(low_entropy_live(&flows(8, 3)).is_empty());
+        assert!(low_entropy_live(&flows(16, 5)).is_empty());
+        assert!(low_entropy_live(&flows(64, 64)).is_empty());
+    }
+}

@@ -1,0 +1,315 @@
+//! Fabric verdicts: what the flows say is broken in the fabric's loops, named as
+//! findings (check name, subject, evidence with its numbers and window, severity, the
+//! fix), live (`GET /findings`, `roce_check_findings`) and in `analyze`. Each verdict
+//! reads the same few facts of each flow ([`FlowFacts`]), so the live table (rows,
+//! no `Flow` made) and a capture's flows feed them alike.
+//!
+//! - [`ce_loop`]: CE marks that no CNP answers (`ce_unanswered`).
+//! - [`entropy`]: many queue pairs on few UDP source ports (`ecmp_low_entropy`).
+//! - [`overlay`]: underlay CE marks decapsulation could not carry (`inner_ce_lost`).
+
+pub mod ce_loop;
+pub mod entropy;
+pub mod overlay;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use crate::doc::finding::Finding;
+use crate::doc::{Direction, Flow, VtepRecord};
+
+/// What the verdicts read of one flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowFacts<'a> {
+    /// None in `analyze`.
+    pub ifname: Option<&'a str>,
+    /// None in `analyze` and for mirrored flows.
+    pub direction: Option<Direction>,
+    /// Outer addresses.
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub vni: Option<u32>,
+    pub inner_src: Option<IpAddr>,
+    pub inner_dst: Option<IpAddr>,
+    pub dest_qp: u32,
+    /// The RoCE UDP source port (the inner one when tunnelled).
+    pub sport: u16,
+    pub packets: u64,
+    /// Packets with CE in the outer or the inner header.
+    pub ce: u64,
+    pub cnps: u64,
+}
+
+impl<'a> FlowFacts<'a> {
+    pub fn of(f: &'a Flow) -> FlowFacts<'a> {
+        FlowFacts {
+            ifname: f.ifname.as_deref(),
+            // A mirror session's copies hold both directions, as a capture does.
+            direction: f.direction.filter(|_| f.mirror.is_none()),
+            src: f.src,
+            dst: f.dst,
+            vni: f.vni,
+            inner_src: f.inner_src,
+            inner_dst: f.inner_dst,
+            dest_qp: f.dest_qp,
+            sport: f.sport,
+            packets: f.packets,
+            ce: f.ecn.ce + f.inner_ecn.map_or(0, |e| e.ce),
+            cnps: f.cnps,
+        }
+    }
+}
+
+/// Two hosts as the verdicts name a path between them: outer addresses, and the VNI
+/// and inner addresses when tunnelled. `from` sends, `to` receives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Path {
+    pub from: IpAddr,
+    pub to: IpAddr,
+    pub vni: Option<u32>,
+    pub inner_from: Option<IpAddr>,
+    pub inner_to: Option<IpAddr>,
+}
+
+impl Path {
+    /// The path `f` travels.
+    pub fn of(f: &FlowFacts<'_>) -> Path {
+        Path {
+            from: f.src,
+            to: f.dst,
+            vni: f.vni,
+            inner_from: f.inner_src,
+            inner_to: f.inner_dst,
+        }
+    }
+
+    /// The way back.
+    pub fn reversed(&self) -> Path {
+        Path {
+            from: self.to,
+            to: self.from,
+            vni: self.vni,
+            inner_from: self.inner_to,
+            inner_to: self.inner_from,
+        }
+    }
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}→{}", self.from, self.to)?;
+        if let (Some(vni), Some(a), Some(b)) = (self.vni, self.inner_from, self.inner_to) {
+            write!(f, " (vni {vni} {a}→{b})")?;
+        }
+        Ok(())
+    }
+}
+
+/// The window a verdict's numbers were counted in, as its evidence says it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Window {
+    /// The live agent's, between two rounds.
+    Live(Duration),
+    /// A whole capture, `Some(span)` of frame time when it has two frames or more.
+    Capture(Option<Duration>),
+}
+
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Window::Live(d) => write!(f, "in the last {}", span(*d)),
+            Window::Capture(Some(d)) => write!(f, "in the capture ({})", span(*d)),
+            Window::Capture(None) => write!(f, "in the capture"),
+        }
+    }
+}
+
+/// `39 µs`, `2.5 ms`, `1.0 s`.
+fn span(d: Duration) -> String {
+    let us = d.as_micros();
+    if us < 1000 {
+        format!("{us} µs")
+    } else if us < 1_000_000 {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
+}
+
+/// How far back the live loop verdicts look: what happened in the last half minute
+/// (at least one round back), so that a verdict stands long enough for a scrape to
+/// see it, and goes when the fabric mends.
+pub const LIVE_WINDOW: Duration = Duration::from_secs(30);
+
+/// The verdicts of the live agent, round after round: they keep the loop totals of the
+/// rounds of the last [`LIVE_WINDOW`], so that each round judges that window, not
+/// everything since the flows began.
+#[derive(Debug)]
+pub struct Live {
+    window: Duration,
+    /// Totals of earlier rounds, oldest first.
+    rounds: std::collections::VecDeque<(Instant, Snapshot)>,
+}
+
+/// What a round keeps for the rounds after it.
+#[derive(Debug)]
+struct Snapshot {
+    loops: ce_loop::Totals,
+    vteps: overlay::Totals,
+}
+
+impl Default for Live {
+    fn default() -> Live {
+        Live::with_window(LIVE_WINDOW)
+    }
+}
+
+impl Live {
+    pub fn with_window(window: Duration) -> Live {
+        Live {
+            window,
+            rounds: Default::default(),
+        }
+    }
+
+    /// The verdicts of this round, from every flow of the table now (`for_each` calls
+    /// its argument with each) and the decapsulation counters per remote VTEP.
+    pub fn round(
+        &mut self,
+        for_each: impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)),
+        vteps: &[VtepRecord],
+    ) -> Vec<Finding> {
+        self.round_at(Instant::now(), for_each, vteps)
+    }
+
+    fn round_at(
+        &mut self,
+        now: Instant,
+        for_each: impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)),
+        vteps: &[VtepRecord],
+    ) -> Vec<Finding> {
+        let mut loops = ce_loop::Totals::default();
+        let mut ports = entropy::Ports::default();
+        for_each(&mut |f| {
+            loops.add(&f);
+            ports.add(&f);
+        });
+        let snapshot = Snapshot {
+            loops,
+            vteps: overlay::Totals::of(vteps),
+        };
+        // The oldest round still within the window is the one to compare with.
+        while self.rounds.len() > 1
+            && self
+                .rounds
+                .get(1)
+                .is_some_and(|(t, _)| now.duration_since(*t) >= self.window)
+        {
+            self.rounds.pop_front();
+        }
+        let mut out = Vec::new();
+        if let Some((then, before)) = self.rounds.front() {
+            let window = Window::Live(now.duration_since(*then));
+            out.extend(ce_loop::unanswered(
+                &snapshot.loops,
+                Some(&before.loops),
+                window,
+            ));
+            out.extend(overlay::inner_ce_lost(
+                &snapshot.vteps,
+                &before.vteps,
+                window,
+            ));
+        }
+        out.extend(entropy::low_entropy(&ports, false));
+        self.rounds.push_back((now, snapshot));
+        out
+    }
+}
+
+/// The verdicts of a capture's flows, over the capture's `span` of frame time.
+pub fn of_capture<'a>(
+    flows: impl Iterator<Item = &'a Flow>,
+    span: Option<Duration>,
+) -> Vec<Finding> {
+    let mut loops = ce_loop::Totals::default();
+    let mut ports = entropy::Ports::default();
+    for f in flows {
+        let facts = FlowFacts::of(f);
+        loops.add(&facts);
+        ports.add(&facts);
+    }
+    let mut out = ce_loop::unanswered(&loops, None, Window::Capture(span));
+    out.extend(entropy::low_entropy(&ports, true));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marked(ce: u64, cnps: u64) -> impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)) {
+        move |f: &mut dyn FnMut(FlowFacts<'_>)| {
+            let flow = |src: &str, dst: &str, direction| FlowFacts {
+                ifname: Some("eth1"),
+                direction: Some(direction),
+                src: src.parse().unwrap(),
+                dst: dst.parse().unwrap(),
+                vni: None,
+                inner_src: None,
+                inner_dst: None,
+                dest_qp: 0x11,
+                sport: 49152,
+                packets: 100 + ce,
+                ce: 0,
+                cnps: 0,
+            };
+            f(FlowFacts {
+                ce,
+                ..flow("198.18.0.1", "198.18.0.2", Direction::Ingress)
+            });
+            f(FlowFacts {
+                cnps,
+                ..flow("198.18.0.2", "198.18.0.1", Direction::Egress)
+            });
+        }
+    }
+
+    impl Live {
+        fn round_at_flows(
+            &mut self,
+            now: Instant,
+            for_each: impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)),
+        ) -> Vec<Finding> {
+            self.round_at(now, for_each, &[])
+        }
+    }
+
+    #[test]
+    fn a_live_verdict_stands_for_its_window_and_goes_when_the_loop_mends() {
+        let t0 = Instant::now();
+        let s = |n| t0 + Duration::from_secs(n);
+        let mut live = Live::with_window(Duration::from_secs(30));
+        // The first round has nothing to compare with.
+        assert!(live.round_at_flows(s(0), marked(0, 0)).is_empty());
+        let found = live.round_at_flows(s(1), marked(50, 0));
+        assert_eq!(found.len(), 1);
+        assert!(
+            found[0].found.contains("in the last 1.0 s"),
+            "{}",
+            found[0].found
+        );
+        // No new marks, but the window still holds the 50.
+        let found = live.round_at_flows(s(20), marked(50, 0));
+        assert!(
+            found[0].found.contains("in the last 20.0 s"),
+            "{}",
+            found[0].found
+        );
+        // Past the window: the marks are old, nothing to say.
+        assert!(live.round_at_flows(s(40), marked(50, 0)).is_empty());
+        assert!(live.round_at_flows(s(75), marked(50, 0)).is_empty());
+        // New marks answered by a CNP: the loop works.
+        assert!(live.round_at_flows(s(76), marked(90, 1)).is_empty());
+    }
+}
