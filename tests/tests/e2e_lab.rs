@@ -563,3 +563,38 @@ fn unanswered_ce_marks_and_queue_pairs_on_one_port_are_live_verdicts() -> Result
     })?;
     rig.stop_agent()
 }
+
+#[test]
+fn outer_ce_over_a_not_ect_inner_header_at_a_vtep_is_a_live_verdict() -> Result<()> {
+    require_root();
+    let mut rig = Rig::new(LabOptions::default())?;
+    let veth_b = rig.lab.b.veth.clone();
+    rig.start_agent_with(&["--vtep", &veth_b])?;
+    let (a, b) = (rig.lab.a.ip4.to_string(), rig.lab.b.ip4.to_string());
+    let veth_a = rig.lab.a.veth.clone();
+    let vxlan = |extra: &str| {
+        rig.gen(&argv(&format!(
+            "--iface {veth_a} --vni 5001 --outer-src {a} --outer-dst {b} --src 198.19.0.1 --dst 198.19.0.2 --count 5 {extra}"
+        )))
+    };
+    // The near miss: outer CE over ECT(0) inner headers, which decapsulation carries.
+    vxlan("--outer-ce 5")?;
+    std::thread::sleep(Duration::from_secs(1));
+    let named: Vec<Value> = agent_findings(&rig)?
+        .into_iter()
+        .filter(|f| f["check"] == "inner_ce_lost")
+        .collect();
+    ensure!(named.is_empty(), "CE over ECT: {named:?}");
+    // Outer CE over Not-ECT inner headers: dropped at decapsulation, mark and packet.
+    vxlan("--outer-ce 5 --ecn not-ect")?;
+    let found = wait_for_findings(&rig, "inner_ce_lost", "CE over Not-ECT", |f| f.len() == 1)?;
+    let text = found[0]["found"].as_str().unwrap_or_default();
+    // Of the VXLAN packets the window holds (the near miss's among them), the five.
+    ensure!(
+        text.starts_with("5 of ")
+            && text.contains(&format!(" VXLAN packets from VTEP {a} in the last ")),
+        "{text}"
+    );
+    ensure!(found[0]["severity"] == "error", "{}", found[0]);
+    rig.stop_agent()
+}
