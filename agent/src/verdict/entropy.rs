@@ -17,11 +17,18 @@ pub const MIN_QPS: usize = 8;
 /// Low: at least this many queue pairs a port on average.
 pub const QPS_PER_PORT: usize = 4;
 
+/// What one path carries: its destination QPs, source ports and flows.
+#[derive(Clone, Debug, Default)]
+struct Spread {
+    qps: BTreeSet<u32>,
+    ports: BTreeSet<u16>,
+    flows: u64,
+}
+
 /// The queue pairs and source ports of each path, by interface.
 #[derive(Clone, Debug, Default)]
 pub struct Ports {
-    /// Queue pairs, ports and flows.
-    paths: BTreeMap<(Option<String>, Path), (BTreeSet<u32>, BTreeSet<u16>, u64)>,
+    paths: BTreeMap<(Option<String>, Path), Spread>,
 }
 
 impl Ports {
@@ -30,9 +37,9 @@ impl Ports {
             .paths
             .entry((f.ifname.map(str::to_string), Path::of(f)))
             .or_default();
-        e.0.insert(f.dest_qp);
-        e.1.insert(f.sport);
-        e.2 += 1;
+        e.qps.insert(f.dest_qp);
+        e.ports.insert(f.sport);
+        e.flows += 1;
     }
 }
 
@@ -41,7 +48,8 @@ impl Ports {
 /// flows of each finding, as `analyze`'s findings do.
 pub fn low_entropy(ports: &Ports, in_capture: bool) -> Vec<Finding> {
     let mut out = Vec::new();
-    for ((ifname, path), (qps, sports, flows)) in &ports.paths {
+    for ((ifname, path), spread) in &ports.paths {
+        let (qps, sports) = (&spread.qps, &spread.ports);
         if qps.len() < MIN_QPS || sports.len() * QPS_PER_PORT > qps.len() {
             continue;
         }
@@ -67,7 +75,7 @@ pub fn low_entropy(ports: &Ports, in_capture: bool) -> Vec<Finding> {
                 "at {}: let the RNIC derive each QP's UDP source port from the QP (its default; a fixed port is a driver, firmware or rdma_cm setting to undo), or spread the traffic over more ports; on the switches, hash on more than the 5-tuple (QP-aware hashing) where they can",
                 path.from
             ),
-            flows: in_capture.then_some(*flows),
+            flows: in_capture.then_some(spread.flows),
             flow_keys: Vec::new(),
         });
     }
