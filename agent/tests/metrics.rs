@@ -530,6 +530,14 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // Every fabric verdict the agent names has its alert.
+    let rules = std::fs::read_to_string(dir.join("roce-alerts.yml")).expect("the rules");
+    for check in ["ce_unanswered", "ecmp_low_entropy", "inner_ce_lost"] {
+        assert!(
+            rules.contains(&format!("check=\"{check}\"")),
+            "no alert rule for {check}"
+        );
+    }
 }
 
 #[test]

@@ -227,3 +227,209 @@ fn prometheus_scrapes_the_agent_over_mutual_tls_with_basic_auth() {
         .expect("curl");
     assert_eq!(text(&no_password.stdout), "401");
 }
+
+/// The Grafana dashboard's queries (`deploy/grafana/roce-agent.json`), each panel's
+/// title with its targets' expressions.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/grafana/roce-agent.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut out = Vec::new();
+    for p in dash["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().expect("a target's expr");
+            out.push((
+                p["title"].as_str().unwrap_or("?").to_string(),
+                expr.to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// An expression as Grafana sends it, its variables set: every job and instance, a
+/// rate over 30 s (the scrape interval is 1 s).
+fn as_grafana_sends(expr: &str) -> String {
+    expr.replace("$__rate_interval", "30s")
+        .replace("$instance", ".*")
+        .replace("$job", ".*")
+}
+
+/// The series with a number (not NaN) an instant query returns (None: no answer).
+fn series(ns: &Netns, server: &str, promql: &str) -> Option<usize> {
+    let out = ns
+        .cmd(
+            "curl",
+            &[
+                "-sS",
+                "--max-time",
+                "2",
+                "-G",
+                &format!("http://{server}/api/v1/query"),
+                "--data-urlencode",
+                &format!("query={promql}"),
+            ],
+        )
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    assert_ne!(v["status"], "error", "{promql}: {v}");
+    let numbers = v["data"]["result"].as_array()?.iter().filter(|r| {
+        r["value"][1]
+            .as_str()
+            .and_then(|x| x.parse::<f64>().ok())
+            .is_some_and(f64::is_finite)
+    });
+    Some(numbers.count())
+}
+
+/// A RoCE datagram (BTH, `extra` headers after it, a zero ICRC) from `src` to `dst`.
+fn roce_datagram(opcode: u8, dest_qp: u32, psn: u32, ack_req: bool, extra: &[u8]) -> Vec<u8> {
+    let mut d = vec![0u8; 12];
+    d[0] = opcode;
+    d[1] = 0x40;
+    d[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
+    d[4..8].copy_from_slice(&(dest_qp & 0x00FF_FFFF).to_be_bytes());
+    if ack_req {
+        d[8] = 0x80;
+    }
+    d[9..12].copy_from_slice(&(psn & 0x00FF_FFFF).to_be_bytes()[1..]);
+    d.extend_from_slice(extra);
+    d.extend_from_slice(&[0; 4]);
+    d
+}
+
+/// Sends `datagrams` from `src` in `ns` to `dst`:4791 with TOS `tos`.
+fn send_datagrams(ns: &Netns, src: &str, dst: &str, tos: i32, datagrams: &[Vec<u8>]) {
+    let (src, dst) = (src.to_string(), dst.to_string());
+    let datagrams = datagrams.to_vec();
+    ns.enter(move || {
+        let sock = std::net::UdpSocket::bind(format!("{src}:0")).expect("bind");
+        // SAFETY: setsockopt with a pointer to an int that lives across the call.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
+                libc::IPPROTO_IP,
+                libc::IP_TOS,
+                (&raw const tos).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "IP_TOS");
+        for d in &datagrams {
+            sock.send_to(d, format!("{dst}:4791")).expect("send");
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Traffic that gives every panel something: CE-marked data arriving and CNPs leaving,
+/// requests asking for ACKs leaving and their ACKs arriving (round trips), a NAK and a
+/// go-back, a PSN gap. One round at PSN base `psn`.
+fn dashboard_traffic(pair: &Pair, psn: u32) {
+    const ECT0: i32 = (26 << 2) | 0b10;
+    const CE: i32 = (26 << 2) | 0b11;
+    let (a, b) = ("198.18.0.1", "198.18.0.2");
+    let send_only = 0x04;
+    let ack = |p: u32, syndrome: u8| roce_datagram(0x11, 0x41, p, false, &[syndrome, 0, 0, 1]);
+    // B's data to A's QP 0x30, CE-marked, with a PSN gap; A's CNPs back to QP 0x31.
+    let data: Vec<Vec<u8>> = (0..10)
+        .map(|i| roce_datagram(send_only, 0x30, psn + i + i / 5, false, &[]))
+        .collect();
+    send_datagrams(&pair.b, b, a, CE, &data);
+    send_datagrams(
+        &pair.a,
+        a,
+        b,
+        48 << 2,
+        &[roce_datagram(0x81, 0x31, 0, false, &[0; 16])],
+    );
+    // A's requests to B's QP 0x40, each asking for an ACK; B's ACKs to A's QP 0x41.
+    for i in 0..3 {
+        send_datagrams(
+            &pair.a,
+            a,
+            b,
+            ECT0,
+            &[roce_datagram(send_only, 0x40, psn + i, true, &[])],
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        send_datagrams(&pair.b, b, a, ECT0, &[ack(psn + i, 0x1F)]);
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    // A NAK of the next PSN, and A's go-back to it.
+    send_datagrams(&pair.b, b, a, ECT0, &[ack(psn + 1, 0x60)]);
+    send_datagrams(
+        &pair.a,
+        a,
+        b,
+        ECT0,
+        &[roce_datagram(send_only, 0x40, psn + 1, true, &[])],
+    );
+}
+
+#[test]
+fn every_query_of_the_dashboard_returns_data_from_a_live_agent() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    if !have_prometheus() {
+        return;
+    }
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 20, "{queries:?}");
+    let dir = TempDir::new("roce-prom-dash");
+    let scrape = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &scrape,
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: roce-agent\n    static_configs:\n      - targets: ['127.0.0.1:9477']\n",
+    )
+    .expect("prometheus config");
+    let pair = Pair::new(NS);
+    // The mlx5 fixture tree stands for the RNIC: its counters, and its port's PFC
+    // pause counters (`ethtool-S`).
+    let agent = Agent::start(
+        &pair.a,
+        &[
+            "run",
+            "--iface",
+            "va",
+            "--no-pin",
+            "--listen",
+            "127.0.0.1:9477",
+            "--interval",
+            "0.2",
+            "--sysfs-root",
+            &common::fixture("mlx5-good"),
+        ],
+    );
+    agent.wait_for_log("serving");
+    let server = "127.0.0.1:19091";
+    let prom = Prometheus::start(&pair.a, dir.path(), &scrape, server);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut psn = 0x1000;
+    loop {
+        dashboard_traffic(&pair, psn);
+        psn += 0x100;
+        let empty: Vec<String> = queries
+            .iter()
+            .filter(|(_, q)| series(&pair.a, server, &as_grafana_sends(q)).unwrap_or(0) == 0)
+            .map(|(panel, q)| format!("{panel}: {q}"))
+            .collect();
+        if empty.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queries of the dashboard without data:\n{}\nprometheus:\n{}\nagent:\n{}",
+            empty.join("\n"),
+            prom.log(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

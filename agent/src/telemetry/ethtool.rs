@@ -235,6 +235,21 @@ impl PauseDirection {
     }
 }
 
+/// Statistics as `ethtool -S IF` prints them (`NIC statistics:`, then `name: value`
+/// lines): the fixture trees' stand-in for a NIC's (`--sysfs-root DIR`:
+/// `DIR/class/net/IF/ethtool-S`). Lines that are not `name: number` are skipped.
+pub fn stats_from_text(text: &str) -> Vec<Stat> {
+    text.lines()
+        .filter_map(|l| {
+            let (name, value) = l.trim().rsplit_once(':')?;
+            Some(Stat {
+                name: name.trim().to_string(),
+                value: value.trim().parse().ok()?,
+            })
+        })
+        .collect()
+}
+
 /// Per-priority PFC pause counters of one interface.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PfcCounters {

@@ -68,12 +68,27 @@ impl HostSources {
             .map_err(|e| tracing::debug!(error = %e, "no ethtool statistics"))
             .ok();
         for ifname in &pfc_interfaces {
-            if let Some(pfc) = read_pfc(socket.as_ref(), ifname) {
+            let pfc = read_pfc_fixture(&self.sysfs_root, ifname)
+                .or_else(|| read_pfc(socket.as_ref(), ifname));
+            if let Some(pfc) = pfc {
                 readings.pfc.push(pfc);
             }
         }
         readings
     }
+}
+
+/// The PFC counters of `ifname` from a fixture tree (`--sysfs-root` other than /sys:
+/// `class/net/IF/ethtool-S`, what `ethtool -S IF` printed on the host recorded), which
+/// stands for the NIC's statistics where the machine has no such NIC.
+fn read_pfc_fixture(sysfs_root: &std::path::Path, ifname: &str) -> Option<PfcCounters> {
+    if sysfs_root == std::path::Path::new("/sys") {
+        return None;
+    }
+    let text = std::fs::read_to_string(sysfs_root.join("class/net").join(ifname).join("ethtool-S"))
+        .ok()?;
+    let pfc = ethtool::pfc_from_stats(ifname, &ethtool::stats_from_text(&text));
+    (!pfc.is_empty()).then_some(pfc)
 }
 
 /// The PFC counters of `ifname`: mlx5's ethtool statistics (frames and durations), else
