@@ -42,7 +42,7 @@ impl Scratch {
         let n = SCRATCH_COUNTER.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("roce-rnic-{}-{n}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        copy_tree(&fixture(name), &dir);
+        roce_testkit::temp::copy_tree(&fixture(name), &dir).expect("copying the fixture");
         Scratch(dir)
     }
     fn root(&self) -> &Path {
@@ -63,24 +63,6 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Copies a tree, keeping its symlinks (class/ links into devices/, as in sysfs).
-fn copy_tree(from: &Path, to: &Path) {
-    fs::create_dir_all(to).expect("create scratch dir");
-    for entry in fs::read_dir(from).expect("read fixture dir") {
-        let entry = entry.expect("fixture entry");
-        let (src, dst) = (entry.path(), to.join(entry.file_name()));
-        let kind = entry.file_type().expect("fixture entry type");
-        if kind.is_symlink() {
-            let target = fs::read_link(&src).expect("read fixture link");
-            std::os::unix::fs::symlink(target, &dst).expect("copy fixture link");
-        } else if kind.is_dir() {
-            copy_tree(&src, &dst);
-        } else {
-            fs::copy(&src, &dst).expect("copy fixture file");
-        }
     }
 }
 

@@ -53,6 +53,8 @@ pub struct Watcher {
     ports: PortCache,
     /// The fabric verdicts on the flows, each round judging its own window.
     verdicts: crate::verdict::Live,
+    /// Where the pause counters the verdicts read come from.
+    pfc: crate::telemetry::metrics::HostSources,
 }
 
 impl Watcher {
@@ -62,6 +64,10 @@ impl Watcher {
                 peers.configured.push(p);
             }
         }
+        let pfc = crate::telemetry::metrics::HostSources {
+            sysfs_root: opts.sysfs_root.clone(),
+            interfaces: opts.interfaces.clone(),
+        };
         Watcher {
             opts,
             peers,
@@ -71,6 +77,7 @@ impl Watcher {
             failing: None,
             ports: PortCache::new(GID_TABLES_MAX_AGE),
             verdicts: crate::verdict::Live::default(),
+            pfc,
         }
     }
 
@@ -86,8 +93,9 @@ impl Watcher {
     /// The fabric verdicts on the flows of `doc` (`crate::verdict`), over the window
     /// since the last call.
     pub fn verdicts(&mut self, doc: &LiveDocument) -> Vec<Finding> {
+        let pauses = pause_readings(&self.pfc.read_pfc());
         self.verdicts
-            .round(|f| doc.for_each_facts(f), &doc.counters.qos.vteps)
+            .round(|f| doc.for_each_facts(f), &doc.counters.qos.vteps, &pauses)
     }
 
     /// The peers to probe: the configured ones, then (when asked for) the remote outer
@@ -268,4 +276,29 @@ pub async fn every(
             }
         }
     }
+}
+
+/// The pause counters of each interface and priority that has any, as the verdicts
+/// read them.
+fn pause_readings(
+    pfc: &[crate::telemetry::ethtool::PfcCounters],
+) -> Vec<crate::verdict::pauses::PauseReading> {
+    use crate::telemetry::ethtool::PauseDirection::{Rx, Tx};
+    let mut out = Vec::new();
+    for c in pfc {
+        for priority in 0..8u8 {
+            let p = priority as usize;
+            let r = crate::verdict::pauses::PauseReading {
+                ifname: c.ifname.clone(),
+                priority,
+                rx_frames: c.frames[Rx as usize][p],
+                tx_frames: c.frames[Tx as usize][p],
+                rx_paused_us: c.duration_us[Rx as usize][p],
+            };
+            if r.rx_frames.is_some() || r.tx_frames.is_some() || r.rx_paused_us.is_some() {
+                out.push(r);
+            }
+        }
+    }
+    out
 }

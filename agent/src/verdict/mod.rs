@@ -7,10 +7,12 @@
 //! - [`ce_loop`]: CE marks that no CNP answers (`ce_unanswered`).
 //! - [`entropy`]: many queue pairs on few UDP source ports (`ecmp_low_entropy`).
 //! - [`overlay`]: underlay CE marks decapsulation could not carry (`inner_ce_lost`).
+//! - [`pauses`]: PFC pause storms and slow receivers (`pause_storm`, `slow_receiver`).
 
 pub mod ce_loop;
 pub mod entropy;
 pub mod overlay;
+pub mod pauses;
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -149,6 +151,8 @@ pub struct Live {
     window: Duration,
     /// Totals of earlier rounds, oldest first.
     rounds: std::collections::VecDeque<(Instant, Snapshot)>,
+    /// The priorities in a pause storm, round after round.
+    storms: pauses::Storms,
 }
 
 /// What a round keeps for the rounds after it.
@@ -156,6 +160,7 @@ pub struct Live {
 struct Snapshot {
     loops: ce_loop::Totals,
     vteps: overlay::Totals,
+    pauses: pauses::Totals,
 }
 
 impl Default for Live {
@@ -169,17 +174,20 @@ impl Live {
         Live {
             window,
             rounds: Default::default(),
+            storms: Default::default(),
         }
     }
 
     /// The verdicts of this round, from every flow of the table now (`for_each` calls
-    /// its argument with each) and the decapsulation counters per remote VTEP.
+    /// its argument with each), the decapsulation counters per remote VTEP and the
+    /// NICs' pause counters.
     pub fn round(
         &mut self,
         for_each: impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)),
         vteps: &[VtepRecord],
+        pause_readings: &[pauses::PauseReading],
     ) -> Vec<Finding> {
-        self.round_at(Instant::now(), for_each, vteps)
+        self.round_at(Instant::now(), for_each, vteps, pause_readings)
     }
 
     fn round_at(
@@ -187,6 +195,7 @@ impl Live {
         now: Instant,
         for_each: impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)),
         vteps: &[VtepRecord],
+        pause_readings: &[pauses::PauseReading],
     ) -> Vec<Finding> {
         let mut loops = ce_loop::Totals::default();
         let mut ports = entropy::Ports::default();
@@ -197,7 +206,14 @@ impl Live {
         let snapshot = Snapshot {
             loops,
             vteps: overlay::Totals::of(vteps),
+            pauses: pauses::Totals::of(pause_readings),
         };
+        let mut out = Vec::new();
+        // Storms are judged round by round, against the last round.
+        if let Some((then, last)) = self.rounds.back() {
+            let round = now.duration_since(*then);
+            out.extend(self.storms.round(&snapshot.pauses, &last.pauses, round));
+        }
         // The oldest round still within the window is the one to compare with.
         while self.rounds.len() > 1
             && self
@@ -207,9 +223,9 @@ impl Live {
         {
             self.rounds.pop_front();
         }
-        let mut out = Vec::new();
         if let Some((then, before)) = self.rounds.front() {
-            let window = Window::Live(now.duration_since(*then));
+            let span = now.duration_since(*then);
+            let window = Window::Live(span);
             out.extend(ce_loop::unanswered(
                 &snapshot.loops,
                 Some(&before.loops),
@@ -219,6 +235,12 @@ impl Live {
                 &snapshot.vteps,
                 &before.vteps,
                 window,
+            ));
+            out.extend(pauses::slow_receivers(
+                &snapshot.pauses,
+                &before.pauses,
+                window,
+                span,
             ));
         }
         out.extend(entropy::low_entropy(&ports, false));
@@ -281,8 +303,30 @@ mod tests {
             now: Instant,
             for_each: impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)),
         ) -> Vec<Finding> {
-            self.round_at(now, for_each, &[])
+            self.round_at(now, for_each, &[], &[])
         }
+    }
+
+    #[test]
+    fn pause_counters_make_storms_round_by_round_and_slow_receivers_over_the_window() {
+        let t0 = Instant::now();
+        let mut live = Live::with_window(Duration::from_secs(30));
+        let mut checks = Vec::new();
+        for i in 0..5u64 {
+            let r = pauses::PauseReading {
+                ifname: "eth1".into(),
+                priority: 3,
+                rx_frames: Some(0),
+                tx_frames: Some(i * 1000),
+                rx_paused_us: Some(i * 180_000),
+            };
+            let found = live.round_at(t0 + Duration::from_millis(200 * i), |_| {}, &[], &[r]);
+            checks.push(found.into_iter().map(|f| f.check).collect::<Vec<_>>());
+        }
+        // 90% paused: a storm from the third round on; 5,000 frames a second sent.
+        assert_eq!(checks[0], Vec::<String>::new());
+        assert_eq!(checks[1], ["slow_receiver"]);
+        assert_eq!(checks[3], ["pause_storm", "slow_receiver"]);
     }
 
     #[test]

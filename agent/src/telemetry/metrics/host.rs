@@ -43,16 +43,6 @@ impl HostSources {
             Vec::new()
         });
         let mut readings = HostReadings::default();
-        let mut pfc_interfaces: Vec<&String> = Vec::new();
-        for n in self
-            .interfaces
-            .iter()
-            .chain(ports.iter().flat_map(|p| &p.netdevs))
-        {
-            if !pfc_interfaces.contains(&n) {
-                pfc_interfaces.push(n);
-            }
-        }
         for port in &ports {
             match rnic::read_port_counters(&self.sysfs_root, port) {
                 Ok(counters) => readings.rnic.push(RnicPortCounters {
@@ -64,17 +54,38 @@ impl HostSources {
                 Err(e) => tracing::debug!(error = %e, "RNIC counters not read"),
             }
         }
+        readings.pfc = self.read_pfc_of(&ports);
+        readings
+    }
+
+    /// The PFC counters alone (the fabric verdicts read them every round).
+    pub fn read_pfc(&self) -> Vec<PfcCounters> {
+        let ports = rnic::read_rnic_ports(&self.sysfs_root).unwrap_or_default();
+        self.read_pfc_of(&ports)
+    }
+
+    /// The PFC counters of the interfaces and of `ports`' netdevs.
+    fn read_pfc_of(&self, ports: &[rnic::RnicPort]) -> Vec<PfcCounters> {
+        let mut interfaces: Vec<&String> = Vec::new();
+        for n in self
+            .interfaces
+            .iter()
+            .chain(ports.iter().flat_map(|p| &p.netdevs))
+        {
+            if !interfaces.contains(&n) {
+                interfaces.push(n);
+            }
+        }
         let socket = ethtool::EthtoolSocket::open()
             .map_err(|e| tracing::debug!(error = %e, "no ethtool statistics"))
             .ok();
-        for ifname in &pfc_interfaces {
-            let pfc = read_pfc_fixture(&self.sysfs_root, ifname)
-                .or_else(|| read_pfc(socket.as_ref(), ifname));
-            if let Some(pfc) = pfc {
-                readings.pfc.push(pfc);
-            }
-        }
-        readings
+        interfaces
+            .into_iter()
+            .filter_map(|ifname| {
+                read_pfc_fixture(&self.sysfs_root, ifname)
+                    .or_else(|| read_pfc(socket.as_ref(), ifname))
+            })
+            .collect()
     }
 }
 

@@ -1,0 +1,132 @@
+//! The pause verdicts of a running agent (`pause_storm`, `slow_receiver`): veth has no
+//! PFC, so the agent reads a copy of the mlx5 fixture tree (`--sysfs-root`), whose
+//! port's `ethtool-S` stands for the NIC's statistics, and the test moves its pause
+//! counters on as a NIC's would move: first short of each verdict (the near misses),
+//! then past it. Needs root (namespaces, XDP).
+
+// Test code: a failed unwrap, expect or panic is a failed test (see [workspace.lints]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Agent, Pair};
+use roce_agent::doc::finding::Finding;
+use roce_testkit::netns::Netns;
+use roce_testkit::temp::{copy_tree, TempDir};
+
+const NS: &str = "roce-vd-";
+const API: &str = "127.0.0.1:9478";
+/// The fixture port's `ethtool-S`, from the tree's root.
+const STATS: &str = "class/net/eth1/ethtool-S";
+
+/// `GET /findings` of the agent, the findings named `check`.
+fn findings(ns: &Netns, check: &str) -> Vec<Finding> {
+    let body = ns
+        .enter(|| roce_agent::api::client::get_body(API, "/findings", Duration::from_secs(5)))
+        .expect("enter the namespace")
+        .expect("GET /findings");
+    let doc: roce_agent::doc::finding::Findings =
+        serde_json::from_slice(&body).expect("findings JSON");
+    doc.findings
+        .into_iter()
+        .filter(|f| f.check == check)
+        .collect()
+}
+
+/// Writes the port's priority-3 pause counters (the others zero), whole: the agent
+/// never reads half a file.
+fn write_pauses(root: &Path, rx_paused_us: u64, tx_frames: u64) {
+    let mut text = String::from("NIC statistics:\n");
+    for p in 0..8 {
+        let (us, tx) = if p == 3 {
+            (rx_paused_us, tx_frames)
+        } else {
+            (0, 0)
+        };
+        text.push_str(&format!(
+            "     rx_prio{p}_pause: {}\n     rx_prio{p}_pause_duration: {us}\n     tx_prio{p}_pause: {tx}\n     tx_prio{p}_pause_duration: 0\n",
+            us / 100
+        ));
+    }
+    let path = root.join(STATS);
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text).expect("writing the statistics");
+    std::fs::rename(&tmp, &path).expect("replacing the statistics");
+}
+
+/// Moves the counters on for `secs` seconds, every 50 ms, at `paused` of the time and
+/// `frames_per_s` pause frames sent, from `(us, frames)`; returns where they ended.
+fn run_nic(root: &Path, secs: f64, paused: f64, frames_per_s: f64, from: (u64, u64)) -> (u64, u64) {
+    let start = Instant::now();
+    let mut at = from;
+    while start.elapsed().as_secs_f64() < secs {
+        std::thread::sleep(Duration::from_millis(50));
+        let t = start.elapsed().as_secs_f64();
+        at = (
+            from.0 + (t * paused * 1e6) as u64,
+            from.1 + (t * frames_per_s) as u64,
+        );
+        write_pauses(root, at.0, at.1);
+    }
+    at
+}
+
+#[test]
+fn a_port_paused_round_after_round_is_a_storm_and_one_pausing_thousands_a_second_a_slow_receiver() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = TempDir::new("roce-verdicts");
+    let root = dir.path().join("sys");
+    copy_tree(Path::new(&common::fixture("mlx5-good")), &root).expect("copying the fixture");
+    write_pauses(&root, 0, 0);
+    let pair = Pair::new(NS);
+    let mut agent = Agent::start(
+        &pair.a,
+        &[
+            "run",
+            "--iface",
+            "va",
+            "--no-pin",
+            "--listen",
+            API,
+            "--interval",
+            "0.2",
+            "--sysfs-root",
+            root.to_str().unwrap(),
+        ],
+    );
+    agent.wait_ready(&pair.a, API);
+    // Near misses: paused 30% of the time, 600 pause frames a second sent.
+    let at = run_nic(&root, 2.0, 0.3, 600.0, (0, 0));
+    assert!(findings(&pair.a, "pause_storm").is_empty(), "30% paused");
+    assert!(
+        findings(&pair.a, "slow_receiver").is_empty(),
+        "600 frames/s"
+    );
+    // Paused 90% of the time, 5,000 pause frames a second: both verdicts, on eth1.
+    run_nic(&root, 2.0, 0.9, 5000.0, at);
+    let storm = findings(&pair.a, "pause_storm");
+    assert_eq!(storm.len(), 1, "{storm:?}\n{}", agent.log());
+    assert_eq!(storm[0].interface.as_deref(), Some("eth1"));
+    assert!(
+        storm[0].found.starts_with("priority 3 of eth1 paused "),
+        "{}",
+        storm[0].found
+    );
+    let slow = findings(&pair.a, "slow_receiver");
+    assert_eq!(slow.len(), 1, "{slow:?}");
+    assert!(slow[0].found.starts_with("eth1 sent "), "{}", slow[0].found);
+    assert!(
+        slow[0]
+            .found
+            .contains(" pause frames on priority 3 in the last "),
+        "{}",
+        slow[0].found
+    );
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
+}
