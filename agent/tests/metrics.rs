@@ -532,7 +532,13 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
     }
     // Every fabric verdict the agent names has its alert.
     let rules = std::fs::read_to_string(dir.join("roce-alerts.yml")).expect("the rules");
-    for check in ["ce_unanswered", "ecmp_low_entropy", "inner_ce_lost"] {
+    for check in [
+        "ce_unanswered",
+        "ecmp_low_entropy",
+        "inner_ce_lost",
+        "pause_storm",
+        "slow_receiver",
+    ] {
         assert!(
             rules.contains(&format!("check=\"{check}\"")),
             "no alert rule for {check}"
