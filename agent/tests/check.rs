@@ -401,6 +401,19 @@ fn rnic_knobs_from_a_sysfs_fixture_one_finding_each_with_its_fix() {
             ),
         ]
     );
+    // The PFC storm watchdog left at the firmware's 8 s: a warning, not an error.
+    let watchdog: Vec<&Finding> = doc
+        .findings
+        .iter()
+        .filter(|f| f.check == "pfc_watchdog")
+        .collect();
+    assert_eq!(watchdog.len(), 1, "{watchdog:?}");
+    assert_eq!(watchdog[0].severity, roce_agent::audit::Severity::Warning);
+    assert_eq!(watchdog[0].interface.as_deref(), Some("eth1"));
+    assert_eq!(
+        watchdog[0].fix,
+        "ethtool --set-tunable eth1 pfc-prevention-tout 100"
+    );
     let (f, code) = {
         let out = agent_in(
             &ns,
@@ -422,6 +435,11 @@ fn rnic_knobs_from_a_sysfs_fixture_one_finding_each_with_its_fix() {
     assert!(
         f.iter()
             .all(|f| f.severity == roce_agent::audit::Severity::Info),
+        "{f:?}"
+    );
+    assert!(
+        f.iter()
+            .any(|f| f.check == "pfc_watchdog" && f.found == "pfc-prevention-tout 100 ms"),
         "{f:?}"
     );
 }

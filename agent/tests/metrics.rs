@@ -538,6 +538,7 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
         "inner_ce_lost",
         "pause_storm",
         "slow_receiver",
+        "pfc_watchdog",
     ] {
         assert!(
             rules.contains(&format!("check=\"{check}\"")),

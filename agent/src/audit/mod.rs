@@ -6,7 +6,8 @@
 //! - `path`: DF probes towards peers, the path MTU learnt from ICMP (`mtu_path`);
 //! - `dcb`: the NIC's DCB state over dcbnl (`dcb_app`, `pfc`, `dcb_unsupported`);
 //! - `rnic`: RNIC and ECN knobs in sysfs (`ecn_np`, `ecn_rp`, `cnp_dscp`, `roce_tos`), the
-//!   GID tables and rdma_cm's RoCE mode against the netdevs' addresses (`roce_gid`).
+//!   GID tables and rdma_cm's RoCE mode against the netdevs' addresses (`roce_gid`);
+//! - `watchdog`: the NICs' PFC storm watchdog, an ethtool tunable (`pfc_watchdog`).
 //!
 //! Reading is separate from judging: each module has a reader (netlink, sockets, files)
 //! and pure functions from what was read and the policy to findings, tested on their own.
@@ -24,6 +25,7 @@ pub mod link;
 pub mod mtu;
 pub mod path;
 pub mod rnic;
+pub mod watchdog;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -57,6 +59,28 @@ impl std::fmt::Display for Change {
             self.check, self.interface, self.what, self.before, self.after
         )
     }
+}
+
+/// `pfc_watchdog` of the audited interfaces and the RDMA netdevs that have the tunable.
+fn watchdogs(sysfs_root: &std::path::Path, audited: &[String]) -> Vec<Finding> {
+    let mut names: Vec<String> = audited.to_vec();
+    for port in rnic::read_rnic_ports(sysfs_root).unwrap_or_default() {
+        for n in port.netdevs {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+    }
+    let socket = crate::sys::ethtool::EthtoolSocket::open().ok();
+    names
+        .iter()
+        .filter_map(|n| {
+            Some(watchdog::audit(
+                n,
+                watchdog::read(sysfs_root, socket.as_ref(), n)?,
+            ))
+        })
+        .collect()
 }
 
 /// A finding of the audit (no flow count: that is analyze's).
@@ -296,6 +320,8 @@ pub fn audit_with(opts: &AuditOptions, ports: &mut rnic::PortCache) -> Result<Au
         &addresses,
         ports,
     ));
+    out.findings
+        .extend(watchdogs(&opts.sysfs_root, &audited_names));
     out.why = chosen
         .into_iter()
         .map(|(l, why)| AuditedInterface {

@@ -3,9 +3,11 @@
 //! link commands on pins found on a bpffs (`pin`). Each caller lays out its own
 //! `union bpf_attr` prefix and names its command.
 //!
-//! Also interface names, indexes and link events (`netif`). Imports nothing of the
+//! Also interface names, indexes and link events (`netif`), and the SIOCETHTOOL ioctl
+//! (`ethtool`: NIC statistics, the PFC watchdog tunable). Imports nothing of the
 //! crate: every other folder may use it.
 
+pub mod ethtool;
 pub mod netif;
 
 use std::io;
