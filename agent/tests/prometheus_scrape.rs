@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{send_roce, text, Agent, Pair};
+use common::{roce_datagram, send_datagrams, send_roce, text, Agent, Pair};
 use roce_testkit::netns::Netns;
 use roce_testkit::pki::TestCa;
 use roce_testkit::temp::TempDir;
@@ -65,8 +65,8 @@ impl Drop for Prometheus {
     }
 }
 
-/// The value of an instant query's single result (None: no result yet, or no answer).
-fn query(ns: &Netns, server: &str, promql: &str) -> Option<f64> {
+/// The answer of Prometheus' instant query API to `promql` (None: no answer).
+fn instant_query(ns: &Netns, server: &str, promql: &str) -> Option<serde_json::Value> {
     let out = ns
         .cmd(
             "curl",
@@ -82,7 +82,12 @@ fn query(ns: &Netns, server: &str, promql: &str) -> Option<f64> {
         )
         .output()
         .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// The value of an instant query's single result (None: no result yet, or no answer).
+fn query(ns: &Netns, server: &str, promql: &str) -> Option<f64> {
+    let v = instant_query(ns, server, promql)?;
     let result = v["data"]["result"].as_array()?;
     let [one] = result.as_slice() else {
         return None;
@@ -260,22 +265,7 @@ fn as_grafana_sends(expr: &str) -> String {
 
 /// The series with a number (not NaN) an instant query returns (None: no answer).
 fn series(ns: &Netns, server: &str, promql: &str) -> Option<usize> {
-    let out = ns
-        .cmd(
-            "curl",
-            &[
-                "-sS",
-                "--max-time",
-                "2",
-                "-G",
-                &format!("http://{server}/api/v1/query"),
-                "--data-urlencode",
-                &format!("query={promql}"),
-            ],
-        )
-        .output()
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let v = instant_query(ns, server, promql)?;
     assert_ne!(v["status"], "error", "{promql}: {v}");
     let numbers = v["data"]["result"].as_array()?.iter().filter(|r| {
         r["value"][1]
@@ -284,46 +274,6 @@ fn series(ns: &Netns, server: &str, promql: &str) -> Option<usize> {
             .is_some_and(f64::is_finite)
     });
     Some(numbers.count())
-}
-
-/// A RoCE datagram (BTH, `extra` headers after it, a zero ICRC) from `src` to `dst`.
-fn roce_datagram(opcode: u8, dest_qp: u32, psn: u32, ack_req: bool, extra: &[u8]) -> Vec<u8> {
-    let mut d = vec![0u8; 12];
-    d[0] = opcode;
-    d[1] = 0x40;
-    d[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
-    d[4..8].copy_from_slice(&(dest_qp & 0x00FF_FFFF).to_be_bytes());
-    if ack_req {
-        d[8] = 0x80;
-    }
-    d[9..12].copy_from_slice(&(psn & 0x00FF_FFFF).to_be_bytes()[1..]);
-    d.extend_from_slice(extra);
-    d.extend_from_slice(&[0; 4]);
-    d
-}
-
-/// Sends `datagrams` from `src` in `ns` to `dst`:4791 with TOS `tos`.
-fn send_datagrams(ns: &Netns, src: &str, dst: &str, tos: i32, datagrams: &[Vec<u8>]) {
-    let (src, dst) = (src.to_string(), dst.to_string());
-    let datagrams = datagrams.to_vec();
-    ns.enter(move || {
-        let sock = std::net::UdpSocket::bind(format!("{src}:0")).expect("bind");
-        // SAFETY: setsockopt with a pointer to an int that lives across the call.
-        let rc = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&sock),
-                libc::IPPROTO_IP,
-                libc::IP_TOS,
-                (&raw const tos).cast(),
-                std::mem::size_of::<i32>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "IP_TOS");
-        for d in &datagrams {
-            sock.send_to(d, format!("{dst}:4791")).expect("send");
-        }
-    })
-    .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Traffic that gives every panel something: CE-marked data arriving and CNPs leaving,

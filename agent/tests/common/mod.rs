@@ -316,18 +316,38 @@ pub fn send_roce(b: &Netns, count: u32, dest_qp: u32) -> u16 {
 /// Sends `count` RC SEND_ONLY packets (BTH + ICRC) from `src` in namespace `ns` to
 /// `dst`:4791 with TOS `tos`, PSNs 0, 1, ...; returns the UDP source port.
 pub fn send_roce_from(ns: &Netns, src: &str, dst: &str, tos: i32, count: u32, dest_qp: u32) -> u16 {
+    let datagrams: Vec<Vec<u8>> = (0..count)
+        .map(|psn| roce_datagram(0x04, dest_qp, psn, false, &[]))
+        .collect();
+    send_datagrams(ns, src, dst, tos, &datagrams)
+}
+
+/// A RoCE datagram: a BTH (opcode, migreq, the default P_Key, `dest_qp`, AckReq when
+/// `ack_req`, `psn`), the `extra` headers after it, and a zero ICRC.
+pub fn roce_datagram(opcode: u8, dest_qp: u32, psn: u32, ack_req: bool, extra: &[u8]) -> Vec<u8> {
+    let mut d = vec![0u8; 12];
+    d[0] = opcode;
+    d[1] = 0x40; // migreq
+    d[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
+    d[4..8].copy_from_slice(&(dest_qp & 0x00FF_FFFF).to_be_bytes());
+    if ack_req {
+        d[8] = 0x80;
+    }
+    d[9..12].copy_from_slice(&(psn & 0x00FF_FFFF).to_be_bytes()[1..]);
+    d.extend_from_slice(extra);
+    d.extend_from_slice(&[0; 4]);
+    d
+}
+
+/// Sends `datagrams` from `src` in namespace `ns` to `dst`:4791 with TOS `tos`, from
+/// one socket; returns its UDP source port.
+pub fn send_datagrams(ns: &Netns, src: &str, dst: &str, tos: i32, datagrams: &[Vec<u8>]) -> u16 {
     ns.enter(|| {
         let sock = UdpSocket::bind(format!("{src}:0")).expect("bind in the namespace");
         set_int_option(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos)
             .unwrap_or_else(|e| panic!("IP_TOS: {e}"));
-        for psn in 0..count {
-            let mut bth = [0u8; 16];
-            bth[0] = 0x04; // RC SEND_ONLY
-            bth[1] = 0x40; // migreq
-            bth[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes()); // default P_Key
-            bth[4..8].copy_from_slice(&(dest_qp & 0x00FF_FFFF).to_be_bytes());
-            bth[8..12].copy_from_slice(&(psn & 0x00FF_FFFF).to_be_bytes());
-            sock.send_to(&bth, format!("{dst}:4791")).expect("send");
+        for d in datagrams {
+            sock.send_to(d, format!("{dst}:4791")).expect("send");
         }
         sock.local_addr().expect("local address").port()
     })
