@@ -113,22 +113,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn flow<'a>(src: &str, dst: &str, dir: Option<Direction>) -> FlowFacts<'a> {
-        FlowFacts {
-            ifname: dir.map(|_| "eth1"),
-            direction: dir,
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
-            vni: None,
-            inner_src: None,
-            inner_dst: None,
-            dest_qp: 0x11,
-            sport: 49152,
-            packets: 100,
-            ce: 0,
-            cnps: 0,
-        }
-    }
+    use crate::verdict::test_flow as flow;
 
     const A: &str = "198.18.0.1";
     const B: &str = "198.18.0.2";

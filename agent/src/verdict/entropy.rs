@@ -91,18 +91,10 @@ mod tests {
         let mut p = Ports::default();
         for qp in 0..qps {
             p.add(&FlowFacts {
-                ifname: Some("eth1"),
-                direction: Some(Direction::Egress),
-                src: "198.18.0.1".parse().unwrap(),
-                dst: "198.18.0.2".parse().unwrap(),
-                vni: None,
-                inner_src: None,
-                inner_dst: None,
                 dest_qp: 0x100 + qp,
                 sport: 49152 + (qp as u16 % ports),
                 packets: 10,
-                ce: 0,
-                cnps: 0,
+                ..crate::verdict::test_flow("198.18.0.1", "198.18.0.2", Some(Direction::Egress))
             });
         }
         p

@@ -62,6 +62,26 @@ impl<'a> FlowFacts<'a> {
     }
 }
 
+/// A plain flow for the verdicts' tests: `src` to `dst`, QP 0x11 from port 49152, 100
+/// packets, seen on eth1 when it has a direction.
+#[cfg(test)]
+pub(crate) fn test_flow<'a>(src: &str, dst: &str, direction: Option<Direction>) -> FlowFacts<'a> {
+    FlowFacts {
+        ifname: direction.map(|_| "eth1"),
+        direction,
+        src: src.parse().expect("an address"),
+        dst: dst.parse().expect("an address"),
+        vni: None,
+        inner_src: None,
+        inner_dst: None,
+        dest_qp: 0x11,
+        sport: 49152,
+        packets: 100,
+        ce: 0,
+        cnps: 0,
+    }
+}
+
 /// Two hosts as the verdicts name a path between them: outer addresses, and the VNI
 /// and inner addresses when tunnelled. `from` sends, `to` receives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -272,19 +292,9 @@ mod tests {
 
     fn marked(ce: u64, cnps: u64) -> impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)) {
         move |f: &mut dyn FnMut(FlowFacts<'_>)| {
-            let flow = |src: &str, dst: &str, direction| FlowFacts {
-                ifname: Some("eth1"),
-                direction: Some(direction),
-                src: src.parse().unwrap(),
-                dst: dst.parse().unwrap(),
-                vni: None,
-                inner_src: None,
-                inner_dst: None,
-                dest_qp: 0x11,
-                sport: 49152,
+            let flow = |src, dst, direction| FlowFacts {
                 packets: 100 + ce,
-                ce: 0,
-                cnps: 0,
+                ..test_flow(src, dst, Some(direction))
             };
             f(FlowFacts {
                 ce,
