@@ -61,10 +61,15 @@ impl std::fmt::Display for Change {
     }
 }
 
-/// `pfc_watchdog` of the audited interfaces and the RDMA netdevs that have the tunable.
-fn watchdogs(sysfs_root: &std::path::Path, audited: &[String]) -> Vec<Finding> {
+/// `pfc_watchdog` of the audited interfaces and the RDMA netdevs (`ports`, the
+/// audit's cache of them) that have the tunable.
+fn watchdogs(
+    sysfs_root: &std::path::Path,
+    audited: &[String],
+    ports: &mut rnic::PortCache,
+) -> Vec<Finding> {
     let mut names: Vec<String> = audited.to_vec();
-    for port in rnic::read_rnic_ports(sysfs_root).unwrap_or_default() {
+    for port in ports.ports(sysfs_root).unwrap_or_default() {
         for n in port.netdevs {
             if !names.contains(&n) {
                 names.push(n);
@@ -321,7 +326,7 @@ pub fn audit_with(opts: &AuditOptions, ports: &mut rnic::PortCache) -> Result<Au
         ports,
     ));
     out.findings
-        .extend(watchdogs(&opts.sysfs_root, &audited_names));
+        .extend(watchdogs(&opts.sysfs_root, &audited_names, ports));
     out.why = chosen
         .into_iter()
         .map(|(l, why)| AuditedInterface {

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use super::{finding, Finding, Severity};
-use crate::sys::ethtool::{EthtoolError, EthtoolSocket};
+use crate::sys::ethtool::{fixture_file, EthtoolError, EthtoolSocket};
 
 /// A watchdog slower than this leaves a storm the time to spread.
 pub const MAX_TOUT_MS: u16 = 100;
@@ -18,15 +18,8 @@ pub const MAX_TOUT_MS: u16 = 100;
 /// The watchdog's timeout of `ifname`, ms; None where the NIC has none (veth, vxlan)
 /// or it could not be read (said at debug level).
 pub fn read(sysfs_root: &Path, socket: Option<&EthtoolSocket>, ifname: &str) -> Option<u16> {
-    if sysfs_root != Path::new("/sys") {
-        let text = std::fs::read_to_string(
-            sysfs_root
-                .join("class/net")
-                .join(ifname)
-                .join("ethtool-tunables"),
-        )
-        .ok()?;
-        return parse(&text);
+    if let Some(path) = fixture_file(sysfs_root, ifname, "ethtool-tunables") {
+        return parse(&std::fs::read_to_string(path).ok()?);
     }
     match socket?.pfc_prevention_tout(ifname) {
         Ok(ms) => Some(ms),

@@ -243,6 +243,19 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
         .map_or(0, |w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
 }
 
+/// Where a fixture tree (`--sysfs-root DIR`, any DIR but /sys) keeps what ethtool
+/// printed for `ifname` (`DIR/class/net/IF/FILE`: `ethtool-S`, `ethtool-tunables`),
+/// standing for the NIC's answers on a host without that NIC; None under /sys, where
+/// the NIC answers itself.
+pub fn fixture_file(
+    sysfs_root: &std::path::Path,
+    ifname: &str,
+    file: &str,
+) -> Option<std::path::PathBuf> {
+    (sysfs_root != std::path::Path::new("/sys"))
+        .then(|| sysfs_root.join("class/net").join(ifname).join(file))
+}
+
 /// Statistics as `ethtool -S IF` prints them (`NIC statistics:`, then `name: value`
 /// lines): the fixture trees' stand-in for a NIC's (`--sysfs-root DIR`:
 /// `DIR/class/net/IF/ethtool-S`). Lines that are not `name: number` are skipped.

@@ -93,11 +93,8 @@ impl HostSources {
 /// `class/net/IF/ethtool-S`, what `ethtool -S IF` printed on the host recorded), which
 /// stands for the NIC's statistics where the machine has no such NIC.
 fn read_pfc_fixture(sysfs_root: &std::path::Path, ifname: &str) -> Option<PfcCounters> {
-    if sysfs_root == std::path::Path::new("/sys") {
-        return None;
-    }
-    let text = std::fs::read_to_string(sysfs_root.join("class/net").join(ifname).join("ethtool-S"))
-        .ok()?;
+    let path = crate::sys::ethtool::fixture_file(sysfs_root, ifname, "ethtool-S")?;
+    let text = std::fs::read_to_string(path).ok()?;
     let pfc = ethtool::pfc_from_stats(ifname, &ethtool::stats_from_text(&text));
     (!pfc.is_empty()).then_some(pfc)
 }
