@@ -133,6 +133,13 @@ macro_rules! for_each_rtt_unpaired_counter {
     };
 }
 
+/// Live mirror sessions' PSN gaps left without a verdict because a newer gap of the
+/// same host pair and session took their place in the watch (`ebpf/src/gaps.rs` keeps
+/// one: `roce_common::gaps`), after the round-trip counters
+/// (`counters.capture_gaps_undecided`, `roce_capture_gaps_undecided_total`). The last
+/// entry of STATS_LEN 64.
+pub const STAT_CAPTURE_GAPS_UNDECIDED: u32 = STAT_RTT_OTHER_QP + 1;
+
 macro_rules! flow_table_indices {
     ($($t:tt)*) => { stat_indices!(STAT_REASON_BASE + REASON_COUNT as u32; $($t)*); };
 }
@@ -279,6 +286,8 @@ mod tests {
         assert_eq!(STAT_RTT_SHARED_PSN, STAT_EVENTS_DROPPED_RING_FULL + 1);
         assert_eq!((STAT_RTT_SHARED_PSN, STAT_RTT_OTHER_QP), (61, 62));
         const { assert!(STAT_RTT_OTHER_QP < STATS_LEN) };
+        assert_eq!(STAT_CAPTURE_GAPS_UNDECIDED, 63);
+        const { assert!(STAT_CAPTURE_GAPS_UNDECIDED < STATS_LEN) };
         assert_eq!(
             STAT_NAMES_RTT_UNPAIRED,
             &[

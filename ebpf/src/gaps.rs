@@ -3,12 +3,14 @@
 //! flow waits in CAPTURE_GAP_WAIT under its host pair and mirroring device until a
 //! resend or NAK of a missing PSN (the fabric lost it: forgotten) or a response that
 //! covers it (the copies lost it: counted in CAPTURE_GAPS on the flow's slot) decides
-//! it. One gap waits per host pair and device: a newer gap takes an older one's place,
-//! which stays undecided (`analyze`, with the whole capture at hand, keeps many).
+//! it. One gap waits per host pair and session: a newer gap takes an older one's place,
+//! which stays undecided and is counted so (STAT_CAPTURE_GAPS_UNDECIDED; `analyze`,
+//! with the whole capture at hand, keeps many).
 
 use aya_ebpf::bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST};
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LruHashMap};
+use roce_common::counters::STAT_CAPTURE_GAPS_UNDECIDED;
 use roce_common::flow::{add, FlowSlot};
 use roce_common::gaps::{
     decides, pair_of_request, pair_of_response, resend_decides, response_verdict, GapWait, Verdict,
@@ -16,7 +18,7 @@ use roce_common::gaps::{
 use roce_common::nak::NakKey;
 use roce_common::parsed::Parsed;
 
-use crate::maps::FLOW_SLOTS;
+use crate::maps::{bump, FLOW_SLOTS};
 
 #[map]
 pub static CAPTURE_GAP_WAIT: LruHashMap<NakKey, GapWait> =
@@ -99,12 +101,18 @@ pub unsafe fn watch(
     }
 }
 
-/// Keeps the gap `wait` under `pair`, in the place of one waiting there.
+/// Keeps the gap `wait` under `pair`, in the place of one waiting there (which is
+/// then left undecided).
 #[inline(never)]
 fn remember(pair: &NakKey, wait: &GapWait) {
     // SAFETY: a copy of the value out of the map.
     let replaces = unsafe { CAPTURE_GAP_WAIT.get(pair) }.is_some();
-    if CAPTURE_GAP_WAIT.insert(pair, wait, 0).is_ok() && !replaces {
+    if CAPTURE_GAP_WAIT.insert(pair, wait, 0).is_err() {
+        return;
+    }
+    if replaces {
+        bump(STAT_CAPTURE_GAPS_UNDECIDED);
+    } else {
         count_waiting(1);
     }
 }

@@ -572,3 +572,26 @@ fn a_gap_that_is_resent_or_naked_was_lost_by_the_fabric() {
     let gaps: u64 = stats.values().map(|st| st.psn_gaps).sum();
     assert_eq!(gaps, 2, "both gaps counted as gaps");
 }
+
+#[test]
+fn a_gap_that_a_newer_one_displaces_is_counted_undecided() {
+    use roce_common::counters::STAT_CAPTURE_GAPS_UNDECIDED;
+    let h = Harness::load_mirror();
+    let s = Session {
+        eth: Eth::default(),
+        session: 10,
+    };
+    let undecided = |h: &Harness| h.stats()[STAT_CAPTURE_GAPS_UNDECIDED as usize];
+    // 41 missing (40 -> 42), then 44 missing (43 -> 45) before any response: the
+    // session's one watch moves to the second gap.
+    for psn in [40, 42, 43] {
+        h.pass(&s.send(psn));
+    }
+    assert_eq!(undecided(&h), 0, "one gap waits");
+    h.pass(&s.send(45));
+    assert_eq!(undecided(&h), 1, "the first gap let go");
+    // An ACK of 45 covers both; only the watched one is decided.
+    h.pass(&s.ack(45, ACK));
+    assert_eq!(s.capture_gaps(&h), Some(1));
+    assert_eq!(undecided(&h), 1);
+}

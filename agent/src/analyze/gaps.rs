@@ -45,6 +45,8 @@ pub struct GapWatch<K> {
     /// response looks here while a gap waits: a fast hash, seeded per run.
     pending: HashMap<NakKey, VecDeque<Pending<K>>, foldhash::fast::RandomState>,
     len: usize,
+    /// Gaps let go without a verdict to make room (`counters.capture_gaps_undecided`).
+    undecided: u64,
 }
 
 impl<K> Default for GapWatch<K> {
@@ -52,6 +54,7 @@ impl<K> Default for GapWatch<K> {
         GapWatch {
             pending: HashMap::default(),
             len: 0,
+            undecided: 0,
         }
     }
 }
@@ -66,10 +69,17 @@ impl<K: Copy + PartialEq> GapWatch<K> {
         self.len == 0
     }
 
+    /// Gaps let go without a verdict because the watch was full (per host pair, or
+    /// in all): the live watch counts its own the same way.
+    pub fn undecided(&self) -> u64 {
+        self.undecided
+    }
+
     /// A request `p` of `flow` showed a gap: the PSNs from `first` (the flow's
     /// expected PSN before it) up to its own are missing.
     pub fn gap(&mut self, p: &Parsed, scope: u32, flow: K, first: u32) {
         if self.len >= MAX_PENDING {
+            self.undecided += 1;
             return;
         }
         let pair = pair_of_request(p, scope);
@@ -77,6 +87,7 @@ impl<K: Copy + PartialEq> GapWatch<K> {
         if gaps.len() >= MAX_PENDING_PER_PAIR {
             gaps.pop_front();
             self.len -= 1;
+            self.undecided += 1;
         }
         gaps.push_back(Pending {
             flow,
@@ -239,6 +250,7 @@ mod tests {
             w.gap(&pkt(A, B, 0x11, 0x0a, 2 * i + 1, None), 0, i, 2 * i);
         }
         assert_eq!(w.len(), MAX_PENDING_PER_PAIR);
+        assert_eq!(w.undecided(), 1, "gap 0 let go, and counted");
         // Gap 0 (missing PSN 0) is gone, gap 1 (missing PSN 2) is there: an ACK of 2
         // covers the gaps whose window holds it, only gap 1's.
         let next = |i: &u32| Some(2 * i + 2);

@@ -293,6 +293,7 @@ pub fn analyze_input(input: &Input, opts: &AnalyzeOptions) -> Result<Analysis, A
         }));
         tally.rtt_unpaired.shared_psn += shard.rtt.shared_psn;
         tally.rtt_unpaired.other_qp += shard.rtt.other_qp;
+        tally.capture_gaps_undecided += shard.gaps.undecided();
         tally
             .rtt
             .extend(shard.rtt.hists.into_iter().map(|(k, h)| (k.key, h)));
@@ -370,6 +371,7 @@ pub fn build_report(
     let doc = Document::build_with_mirrored(plain, mirrored, &counted.stats, None);
     let mut counters = doc.counters;
     counters.rtt_unpaired = tally.rtt_unpaired;
+    counters.capture_gaps_undecided = tally.capture_gaps_undecided;
     let extras: HashMap<FlowIdent, &FlowExtra> = tally
         .flows
         .iter()

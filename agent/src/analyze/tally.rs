@@ -75,6 +75,8 @@ pub struct Tally {
     pub rtt: HashMap<FlowId, roce_common::rtt::RttHist>,
     /// Round-trip samples not taken (`counters.rtt_unpaired`).
     pub rtt_unpaired: crate::doc::RttUnpairedCounters,
+    /// PSN gaps let go without a verdict (`counters.capture_gaps_undecided`).
+    pub capture_gaps_undecided: u64,
     pub non_roce_lossless: NonRoceLossless,
     pub icrc_checked: u64,
     pub first_ns: Option<u64>,

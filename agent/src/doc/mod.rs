@@ -20,7 +20,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_common::counters::{
-    STAT_CLASS_BASE, STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED, STAT_REASON_BASE,
+    STAT_CAPTURE_GAPS_UNDECIDED, STAT_CLASS_BASE, STAT_FLOW_CREATED, STAT_FLOW_INSERT_FAILED,
+    STAT_REASON_BASE,
 };
 
 use roce_common::flow::FlowStats;
@@ -380,6 +381,11 @@ pub struct Counters {
     /// its request flow (`shared_psn`, `other_qp`: `roce_common::rtt`).
     #[serde(default)]
     pub rtt_unpaired: RttUnpairedCounters,
+    /// Added: PSN gaps of mirrored flows left without a verdict (fabric or capture)
+    /// because a newer gap of the same host pair took their place in the watch (live:
+    /// one per host pair and session; `analyze`: 256 per host pair).
+    #[serde(default)]
+    pub capture_gaps_undecided: u64,
 }
 
 /// Declares a struct of counters from one list of STATS counters in `roce_common`
@@ -541,6 +547,7 @@ impl Counters {
             events: EventCounters::from_stats(stats),
             events_dropped: EventDropCounters::from_stats(stats),
             rtt_unpaired: RttUnpairedCounters::from_stats(stats),
+            capture_gaps_undecided: at(STAT_CAPTURE_GAPS_UNDECIDED),
         }
     }
 

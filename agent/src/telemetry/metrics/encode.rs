@@ -318,6 +318,14 @@ impl Snapshot {
                 .samples
                 .push((vec![("reason", reason.to_string())], Value::Int(v)));
         }
+        let undecided = self.family(
+            "roce_capture_gaps_undecided",
+            Kind::Counter,
+            "PSN gaps of mirrored flows left without a verdict (lost by the fabric or by the capture) because a newer gap between the same hosts, in the same session, took their place in the watch.",
+        );
+        undecided
+            .samples
+            .push((Vec::new(), Value::Int(document.capture_gaps_undecided)));
     }
 
     fn event_families(&mut self, events: Option<&EventCounts>) {
