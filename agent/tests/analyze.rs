@@ -1245,7 +1245,7 @@ fn scenario_capture_gives_the_expected_table() {
         "naks",
         "icrc_errors",
         "roce_outside_lossless_dscp",
-        "cnp_dscp",
+        "cnp_wrong_class",
         "non_roce_on_lossless_dscp",
         "ce_marked",
     ] {
@@ -1263,13 +1263,17 @@ fn scenario_capture_gives_the_expected_table() {
     let off = find("roce_outside_lossless_dscp");
     assert_eq!(off["flows"], 3, "{off}"); // the DSCP 0 RC, UC and UD flows
     assert!(off["interface"].is_null());
-    let cnp = find("cnp_dscp");
+    let cnp = find("cnp_wrong_class");
+    let found = cnp["found"].as_str().unwrap();
     assert!(
-        cnp["found"]
-            .as_str()
-            .unwrap()
-            .starts_with("1 CNPs on 1 flows carry DSCP 26"),
+        found.starts_with("1 of 2 CNPs 198.18.0.2→198.18.0.1 in the capture (")
+            && found.ends_with(") on DSCP 26 (priority 3)"),
         "{cnp}"
+    );
+    // Priority 3 is not the CNP DSCP's 6: another queue.
+    assert_eq!(
+        (&cnp["severity"], &cnp["flows"]),
+        (&"error".into(), &1.into())
     );
     let other = find("non_roce_on_lossless_dscp");
     assert!(
@@ -1926,9 +1930,12 @@ fn config_and_policy_flags_apply() {
     // DSCP 0 and 26 lossless, CNPs expected on 26: the DSCP findings change.
     let doc = analyze(&["--lossless-dscp", "0,26", "--cnp-dscp", "26"]);
     assert_eq!(finding(&doc, "roce_outside_lossless_dscp"), None);
-    let cnp = finding(&doc, "cnp_dscp").unwrap();
+    let cnp = finding(&doc, "cnp_wrong_class").unwrap();
     assert!(
-        cnp["found"].as_str().unwrap().contains("carry DSCP 48"),
+        cnp["found"]
+            .as_str()
+            .unwrap()
+            .contains("on DSCP 48 (priority 6)"),
         "{cnp}"
     );
     // The same policy from the config's [qos] table gives the same findings; a flag
@@ -1962,10 +1969,10 @@ fn config_and_policy_flags_apply() {
     };
     assert_eq!(without_advice(&from_file), without_advice(&doc));
     let overridden = analyze(&["--config", qos.to_str().unwrap(), "--cnp-dscp", "48"]);
-    let cnp = finding(&overridden, "cnp_dscp").unwrap();
+    let cnp = finding(&overridden, "cnp_wrong_class").unwrap();
     assert!(
         cnp["expected"].as_str().unwrap().contains("DSCP 48")
-            && cnp["found"].as_str().unwrap().contains("carry DSCP 26"),
+            && cnp["found"].as_str().unwrap().contains("on DSCP 26"),
         "{cnp}"
     );
     // A bad DSCP is a usage error.
@@ -2197,6 +2204,12 @@ fn timeless(doc: &Value) -> BTreeMap<String, Value> {
             if let Some(o) = f.as_object_mut() {
                 o.remove("first_seen_ns");
                 o.remove("last_seen_ns");
+                // Times between frames: the counts compare.
+                for k in ["ce_to_cnp", "cnp_interval"] {
+                    if let Some(t) = o.get_mut(k).and_then(Value::as_object_mut) {
+                        t.retain(|name, _| name == "samples");
+                    }
+                }
             }
             (k, f)
         })
@@ -3332,6 +3345,34 @@ fn ce_marks_that_no_cnp_answers_are_a_broken_loop_and_the_near_misses_are_not() 
     // Nine marks are too few to say; one CNP answers them.
     assert!(findings_named(&ce_loop(9, 0), "ce_unanswered").is_empty());
     assert!(findings_named(&ce_loop(20, 1), "ce_unanswered").is_empty());
+}
+
+#[test]
+fn a_cnp_flow_times_its_answer_to_the_first_unanswered_mark_and_its_spacing() {
+    // ce_loop(10, 2): 20 writes (the first 10 CE-marked) each with its ACK, frames
+    // 1 µs apart (0 to 39 µs), then 2 CNPs back on the ACKs' flow at 40 and 41 µs.
+    let s = Scratch::new();
+    let p = s.path("cnp_times.pcap");
+    ce_loop(10, 2).write_pcap(&p);
+    let (doc, _) = analyze_json(&p, "reference");
+    let flows = doc["flows"].as_array().expect("flows");
+    let cnp_flow = flows
+        .iter()
+        .find(|f| f["cnps"] == 2)
+        .expect("the flow of the CNPs");
+    // The first mark was the first frame (0 µs), the first CNP came at 40 µs; the
+    // second CNP answers no new mark.
+    assert_eq!(cnp_flow["ce_to_cnp"]["samples"], 1, "{cnp_flow}");
+    assert_eq!(cnp_flow["ce_to_cnp"]["min_us"], 40.0, "{cnp_flow}");
+    assert_eq!(cnp_flow["cnp_interval"]["samples"], 1, "{cnp_flow}");
+    assert_eq!(cnp_flow["cnp_interval"]["min_us"], 1.0, "{cnp_flow}");
+    // Flows without CNPs have neither.
+    for f in flows.iter().filter(|f| f["cnps"] == 0) {
+        assert!(
+            f["ce_to_cnp"].is_null() && f["cnp_interval"].is_null(),
+            "{f}"
+        );
+    }
 }
 
 #[test]

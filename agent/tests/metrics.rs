@@ -160,6 +160,10 @@ fn flow(ifname: &str, direction: Direction, src: &str, dst: &str, qp: u32) -> Fl
         nak_to_resend: None,
         recovery: None,
         capture_gaps: None,
+        cnps_wrong_class: 0,
+        cnp_wrong_dscps: Vec::new(),
+        ce_to_cnp: None,
+        cnp_interval: None,
     }
 }
 

@@ -245,6 +245,9 @@ fn comparable_flows(doc: &Value) -> BTreeMap<String, Value> {
                     // Analyze only: the capture's gaps, the ICRC it checked.
                     "icrc_errors",
                     "capture_gaps",
+                    // Analyze only: CE -> CNP and CNP pacing on the capture's clock.
+                    "ce_to_cnp",
+                    "cnp_interval",
                     // Round trips need the requests to leave through tc; a replay
                     // only arrives (XDP).
                     "rtt",

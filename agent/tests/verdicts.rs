@@ -22,10 +22,10 @@ const API: &str = "127.0.0.1:9478";
 /// The fixture port's `ethtool-S`, from the tree's root.
 const STATS: &str = "class/net/eth1/ethtool-S";
 
-/// `GET /findings` of the agent, the findings named `check`.
-fn findings(ns: &Netns, check: &str) -> Vec<Finding> {
+/// `GET /findings` of the agent at `api`, the findings named `check`.
+fn findings_at(ns: &Netns, api: &str, check: &str) -> Vec<Finding> {
     let body = ns
-        .enter(|| roce_agent::api::client::get_body(API, "/findings", Duration::from_secs(5)))
+        .enter(|| roce_agent::api::client::get_body(api, "/findings", Duration::from_secs(5)))
         .expect("enter the namespace")
         .expect("GET /findings");
     let doc: roce_agent::doc::finding::Findings =
@@ -34,6 +34,25 @@ fn findings(ns: &Netns, check: &str) -> Vec<Finding> {
         .into_iter()
         .filter(|f| f.check == check)
         .collect()
+}
+
+fn findings(ns: &Netns, check: &str) -> Vec<Finding> {
+    findings_at(ns, API, check)
+}
+
+/// A copy of fixture tree `name` under `dir` (the agent's `--sysfs-root`), and the
+/// agent running on `pair`'s `va` with it, answering at `api` once ready.
+fn agent_on_fixture(
+    dir: &TempDir,
+    name: &str,
+    pair: &Pair,
+    api: &str,
+) -> (std::path::PathBuf, Agent) {
+    let root = dir.path().join("sys");
+    copy_tree(Path::new(&common::fixture(name)), &root).expect("copying the fixture");
+    let mut agent = Agent::run_on_va(&pair.a, api, &["--sysfs-root", root.to_str().unwrap()]);
+    agent.wait_ready(&pair.a, api);
+    (root, agent)
 }
 
 /// Writes the port's priority-3 pause counters (the others zero), whole: the agent
@@ -81,26 +100,9 @@ fn a_port_paused_round_after_round_is_a_storm_and_one_pausing_thousands_a_second
         return;
     }
     let dir = TempDir::new("roce-verdicts");
-    let root = dir.path().join("sys");
-    copy_tree(Path::new(&common::fixture("mlx5-good")), &root).expect("copying the fixture");
-    write_pauses(&root, 0, 0);
     let pair = Pair::new(NS);
-    let mut agent = Agent::start(
-        &pair.a,
-        &[
-            "run",
-            "--iface",
-            "va",
-            "--no-pin",
-            "--listen",
-            API,
-            "--interval",
-            "0.2",
-            "--sysfs-root",
-            root.to_str().unwrap(),
-        ],
-    );
-    agent.wait_ready(&pair.a, API);
+    let (root, mut agent) = agent_on_fixture(&dir, "mlx5-good", &pair, API);
+    write_pauses(&root, 0, 0);
     // Near misses: paused 30% of the time, 600 pause frames a second sent.
     let at = run_nic(&root, 2.0, 0.3, 600.0, (0, 0));
     assert!(findings(&pair.a, "pause_storm").is_empty(), "30% paused");
@@ -128,5 +130,76 @@ fn a_port_paused_round_after_round_is_a_storm_and_one_pausing_thousands_a_second
         "{}",
         slow[0].found
     );
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
+}
+
+/// The fixture port's notification-point counters, from the tree's root.
+const NP: &str = "class/infiniband/mlx5_0/ports/1/hw_counters";
+
+/// Writes one counter file whole, as the kernel shows it.
+fn write_counter(root: &Path, name: &str, value: u64) {
+    let path = root.join(NP).join(name);
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, format!("{value}\n")).expect("writing the counter");
+    std::fs::rename(&tmp, &path).expect("replacing the counter");
+}
+
+#[test]
+fn an_offloading_rnic_that_counts_marks_and_sends_no_cnp_leaves_them_unanswered() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = TempDir::new("roce-verdicts-np");
+    let pair = Pair::new("roce-vn-");
+    let api = "127.0.0.1:9479";
+    // mlx5-bad's port: 18,240 marks received, no CNP sent (its notification point off).
+    let (root, mut agent) = agent_on_fixture(&dir, "mlx5-bad", &pair, api);
+    let findings = |ns: &Netns| findings_at(ns, api, "ce_unanswered");
+    // Standing counters say nothing of now; 9 new marks are too few.
+    std::thread::sleep(Duration::from_millis(600));
+    write_counter(&root, "np_ecn_marked_roce_packets", 18_249);
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        findings(&pair.a).is_empty(),
+        "9 marks: {:?}",
+        findings(&pair.a)
+    );
+    // 240 more marks and still no CNP: unanswered, on the port's netdev.
+    write_counter(&root, "np_ecn_marked_roce_packets", 18_489);
+    let start = Instant::now();
+    let found = loop {
+        let found = findings(&pair.a);
+        if !found.is_empty() || start.elapsed() > Duration::from_secs(5) {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(found.len(), 1, "{found:?}\n{}", agent.log());
+    assert_eq!(found[0].interface.as_deref(), Some("eth1"));
+    assert!(
+        found[0]
+            .found
+            .starts_with("mlx5_0 port 1 (eth1) received 2")
+            && found[0]
+                .found
+                .contains(" CE-marked RoCE packets in the last ")
+            && found[0]
+                .found
+                .ends_with(" and sent no CNP (np_ecn_marked_roce_packets, np_cnp_sent)"),
+        "{}",
+        found[0].found
+    );
+    // One CNP sent in the window: the notification point answers.
+    write_counter(&root, "np_cnp_sent", 1);
+    let start = Instant::now();
+    while !findings(&pair.a).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "a CNP sent: {:?}",
+            findings(&pair.a)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
 }

@@ -15,6 +15,7 @@ extern crate std;
 
 pub mod bth;
 pub mod classify;
+pub mod cnp;
 pub mod config;
 pub mod counters;
 pub mod event;
@@ -48,6 +49,7 @@ mod pod {
     unsafe impl aya::Pod for crate::mirror::MirrorTag {}
     unsafe impl aya::Pod for crate::nak::NakKey {}
     unsafe impl aya::Pod for crate::rtt::RttHist {}
+    unsafe impl aya::Pod for crate::cnp::CnpWrongClass {}
     unsafe impl aya::Pod for crate::rtt::RttWait {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
     unsafe impl aya::Pod for crate::flow::FlowSlot {}

@@ -82,9 +82,13 @@ pub mod map {
     /// Gaps the capture lost, per mirrored flow: FLOW_SLOTS index -> u64, for the
     /// flows that have any (a hash without preallocation).
     pub const CAPTURE_GAPS: &str = "CAPTURE_GAPS";
+    /// CNPs off the policy's CNP DSCP, per flow: FLOW_SLOTS index ->
+    /// `cnp::CnpWrongClass`, for the flows that have any (a hash without
+    /// preallocation).
+    pub const CNP_WRONG_CLASS: &str = "CNP_WRONG_CLASS";
 
     /// Every map of the object.
-    pub const ALL: [&str; 30] = [
+    pub const ALL: [&str; 31] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
@@ -115,6 +119,7 @@ pub mod map {
         CAPTURE_GAP_WAIT,
         CAPTURE_GAP_WAITING,
         CAPTURE_GAPS,
+        CNP_WRONG_CLASS,
     ];
 }
 

@@ -18,6 +18,7 @@ use roce_common::mirror::MirrorTag;
 use roce_common::nak::mirror_scope;
 use roce_common::parsed::Parsed;
 
+use crate::cnp;
 use crate::events::{emit, FrameHead};
 use crate::gaps;
 use crate::kernel::coarse_ns;
@@ -94,6 +95,7 @@ pub fn count_on_flow<C: FrameHead>(
     let before = mirror.map(|_| unsafe { gaps::Before::of(slot) });
     // SAFETY: as above.
     let trouble = unsafe { record(slot, parsed, frame_len, cfg, scope, &mut rtt) };
+    cnp::watch(parsed, index);
     // A mirror port is a capture point: its PSN gaps may be the copies' loss.
     if let Some(before) = before {
         // SAFETY: as above.

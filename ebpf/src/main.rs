@@ -2,6 +2,7 @@
 #![no_main]
 #![feature(asm_experimental_arch)]
 
+mod cnp;
 mod events;
 mod flow;
 mod gaps;

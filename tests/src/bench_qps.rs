@@ -15,7 +15,7 @@ use anyhow::{ensure, Context, Result};
 use roce_agent::doc::qp::Qp;
 use roce_agent::rdma::netlink::synthetic::SynthHost;
 use roce_agent::rdma::{QpTable, QpTableOptions};
-use roce_agent::telemetry::live::{Builder, LiveDocument};
+use roce_agent::telemetry::live::{Beside, Builder, LiveDocument};
 use roce_agent::telemetry::metrics::encode_qps;
 use roce_agent::telemetry::qps::{QpRounds, TableRead, Watched};
 use roce_common::flow::FlowStats;
@@ -72,7 +72,15 @@ fn live_flows(qps: &[Qp]) -> LiveDocument {
             ifindex,
         };
         // The responses to the QP's requests: its round trips (roce_qp_rtt_seconds).
-        b.add_flow(&ingress.widen(), &stats, None, Some(&rtt), 0);
+        b.add_flow(
+            &ingress.widen(),
+            &stats,
+            None,
+            Beside {
+                rtt: Some(&rtt),
+                ..Beside::default()
+            },
+        );
         if let Some(rqpn) = q.rqpn {
             let egress = FlowKey4 {
                 src: raw(LOCAL),

@@ -79,7 +79,16 @@ impl Rig {
 
     /// Runs roce-gen in namespace A with `args` (+ `--json`) and returns its report.
     fn gen(&self, args: &[String]) -> Result<Value> {
-        let mut cmd = self.lab.command(&self.lab.a.ns, self.exe("roce-gen"));
+        self.gen_in(&self.lab.a.ns, args)
+    }
+
+    /// Runs roce-gen in namespace B (through the agent's tc) with `args` (+ `--json`).
+    fn gen_b(&self, args: &[String]) -> Result<Value> {
+        self.gen_in(&self.lab.b.ns, args)
+    }
+
+    fn gen_in(&self, ns: &str, args: &[String]) -> Result<Value> {
+        let mut cmd = self.lab.command(ns, self.exe("roce-gen"));
         cmd.args(args).arg("--json");
         let out = cmd.output().context("running roce-gen")?;
         if !out.status.success() {
@@ -488,6 +497,16 @@ fn wait_for_findings(
     }
 }
 
+/// Waits for exactly one finding named `check`, prints it and checks its severity and
+/// interface.
+fn one_finding(rig: &Rig, check: &str, what: &str, severity: &str, iface: &str) -> Result<Value> {
+    let found = wait_for_findings(rig, check, what, |f| f.len() == 1)?;
+    let f = found[0].clone();
+    println!("{f}");
+    ensure!(f["severity"] == severity && f["interface"] == iface, "{f}");
+    Ok(f)
+}
+
 #[test]
 fn unanswered_ce_marks_and_queue_pairs_on_one_port_are_live_verdicts() -> Result<()> {
     require_root();
@@ -497,29 +516,18 @@ fn unanswered_ce_marks_and_queue_pairs_on_one_port_are_live_verdicts() -> Result
     let veth_a = rig.lab.a.veth.clone();
     let veth_b = rig.lab.b.veth.clone();
     // From B, through the agent's tc: ACKs (and later a CNP) back to A's QP 0x21.
-    let from_b = |extra: &str| -> Result<()> {
-        let mut cmd = rig.lab.command(&rig.lab.b.ns, rig.exe("roce-gen"));
-        cmd.args(argv(&format!(
+    let from_b = |extra: &str| {
+        rig.gen_b(&argv(&format!(
             "--iface {veth_b} --dst {a} --qp 0x21 {extra}"
-        )));
-        let out = cmd.output().context("running roce-gen in B")?;
-        if !out.status.success() {
-            bail!("roce-gen in B: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(())
+        )))
+        .map(drop)
     };
     // 20 CE-marked writes to B's QP 0x20, 20 ACKs back, no CNP: the loop is broken.
     rig.gen(&argv(&format!(
         "--iface {veth_a} --dst {b} --qp 0x20 --ops write --count 20 --ce 20"
     )))?;
     from_b("--ops ack --count 20")?;
-    let found = wait_for_findings(&rig, "ce_unanswered", "20 marks, no CNP", |f| f.len() == 1)?;
-    let f = &found[0];
-    println!("{f}");
-    ensure!(
-        f["severity"] == "error" && f["interface"] == veth_b.as_str(),
-        "{f}"
-    );
+    let f = one_finding(&rig, "ce_unanswered", "20 marks, no CNP", "error", &veth_b)?;
     let text = f["found"].as_str().unwrap_or_default();
     ensure!(
         text.starts_with(&format!("20 CE-marked RoCE packets {a}→{b} in the last ")),
@@ -561,6 +569,77 @@ fn unanswered_ce_marks_and_queue_pairs_on_one_port_are_live_verdicts() -> Result
     wait_for_findings(&rig, "ecmp_low_entropy", "17 QPs on 10 ports", |f| {
         f.is_empty()
     })?;
+    rig.stop_agent()
+}
+
+#[test]
+fn cnps_off_the_cnp_dscp_are_a_live_verdict_arriving_and_leaving() -> Result<()> {
+    require_root();
+    let mut rig = Rig::new(LabOptions::default())?;
+    rig.start_agent()?;
+    let (a, b) = (rig.lab.a.ip4.to_string(), rig.lab.b.ip4.to_string());
+    let veth_a = rig.lab.a.veth.clone();
+    let veth_b = rig.lab.b.veth.clone();
+    // The near miss first: CNPs on the CNP DSCP (48) both ways.
+    rig.gen(&argv(&format!(
+        "--iface {veth_a} --dst {b} --qp 0x30 --count 1 --cnp 5"
+    )))?;
+    let from_b = |extra: &str| {
+        rig.gen_b(&argv(&format!(
+            "--iface {veth_b} --dst {a} --qp 0x31 {extra}"
+        )))
+        .map(drop)
+    };
+    from_b("--count 1 --cnp 5")?;
+    // Two rounds (0.2 s each) with the CNPs in the table and nothing to say.
+    std::thread::sleep(Duration::from_millis(600));
+    let none = wait_for_findings(&rig, "cnp_wrong_class", "CNPs on DSCP 48", |f| f.is_empty())?;
+    ensure!(none.is_empty());
+    // A's notification point marks its CNPs DSCP 26 (priority 3, the data's queue).
+    rig.gen(&argv(&format!(
+        "--iface {veth_a} --dst {b} --qp 0x30 --count 1 --cnp 4 --cnp-dscp 26"
+    )))?;
+    let f = one_finding(
+        &rig,
+        "cnp_wrong_class",
+        "4 CNPs on DSCP 26 arriving",
+        "error",
+        &veth_b,
+    )?;
+    let text = f["found"].as_str().unwrap_or_default();
+    // Of all the CNPs in the window: with the first five, when the window began
+    // before them.
+    ensure!(
+        text.starts_with("4 of ")
+            && text.contains(&format!(" CNPs {a}→{b} arriving in the last "))
+            && text.ends_with(" on DSCP 26 (priority 3)"),
+        "{text}"
+    );
+    ensure!(
+        f["fix"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!("at {a}, the host that sends them")),
+        "{f}"
+    );
+    // This host's CNPs on DSCP 49: priority 6 as the CNP DSCP, only the DSCP is off.
+    from_b("--count 1 --cnp 2 --cnp-dscp 49")?;
+    let found = wait_for_findings(&rig, "cnp_wrong_class", "2 CNPs on DSCP 49 leaving", |f| {
+        f.len() == 2
+    })?;
+    let leaving = found
+        .iter()
+        .find(|f| f["found"].as_str().is_some_and(|t| t.contains(" leaving ")))
+        .ok_or_else(|| anyhow!("no finding of the CNPs leaving: {found:?}"))?;
+    println!("{leaving}");
+    ensure!(leaving["severity"] == "warning", "{leaving}");
+    ensure!(
+        leaving["found"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!(" CNPs {b}→{a} leaving in the last ")),
+        "{leaving}"
+    );
     rig.stop_agent()
 }
 

@@ -25,7 +25,7 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
     assert_eq!(programs, declared);
 }
 
-/// The maps as layout version 6 lays them out: (name, BPF map type, key size, value
+/// The maps as layout version 7 lays them out: (name, BPF map type, key size, value
 /// size, entries; 0 where the configuration sizes the map). A change here is a change
 /// of layout: raise `LAYOUT_VERSION` with it, so that a new binary never reads an old
 /// pin the wrong way. Version 4: the mirror maps (FLOWS_MIRROR, MIRROR_TAGS,
@@ -38,9 +38,11 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
 /// XDP_TAIL slot (`xdp_count_mirror`), a request flow's requester QP in its FLOW_SLOTS
 /// slot (`rtt_peer_qp`, where 4 bytes were reserved), the rtt_unpaired counters in
 /// STATS, and the capture-gap maps of mirror sessions (CAPTURE_GAP_WAIT,
-/// CAPTURE_GAP_WAITING, CAPTURE_GAPS).
-const LAYOUT_6: [(&str, u32, u32, u32, u32); 30] = [
+/// CAPTURE_GAP_WAITING, CAPTURE_GAPS). Version 7: CNP_WRONG_CLASS, and the last
+/// STATS entry (capture_gaps_undecided) taken.
+const LAYOUT_7: [(&str, u32, u32, u32, u32); 31] = [
     ("CAPTURE_GAPS", 1, 4, 8, 65536),
+    ("CNP_WRONG_CLASS", 1, 4, 16, 65536),
     ("CAPTURE_GAP_WAIT", 9, 80, 12, 4096),
     ("CAPTURE_GAP_WAITING", 2, 4, 8, 1),
     ("CONFIG", 2, 4, 20, 2),
@@ -90,7 +92,7 @@ const SIZED_ELSEWHERE: [&str; 9] = [
 fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     assert_eq!(
         roce_common::config::LAYOUT_VERSION,
-        6,
+        7,
         "a new version: give it its table"
     );
     let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
@@ -111,7 +113,7 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     }
     drop(loaded);
     shapes.sort();
-    let mut expected = LAYOUT_6.to_vec();
+    let mut expected = LAYOUT_7.to_vec();
     expected.sort();
     assert_eq!(
         shapes, expected,

@@ -686,3 +686,50 @@ fn one_frame_in_and_out_is_two_flows_and_one_frame_in_the_class_counters() {
     assert_eq!(s[class_index(Class::Roce) as usize], 1);
     assert_eq!(s[STAT_FLOW_CREATED as usize], 2);
 }
+
+/// The CNPs off the CNP DSCP of the flow `k` (CNP_WRONG_CLASS: packets, DSCPs).
+fn cnps_wrong_class(h: &mut TcHarness, k: &FlowKey) -> Option<(u64, Vec<u8>)> {
+    let loaded = h.loaded_mut();
+    let index = match loaded.flow_index(k) {
+        Ok(Some(i)) => i,
+        other => panic!("the flow {k:?}: {other:?}"),
+    };
+    let all = loaded.cnps_wrong_class().expect("reading CNP_WRONG_CLASS");
+    all.get(&index)
+        .map(|c| (c.packets, c.dscp_list().collect()))
+}
+
+#[test]
+fn cnps_off_the_cnp_dscp_count_on_their_flow_as_they_arrive_and_as_they_leave() {
+    let policy = Policy::default();
+    let eth = Eth::default();
+    let frame =
+        |dscp: u8, msg: &RoceMsg| roce_frame(&eth, &l3(false, false, dscp << 2 | 1), SPORT, msg);
+    // Arriving: CNPs on DSCP 26 and 0 count, on 48 (the CNP DSCP) not; an ACK on 26 is
+    // no CNP.
+    let mut h = TcHarness::load(&policy, iface(HOST_AUDIT, 0, ECN_KERNEL));
+    for f in [
+        frame(26, &cnp(CNP_QP)),
+        frame(48, &cnp(CNP_QP)),
+        frame(0, &cnp(CNP_QP)),
+        frame(26, &RoceMsg::ack(QP, 5, 0x1F)),
+    ] {
+        h.xdp(&f);
+    }
+    let ingress = |qp| key(&l3(false, false, 0), qp);
+    assert_eq!(
+        cnps_wrong_class(&mut h, &ingress(CNP_QP)),
+        Some((2, vec![0, 26]))
+    );
+    assert_eq!(cnps_wrong_class(&mut h, &ingress(QP)), None, "an ACK");
+    // Leaving an audit interface, as written (audit writes nothing): counted.
+    let leaving = frame(10, &cnp(CNP_QP));
+    h.egress(&leaving, PRIO_IN);
+    let egress = egress_key(key(&l3(false, false, 0), CNP_QP));
+    assert_eq!(cnps_wrong_class(&mut h, &egress), Some((1, vec![10])));
+    // Leaving an enforce interface: rewritten to the CNP DSCP before it is counted.
+    let mut h = TcHarness::load(&policy, iface(HOST_ENFORCE, 0, ECN_KERNEL));
+    h.egress(&leaving, PRIO_IN);
+    assert_eq!(cnps_wrong_class(&mut h, &egress), None);
+    assert_eq!(h.flows()[&egress].cnps, 1);
+}

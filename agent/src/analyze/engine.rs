@@ -37,6 +37,7 @@ use roce_common::rtt::RttBook;
 use roce_common::wire::ETH_HLEN;
 
 use super::capture::Batch;
+use super::cnp_timing::CnpTiming;
 use super::gaps::{GapWatch, Verdict};
 use super::tally::{check_icrc, FlowExtra, Talker, Talkers};
 use super::AnalyzeError;
@@ -208,6 +209,8 @@ pub struct Shard {
     /// Round-trip samples waiting for their response, and each flow's round trips
     /// (`roce_common::rtt`): a capture sees both directions.
     pub rtt: RttBook<Keyed>,
+    /// CE marks waiting for their CNP, and the CNP flows' times (`cnp_timing`).
+    pub cnps: CnpTiming<Keyed>,
 }
 
 impl Default for Shard {
@@ -220,6 +223,7 @@ impl Default for Shard {
             naks: NakSet::default(),
             gaps: GapWatch::default(),
             rtt: RttBook::default(),
+            cnps: CnpTiming::default(),
         }
     }
 }
@@ -371,6 +375,7 @@ impl Work for Worker<'_> {
                     if icrc.is_some() {
                         shard.icrc_checked += 1;
                     }
+                    shard.cnps.packet(p, &key, ts, scope);
                     if let Some((request, psn)) = shard.rtt.ended() {
                         if let Some(r) = shard.flows.get_mut(&request) {
                             r.stats.rtt_sample_ended(psn);

@@ -131,9 +131,9 @@ pub fn findings(
     counters: &Counters,
     tally: &Tally,
     capture: &CaptureInfo,
-    policy: &Policy,
-    flows_max_entries: u32,
+    opts: &super::AnalyzeOptions,
 ) -> Vec<Finding> {
+    let (policy, flows_max_entries) = (&opts.policy, opts.load.flows_max_entries);
     let mut out = Vec::new();
     let finding =
         |check: &str, severity, flows: usize, found: String, expected: String, fix: &str| Finding {
@@ -339,32 +339,6 @@ pub fn findings(
         name_flows(&mut out, not_ect.iter().map(|o| o.0));
     }
 
-    // CNPs not on the CNP DSCP.
-    let cnp: Vec<(&AnalyzedFlow, u64, u64)> = flows
-        .iter()
-        .zip(extras)
-        .filter(|(_, e)| e.cnp_off_dscp > 0)
-        .map(|(f, e)| (f, e.cnp_off_dscp, e.cnp_dscps))
-        .collect();
-    if !cnp.is_empty() {
-        let pkts: u64 = cnp.iter().map(|o| o.1).sum();
-        let mask = cnp.iter().fold(0, |m, o| m | o.2);
-        out.push(finding(
-            "cnp_dscp",
-            Severity::Warning,
-            cnp.len(),
-            format!(
-                "{pkts} CNPs on {} flows carry DSCP {}: {}",
-                cnp.len(),
-                dscp_list(mask),
-                examples(cnp.iter().map(|o| o.0), |f| format!("{} CNPs", f.cnps))
-            ),
-            format!("CNPs on DSCP {} (a strict-priority class, so congestion notification is never queued behind data)", policy.qos.cnp_dscp),
-            "set the NIC's CNP DSCP (NVIDIA: /sys/class/net/DEV/ecn/roce_np/cnp_dscp) and its priority to match the switch's CNP queue",
-        ));
-        name_flows(&mut out, cnp.iter().map(|o| o.0));
-    }
-
     // Other traffic in the lossless class.
     let n = &tally.non_roce_lossless;
     if n.frames > 0 {
@@ -521,6 +495,8 @@ pub fn findings(
     out.extend(crate::verdict::of_capture(
         flows.iter().map(|f| &f.flow),
         span,
+        policy,
+        &opts.verdicts,
     ));
 
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));

@@ -29,6 +29,7 @@
 //! May import `datapath` (the kernel engine), `config` and `doc`; only `cli` uses it.
 
 pub mod capture;
+pub mod cnp_timing;
 pub mod engine;
 mod error;
 pub mod findings;
@@ -71,6 +72,8 @@ pub struct AnalyzeOptions {
     pub engine: Option<Engine>,
     pub load: LoadOptions,
     pub policy: Policy,
+    /// The fabric verdicts' thresholds (the config's `[verdicts]`).
+    pub verdicts: crate::config::VerdictThresholds,
     /// Show a progress bar on stderr (only when it is a terminal).
     pub progress: bool,
     /// Worker threads besides the reader. `None`: for the reference engine one per
@@ -294,6 +297,9 @@ pub fn analyze_input(input: &Input, opts: &AnalyzeOptions) -> Result<Analysis, A
         tally.rtt_unpaired.shared_psn += shard.rtt.shared_psn;
         tally.rtt_unpaired.other_qp += shard.rtt.other_qp;
         tally.capture_gaps_undecided += shard.gaps.undecided();
+        for (k, t) in shard.cnps.flows {
+            tally.cnp_times.entry(k.key).or_default().merge(&t);
+        }
         tally
             .rtt
             .extend(shard.rtt.hists.into_iter().map(|(k, h)| (k.key, h)));
@@ -382,6 +388,11 @@ pub fn build_report(
         .iter()
         .filter_map(|(k, h)| Some((FlowIdent::of_key(k), Rtt::of(h)?)))
         .collect();
+    let cnp_times: HashMap<FlowIdent, &cnp_timing::CnpTimes> = tally
+        .cnp_times
+        .iter()
+        .map(|(k, t)| (FlowIdent::of_key(k), t))
+        .collect();
     let mut flow_extras = Vec::with_capacity(doc.flows.len());
     let analyzed: Vec<AnalyzedFlow> = doc
         .flows
@@ -391,6 +402,11 @@ pub fn build_report(
             let e = extras.get(&ident).map_or_else(FlowExtra::default, |e| **e);
             flow.rtt = rtts.get(&ident).copied();
             flow.capture_gaps = Some(e.capture_gaps);
+            flow.set_cnps_wrong_class(&e.cnps_wrong_class);
+            if let Some(t) = cnp_times.get(&ident) {
+                flow.ce_to_cnp = Rtt::of(&t.ce_to_cnp);
+                flow.cnp_interval = Rtt::of(&t.interval);
+            }
             flow_extras.push(e);
             AnalyzedFlow {
                 flow,
@@ -398,15 +414,7 @@ pub fn build_report(
             }
         })
         .collect();
-    let findings = findings::findings(
-        &analyzed,
-        &flow_extras,
-        &counters,
-        tally,
-        &capture,
-        &opts.policy,
-        opts.load.flows_max_entries,
-    );
+    let findings = findings::findings(&analyzed, &flow_extras, &counters, tally, &capture, opts);
     Report {
         capture,
         flows: analyzed,

@@ -37,9 +37,8 @@ pub struct FlowExtra {
     /// Non-CNP packets outside the lossless DSCP set, and which DSCPs (bit mask).
     pub off_lossless: u64,
     pub off_lossless_dscps: u64,
-    /// CNPs on a DSCP other than the CNP DSCP, and which DSCPs (bit mask).
-    pub cnp_off_dscp: u64,
-    pub cnp_dscps: u64,
+    /// CNPs on a DSCP other than the CNP DSCP (`Flow::cnps_wrong_class`).
+    pub cnps_wrong_class: roce_common::cnp::CnpWrongClass,
     /// Packets whose outer ECN was Not-ECT (ECN off: switches cannot mark them).
     pub not_ect: u64,
     /// PSN gaps of this (request) flow that the other direction decided (`gaps`):
@@ -77,6 +76,8 @@ pub struct Tally {
     pub rtt_unpaired: crate::doc::RttUnpairedCounters,
     /// PSN gaps let go without a verdict (`counters.capture_gaps_undecided`).
     pub capture_gaps_undecided: u64,
+    /// The CE -> CNP times of the flows that carried CNPs (`cnp_timing`).
+    pub cnp_times: HashMap<FlowId, super::cnp_timing::CnpTimes>,
     pub non_roce_lossless: NonRoceLossless,
     pub icrc_checked: u64,
     pub first_ns: Option<u64>,
@@ -134,9 +135,8 @@ impl FlowExtra {
             self.not_ect += 1;
         }
         if bth::is_cnp(p.bth.opcode) {
-            if dscp != policy.qos.cnp_dscp {
-                self.cnp_off_dscp += 1;
-                self.cnp_dscps |= 1 << dscp;
+            if roce_common::cnp::wrong_class(p.bth.opcode, dscp, policy.qos.cnp_dscp) {
+                self.cnps_wrong_class.count(dscp);
             }
         } else if !policy.is_lossless(dscp) {
             self.off_lossless += 1;

@@ -85,6 +85,7 @@ pub fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
         engine: args.engine,
         load: loader::LoadOptions::for_settings(&settings),
         policy,
+        verdicts: settings.verdicts,
         progress: true,
         workers: args.workers.map(usize::from),
     };

@@ -130,6 +130,7 @@ pub struct FileConfig {
     /// The exporter-toolkit web configuration (TLS, basic auth, headers) of the API.
     pub web_config_file: Option<Spanned<String>>,
     pub qos: Option<QosFile>,
+    pub verdicts: Option<VerdictsFile>,
 }
 
 /// The `[qos]` table.
@@ -144,6 +145,19 @@ pub struct QosFile {
     pub priority: Option<Spanned<BTreeMap<String, Spanned<u32>>>>,
     /// Inner DSCP (as a string key) -> outer DSCP.
     pub vtep_dscp: Option<Spanned<BTreeMap<String, Spanned<u8>>>>,
+}
+
+/// The `[verdicts]` table: the fabric verdicts' thresholds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerdictsFile {
+    pub window_secs: Option<Spanned<f64>>,
+    pub min_ce: Option<Spanned<u64>>,
+    pub pause_storm_share: Option<Spanned<f64>>,
+    pub pause_storm_rounds: Option<Spanned<u32>>,
+    pub slow_receiver_pauses_per_s: Option<Spanned<f64>>,
+    pub ecmp_min_qps: Option<Spanned<u32>>,
+    pub ecmp_qps_per_port: Option<Spanned<u32>>,
 }
 
 /// A parsed configuration file together with its text, for error positions.

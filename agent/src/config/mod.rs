@@ -39,23 +39,34 @@
 //! remark_dscp = 0                # ... to this DSCP
 //! priority = { "26" = 3, "48" = 6 }   # DSCP -> skb priority overrides (default DSCP >> 3)
 //! vtep_dscp = { "10" = 26 }      # inner DSCP -> outer DSCP overrides on VTEPs (default: the same)
+//!
+//! [verdicts]                     # the fabric verdicts' thresholds (all keys optional)
+//! window_secs = 30               # how far back the live verdicts look (1 to 3600)
+//! min_ce = 10                    # ce_unanswered: CE-marked packets in the window, at least
+//! pause_storm_share = 0.5        # pause_storm: paused more than this share of a round ...
+//! pause_storm_rounds = 3         # ... this many rounds running
+//! slow_receiver_pauses_per_s = 1000   # slow_receiver: pause frames sent a second over the window
+//! ecmp_min_qps = 8               # ecmp_low_entropy: queue pairs on a path, at least ...
+//! ecmp_qps_per_port = 4          # ... and this many a UDP source port, or more
 //! ```
 //!
 //! Imports nothing of the crate: every other folder may use it.
 
 mod file;
 mod settings;
+mod verdicts;
 
 use roce_common::policy::{ECN_KERNEL, ECN_RFC6040, HOST_AUDIT, HOST_ENFORCE};
 use serde::Deserialize;
 
-pub use file::{line_col, ConfigError, ConfigFile, FileConfig, Origin, QosFile};
+pub use file::{line_col, ConfigError, ConfigFile, FileConfig, Origin, QosFile, VerdictsFile};
 pub(crate) use settings::check_ifname;
 pub use settings::{
     bind_addresses, Overrides, Settings, DEFAULT_EVENTS_SAMPLE, DEFAULT_FLOWS_MAP_SIZE,
     DEFAULT_INTERVAL_SECS, DEFAULT_LISTEN, DEFAULT_PMTU, DEFAULT_TOP_FLOWS, MAX_EVENTS_SAMPLE,
     MAX_FLOWS_MAP_SIZE, MAX_INTERVAL_SECS, MAX_TOP_FLOWS, MIN_INTERVAL_SECS,
 };
+pub use verdicts::*;
 
 /// What the host DSCP policy does on egress of the `--iface` interfaces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]

@@ -106,6 +106,8 @@ pub struct Settings {
     /// response headers); None: plain HTTP without authentication. A relative path in
     /// the config file is relative to that file's directory.
     pub web_config_file: Option<std::path::PathBuf>,
+    /// The fabric verdicts' thresholds (`[verdicts]`).
+    pub verdicts: super::VerdictThresholds,
 }
 
 impl Default for Settings {
@@ -129,6 +131,7 @@ impl Default for Settings {
             log_format: LogFormat::default(),
             events_payload_bytes: 0,
             web_config_file: None,
+            verdicts: super::VerdictThresholds::default(),
         }
     }
 }
@@ -322,6 +325,7 @@ impl Settings {
         }
         s.resolve_host(file, flags)?;
         s.resolve_qos(file, flags)?;
+        s.verdicts = super::VerdictThresholds::resolve(file)?;
         s.policy.config = s.runtime;
         Ok(s)
     }
@@ -1102,6 +1106,44 @@ mod tests {
             e.starts_with("t.toml:1:24: ") && e.contains("events_payload_bytes"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn verdict_thresholds_default_to_the_anchors_and_are_checked_where_written() {
+        let s = Settings::resolve(None, &iface("eth1"), true).unwrap();
+        assert_eq!(s.verdicts, super::super::VerdictThresholds::default());
+        assert_eq!(s.verdicts.min_ce, 10);
+        let s = resolve(
+            "[verdicts]\nwindow_secs = 5\nmin_ce = 3\npause_storm_share = 0.8\nslow_receiver_pauses_per_s = 250.0\necmp_qps_per_port = 2\n",
+            &iface("e"),
+        )
+        .unwrap();
+        assert_eq!(s.verdicts.window, Duration::from_secs(5));
+        assert_eq!(
+            (
+                s.verdicts.min_ce,
+                s.verdicts.pause_storm_share,
+                s.verdicts.ecmp_qps_per_port
+            ),
+            (3, 0.8, 2)
+        );
+        assert_eq!(s.verdicts.slow_receiver_pauses_per_s, 250.0);
+        assert_eq!(s.verdicts.pause_storm_rounds, 3, "the default stays");
+        let e = resolve("[verdicts]\nmin_ce = 0\n", &iface("e"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("t.toml:2:10: min_ce: 0 is out of range (1 or more)"),
+            "{e}"
+        );
+        let e = resolve("[verdicts]\npause_storm_share = 1.0\n", &iface("e"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pause_storm_share: 1 is out of range"), "{e}");
+        let e = resolve("[verdicts]\nstorm = 1\n", &iface("e"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("storm"), "an unknown key: {e}");
     }
 
     #[test]

@@ -53,18 +53,23 @@ pub struct Watcher {
     ports: PortCache,
     /// The fabric verdicts on the flows, each round judging its own window.
     verdicts: crate::verdict::Live,
-    /// Where the pause counters the verdicts read come from.
-    pfc: crate::telemetry::metrics::HostSources,
+    /// Where the pause and RNIC counters the verdicts read come from.
+    host: crate::telemetry::metrics::HostSources,
 }
 
 impl Watcher {
-    pub fn new(mut opts: AuditOptions, mut peers: PeerPolicy, enforce_mtu: bool) -> Watcher {
+    pub fn new(
+        mut opts: AuditOptions,
+        mut peers: PeerPolicy,
+        enforce_mtu: bool,
+        thresholds: crate::config::VerdictThresholds,
+    ) -> Watcher {
         for p in std::mem::take(&mut opts.peers) {
             if !peers.configured.contains(&p) {
                 peers.configured.push(p);
             }
         }
-        let pfc = crate::telemetry::metrics::HostSources {
+        let host = crate::telemetry::metrics::HostSources {
             sysfs_root: opts.sysfs_root.clone(),
             interfaces: opts.interfaces.clone(),
         };
@@ -76,8 +81,8 @@ impl Watcher {
             reported: BTreeSet::new(),
             failing: None,
             ports: PortCache::new(GID_TABLES_MAX_AGE),
-            verdicts: crate::verdict::Live::default(),
-            pfc,
+            verdicts: crate::verdict::Live::new(thresholds),
+            host,
         }
     }
 
@@ -93,9 +98,18 @@ impl Watcher {
     /// The fabric verdicts on the flows of `doc` (`crate::verdict`), over the window
     /// since the last call.
     pub fn verdicts(&mut self, doc: &LiveDocument) -> Vec<Finding> {
-        let pauses = pause_readings(&self.pfc.read_pfc());
+        let readings = self.host.read();
+        let pauses = pause_readings(&readings.pfc);
+        let watchdogs = watchdog_readings(&readings.pfc);
+        let np = np_readings(&readings.rnic);
+        let host = crate::verdict::HostFacts {
+            vteps: &doc.counters.qos.vteps,
+            pauses: &pauses,
+            watchdogs: &watchdogs,
+            np: &np,
+        };
         self.verdicts
-            .round(|f| doc.for_each_facts(f), &doc.counters.qos.vteps, &pauses)
+            .round(|f| doc.for_each_facts(f), &host, &self.opts.policy)
     }
 
     /// The peers to probe: the configured ones, then (when asked for) the remote outer
@@ -301,4 +315,40 @@ fn pause_readings(
         }
     }
     out
+}
+
+/// The PFC storm watchdog counters of each interface that has them.
+fn watchdog_readings(
+    pfc: &[crate::telemetry::ethtool::PfcCounters],
+) -> Vec<crate::verdict::pauses::WatchdogReading> {
+    use crate::telemetry::ethtool::StormLevel;
+    pfc.iter()
+        .filter(|c| c.storm_events.iter().any(Option::is_some))
+        .map(|c| crate::verdict::pauses::WatchdogReading {
+            ifname: c.ifname.clone(),
+            warning_events: c.storm_events[StormLevel::Warning as usize],
+            error_events: c.storm_events[StormLevel::Error as usize],
+        })
+        .collect()
+}
+
+/// The notification-point counters of each RDMA port that exports both, as the
+/// verdicts read them.
+fn np_readings(
+    ports: &[crate::telemetry::metrics::RnicPortCounters],
+) -> Vec<crate::verdict::rnic_loop::NpReading> {
+    use crate::verdict::rnic_loop::{NpReading, CNP_SENT, ECN_MARKED};
+    ports
+        .iter()
+        .filter_map(|p| {
+            let value = |name: &str| p.counters.iter().find(|c| c.name == name).map(|c| c.value);
+            Some(NpReading {
+                device: p.device.clone(),
+                port: p.port,
+                netdev: p.netdev.clone(),
+                ecn_marked: value(ECN_MARKED)?,
+                cnp_sent: value(CNP_SENT)?,
+            })
+        })
+        .collect()
 }

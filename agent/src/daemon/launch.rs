@@ -98,6 +98,7 @@ impl Launch {
             ),
             peers,
             enforce_mtu,
+            settings.verdicts,
         )
     }
 }

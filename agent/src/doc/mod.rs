@@ -191,6 +191,21 @@ pub struct Flow {
     /// Measured in `analyze` and on live mirror sessions; null elsewhere.
     #[serde(default)]
     pub capture_gaps: Option<u64>,
+    /// Added: the flow's CNPs (of `cnps`) on an outer DSCP other than the policy's CNP
+    /// DSCP (`roce_common::cnp`: the `cnp_wrong_class` verdict), live and in `analyze`;
+    /// and those DSCPs, lowest first.
+    #[serde(default)]
+    pub cnps_wrong_class: u64,
+    #[serde(default)]
+    pub cnp_wrong_dscps: Vec<u8>,
+    /// Added: on a flow that carries CNPs, the time from the first CE-marked packet
+    /// between its hosts that no CNP had answered to the CNP that answered it, and the
+    /// time between its successive CNPs (the notification point's pacing), as
+    /// `rtt` summarises round trips; `analyze` only (null live and without CNPs).
+    #[serde(default)]
+    pub ce_to_cnp: Option<Rtt>,
+    #[serde(default)]
+    pub cnp_interval: Option<Rtt>,
 }
 
 /// How many times something took how long.
@@ -632,7 +647,17 @@ impl Flow {
                 Some(st.recovery_max_us),
             ),
             capture_gaps: None,
+            cnps_wrong_class: 0,
+            cnp_wrong_dscps: Vec::new(),
+            ce_to_cnp: None,
+            cnp_interval: None,
         }
+    }
+
+    /// Sets the flow's CNPs off the CNP DSCP (kept apart from its counters).
+    pub fn set_cnps_wrong_class(&mut self, c: &roce_common::cnp::CnpWrongClass) {
+        self.cnps_wrong_class = c.packets;
+        self.cnp_wrong_dscps = c.dscp_list().collect();
     }
 
     /// [`Flow::from_entry`] of a mirrored flow: the mirrored packet's key, and the
@@ -756,6 +781,10 @@ pub(crate) fn test_flow(ifname: &str, src: &str, dst: &str, qp: u32) -> Flow {
         nak_to_resend: None,
         recovery: None,
         capture_gaps: None,
+        cnps_wrong_class: 0,
+        cnp_wrong_dscps: Vec::new(),
+        ce_to_cnp: None,
+        cnp_interval: None,
     }
 }
 
@@ -1105,7 +1134,7 @@ mod tests {
         );
         assert!(
             text.ends_with(
-                r#""rates":null,"mirror":null,"owner":null,"rtt":null,"nak_to_resend":null,"recovery":null,"capture_gaps":null,"extra":7}"#
+                r#""rates":null,"mirror":null,"owner":null,"rtt":null,"nak_to_resend":null,"recovery":null,"capture_gaps":null,"cnps_wrong_class":0,"cnp_wrong_dscps":[],"ce_to_cnp":null,"cnp_interval":null,"extra":7}"#
             ),
             "{text}"
         );

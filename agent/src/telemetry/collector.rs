@@ -12,7 +12,7 @@ use crate::datapath::loader::{LoadError, Loaded};
 use crate::doc::event::monotonic_to_unix_offset_ns;
 use crate::sys::netif;
 use crate::telemetry::live::rtt_totals::RttTotals;
-use crate::telemetry::live::{Builder, LiveDocument};
+use crate::telemetry::live::{Beside, Builder, LiveDocument};
 
 /// Owns the loaded programs and turns their maps into documents on demand.
 pub struct Collector {
@@ -59,6 +59,7 @@ impl Collector {
             .unix_offset_ns(monotonic_to_unix_offset_ns());
         let rtt = self.loaded.rtt_hists()?;
         let capture_gaps = self.loaded.capture_gaps()?;
+        let cnps_wrong_class = self.loaded.cnps_wrong_class()?;
         let mut rtt_now = HashMap::with_capacity(rtt.len());
         let entries = self
             .loaded
@@ -67,8 +68,12 @@ impl Collector {
                 if let Some(h) = h {
                     rtt_now.insert(slot, (key.ifindex, *h));
                 }
-                let gaps = capture_gaps.get(&slot).copied().unwrap_or(0);
-                builder.add_flow(key, stats, mirror, h, gaps)
+                let beside = Beside {
+                    rtt: h,
+                    capture_gaps: capture_gaps.get(&slot).copied().unwrap_or(0),
+                    cnps_wrong_class: cnps_wrong_class.get(&slot),
+                };
+                builder.add_flow(key, stats, mirror, beside)
             })?;
         self.rtt.update(rtt_now);
         let read = start.elapsed();

@@ -29,6 +29,26 @@ pub struct PfcCounters {
     pub frames: [[Option<u64>; 8]; 2],
     /// `[direction][priority]`: time paused, in microseconds (mlx5 only).
     pub duration_us: [[Option<u64>; 8]; 2],
+    /// `[level]` ([`StormLevel`]): the times the port kept sending pauses past its PFC
+    /// storm watchdog's warning threshold, and past its timeout, after which it stopped
+    /// pausing (mlx5's `tx_pause_storm_{warning,error}_events`).
+    pub storm_events: [Option<u64>; 2],
+}
+
+/// How far a pause storm went before the NIC's watchdog counted it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StormLevel {
+    Warning,
+    Error,
+}
+
+impl StormLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StormLevel::Warning => "warning",
+            StormLevel::Error => "error",
+        }
+    }
 }
 
 impl PfcCounters {
@@ -38,19 +58,31 @@ impl PfcCounters {
             .iter()
             .chain(&self.duration_us)
             .flatten()
+            .chain(&self.storm_events)
             .all(Option::is_none)
     }
 }
 
 /// The mlx5 per-priority pause statistics among `stats`: `rx_prio{p}_pause`,
 /// `tx_prio{p}_pause` (frames) and `rx_prio{p}_pause_duration`,
-/// `tx_prio{p}_pause_duration` (microseconds). Other names are ignored.
+/// `tx_prio{p}_pause_duration` (microseconds), and the storm watchdog's
+/// `tx_pause_storm_warning_events`, `tx_pause_storm_error_events`. Other names are
+/// ignored.
 pub fn pfc_from_stats(ifname: &str, stats: &[Stat]) -> PfcCounters {
     let mut pfc = PfcCounters {
         ifname: ifname.to_string(),
         ..PfcCounters::default()
     };
     for s in stats {
+        let storm = match s.name.as_str() {
+            "tx_pause_storm_warning_events" => Some(StormLevel::Warning),
+            "tx_pause_storm_error_events" => Some(StormLevel::Error),
+            _ => None,
+        };
+        if let Some(level) = storm {
+            pfc.storm_events[level as usize] = Some(s.value);
+            continue;
+        }
         let Some((direction, rest)) = s
             .name
             .strip_prefix("rx_prio")
@@ -86,6 +118,7 @@ pub fn pfc_from_dcb(ifname: &str, pfc: &crate::audit::dcb::IeeePfc) -> PfcCounte
         ifname: ifname.to_string(),
         frames: [pfc.indications.map(Some), pfc.requests.map(Some)],
         duration_us: [[None; 8]; 2],
+        storm_events: [None; 2],
     }
 }
 
@@ -127,6 +160,11 @@ mod tests {
             .flatten()
             .count();
         assert_eq!(found, 4, "{pfc:?}");
+        assert_eq!(
+            pfc.storm_events,
+            [Some(1), None],
+            "the watchdog's warnings, no error count"
+        );
         assert!(!pfc.is_empty());
         assert!(pfc_from_stats("veth0", &[]).is_empty());
     }

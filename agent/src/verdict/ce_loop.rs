@@ -18,11 +18,6 @@ use super::{FlowFacts, Path, Window};
 use crate::doc::finding::{Finding, Severity};
 use crate::doc::Direction;
 
-/// CE-marked packets in a window before no CNP says more than chance: below, a burst
-/// of marks may end before the notification point's first CNP (DCQCN sends at most one
-/// per QP per `min_time_between_cnps`, 4 µs to 50 µs).
-pub const MIN_CE: u64 = 10;
-
 /// One path's counts: CE-marked packets on it, and on the way back CNPs and packets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -72,16 +67,40 @@ impl Totals {
     }
 }
 
-/// `ce_unanswered` for every path whose CE marks in the window (since `before`, or
-/// all of `now`) went without a CNP back while the way back carried packets.
-pub fn unanswered(now: &Totals, before: Option<&Totals>, window: Window) -> Vec<Finding> {
+impl Totals {
+    /// The CE-marked packets counted arriving on `ifname` since `before` (all of them
+    /// without), if any.
+    pub fn ce_on(&self, before: Option<&Totals>, ifname: &str) -> Option<u64> {
+        let mut n = 0;
+        for (path, (c, name)) in &self.paths {
+            if name.as_deref() == Some(ifname) {
+                let b = before
+                    .and_then(|b| b.paths.get(path))
+                    .map_or(0, |(b, _)| b.ce);
+                n += c.ce.saturating_sub(b);
+            }
+        }
+        (n > 0).then_some(n)
+    }
+}
+
+/// `ce_unanswered` for every path whose `min_ce` CE marks or more in the window (since
+/// `before`, or all of `now`) went without a CNP back while the way back carried
+/// packets (`min_ce`: below, a burst of marks may end before the notification point's
+/// first CNP; DCQCN sends at most one per QP per `min_time_between_cnps`).
+pub fn unanswered(
+    now: &Totals,
+    before: Option<&Totals>,
+    window: Window,
+    min_ce: u64,
+) -> Vec<Finding> {
     let mut out = Vec::new();
     for (path, (counts, ifname)) in &now.paths {
         let c = match before.and_then(|b| b.paths.get(path)) {
             Some((b, _)) => counts.since(b),
             None => *counts,
         };
-        if c.ce < MIN_CE || c.cnps_back > 0 || c.packets_back == 0 {
+        if c.ce < min_ce || c.cnps_back > 0 || c.packets_back == 0 {
             continue;
         }
         out.push(Finding {
@@ -114,10 +133,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::verdict::test_flow as flow;
-
-    const A: &str = "198.18.0.1";
-    const B: &str = "198.18.0.2";
-    const WINDOW: Window = Window::Live(Duration::from_secs(1));
+    use crate::verdict::tests_common::{A, B, WINDOW};
 
     /// B's view: data from A arriving with `ce` marks, ACKs (and `cnps` CNPs) leaving.
     fn at_b(ce: u64, cnps: u64, back: u64) -> Totals {
@@ -134,7 +150,7 @@ mod tests {
 
     #[test]
     fn marks_without_a_cnp_back_are_unanswered_and_the_near_misses_are_not() {
-        let found = unanswered(&at_b(10, 0, 50), None, WINDOW);
+        let found = unanswered(&at_b(10, 0, 50), None, WINDOW, 10);
         assert_eq!(found.len(), 1);
         let f = &found[0];
         assert_eq!(
@@ -144,24 +160,24 @@ mod tests {
         assert_eq!(f.interface.as_deref(), Some("eth1"));
         assert!(f.found.starts_with("10 CE-marked RoCE packets 198.18.0.1→198.18.0.2 in the last 1.0 s, and no CNP back among the 50"), "{}", f.found);
         // 9 marks: too few to say; one CNP: answered; nothing back: one direction seen.
-        assert!(unanswered(&at_b(9, 0, 50), None, WINDOW).is_empty());
-        assert!(unanswered(&at_b(1000, 1, 50), None, WINDOW).is_empty());
-        assert!(unanswered(&at_b(1000, 0, 0), None, WINDOW).is_empty());
+        assert!(unanswered(&at_b(9, 0, 50), None, WINDOW, 10).is_empty());
+        assert!(unanswered(&at_b(1000, 1, 50), None, WINDOW, 10).is_empty());
+        assert!(unanswered(&at_b(1000, 0, 0), None, WINDOW, 10).is_empty());
     }
 
     #[test]
     fn a_window_judges_what_happened_since_the_last_one() {
         let before = at_b(1000, 0, 50);
         // 5 more marks since: too few, however many came before.
-        assert!(unanswered(&at_b(1005, 0, 100), Some(&before), WINDOW).is_empty());
+        assert!(unanswered(&at_b(1005, 0, 100), Some(&before), WINDOW, 10).is_empty());
         assert_eq!(
-            unanswered(&at_b(1010, 0, 100), Some(&before), WINDOW).len(),
+            unanswered(&at_b(1010, 0, 100), Some(&before), WINDOW, 10).len(),
             1
         );
         // CNPs earlier answered earlier marks, not these.
         let answered_before = at_b(1000, 5, 50);
         assert_eq!(
-            unanswered(&at_b(1020, 5, 100), Some(&answered_before), WINDOW).len(),
+            unanswered(&at_b(1020, 5, 100), Some(&answered_before), WINDOW, 10).len(),
             1
         );
     }
@@ -173,7 +189,12 @@ mod tests {
         data.ce = 40;
         t.add(&data);
         t.add(&flow(B, A, None));
-        let found = unanswered(&t, None, Window::Capture(Some(Duration::from_millis(2500))));
+        let found = unanswered(
+            &t,
+            None,
+            Window::Capture(Some(Duration::from_millis(2500))),
+            10,
+        );
         assert_eq!(found.len(), 1);
         assert!(
             found[0].found.contains("in the capture (2.5 s)"),
@@ -186,6 +207,6 @@ mod tests {
         out.ce = 40;
         live.add(&out);
         live.add(&flow(A, B, Some(Direction::Ingress)));
-        assert!(unanswered(&live, None, WINDOW).is_empty());
+        assert!(unanswered(&live, None, WINDOW, 10).is_empty());
     }
 }

@@ -10,12 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{FlowFacts, Path};
+use crate::config::VerdictThresholds;
 use crate::doc::finding::{Finding, Severity};
-
-/// Queue pairs on one path before their ports are judged.
-pub const MIN_QPS: usize = 8;
-/// Low: at least this many queue pairs a port on average.
-pub const QPS_PER_PORT: usize = 4;
 
 /// What one path carries: its destination QPs, source ports and flows.
 #[derive(Clone, Debug, Default)]
@@ -43,14 +39,16 @@ impl Ports {
     }
 }
 
-/// `ecmp_low_entropy` for every path with [`MIN_QPS`] queue pairs or more that share
-/// their source ports [`QPS_PER_PORT`] or more to a port; `in_capture` counts the
-/// flows of each finding, as `analyze`'s findings do.
-pub fn low_entropy(ports: &Ports, in_capture: bool) -> Vec<Finding> {
+/// `ecmp_low_entropy` for every path with `ecmp_min_qps` queue pairs or more that
+/// share their source ports `ecmp_qps_per_port` or more to a port; `in_capture` counts
+/// the flows of each finding, as `analyze`'s findings do.
+pub fn low_entropy(ports: &Ports, in_capture: bool, t: &VerdictThresholds) -> Vec<Finding> {
     let mut out = Vec::new();
     for ((ifname, path), spread) in &ports.paths {
         let (qps, sports) = (&spread.qps, &spread.ports);
-        if qps.len() < MIN_QPS || sports.len() * QPS_PER_PORT > qps.len() {
+        if qps.len() < t.ecmp_min_qps as usize
+            || sports.len() * t.ecmp_qps_per_port as usize > qps.len()
+        {
             continue;
         }
         let mut list: Vec<String> = sports.iter().take(8).map(u16::to_string).collect();
@@ -101,7 +99,7 @@ mod tests {
     }
 
     fn low_entropy_live(p: &Ports) -> Vec<Finding> {
-        low_entropy(p, false)
+        low_entropy(p, false, &VerdictThresholds::default())
     }
 
     #[test]
@@ -120,5 +118,12 @@ mod tests {
         assert!(low_entropy_live(&flows(8, 3)).is_empty());
         assert!(low_entropy_live(&flows(16, 5)).is_empty());
         assert!(low_entropy_live(&flows(64, 64)).is_empty());
+        // A fabric that wants fewer than two QPs a port: 8 on 4 ports is low there.
+        let strict = VerdictThresholds {
+            ecmp_qps_per_port: 2,
+            ..VerdictThresholds::default()
+        };
+        assert_eq!(low_entropy(&flows(8, 4), false, &strict).len(), 1);
+        assert!(low_entropy(&flows(8, 5), false, &strict).is_empty());
     }
 }

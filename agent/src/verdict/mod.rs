@@ -5,17 +5,27 @@
 //! no `Flow` made) and a capture's flows feed them alike.
 //!
 //! - [`ce_loop`]: CE marks that no CNP answers (`ce_unanswered`).
+//! - [`cnp_class`]: CNPs off the policy's CNP DSCP (`cnp_wrong_class`).
 //! - [`entropy`]: many queue pairs on few UDP source ports (`ecmp_low_entropy`).
 //! - [`overlay`]: underlay CE marks decapsulation could not carry (`inner_ce_lost`).
 //! - [`pauses`]: PFC pause storms and slow receivers (`pause_storm`, `slow_receiver`).
+//! - [`rnic_loop`]: the ECN -> CNP loop from the RNIC's counters, where the RNIC
+//!   offloads RoCE (`ce_unanswered` of a port).
 
 pub mod ce_loop;
+pub mod cnp_class;
 pub mod entropy;
 pub mod overlay;
 pub mod pauses;
+pub mod rnic_loop;
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
+
+use roce_common::cnp::CnpWrongClass;
+use roce_common::policy::Policy;
+
+use crate::config::VerdictThresholds;
 
 use crate::doc::finding::Finding;
 use crate::doc::{Direction, Flow, VtepRecord};
@@ -40,6 +50,8 @@ pub struct FlowFacts<'a> {
     /// Packets with CE in the outer or the inner header.
     pub ce: u64,
     pub cnps: u64,
+    /// Of `cnps`, those off the policy's CNP DSCP.
+    pub cnps_wrong_class: CnpWrongClass,
 }
 
 impl<'a> FlowFacts<'a> {
@@ -58,8 +70,26 @@ impl<'a> FlowFacts<'a> {
             packets: f.packets,
             ce: f.ecn.ce + f.inner_ecn.map_or(0, |e| e.ce),
             cnps: f.cnps,
+            cnps_wrong_class: CnpWrongClass {
+                packets: f.cnps_wrong_class,
+                dscps: f
+                    .cnp_wrong_dscps
+                    .iter()
+                    .fold(0, |m, d| m | roce_common::cnp::dscp_bit(*d)),
+            },
         }
     }
+}
+
+/// The hosts and window the verdicts' tests judge.
+#[cfg(test)]
+pub(crate) mod tests_common {
+    use super::Window;
+    use std::time::Duration;
+
+    pub const A: &str = "198.18.0.1";
+    pub const B: &str = "198.18.0.2";
+    pub const WINDOW: Window = Window::Live(Duration::from_secs(1));
 }
 
 /// A plain flow for the verdicts' tests: `src` to `dst`, QP 0x11 from port 49152, 100
@@ -79,6 +109,7 @@ pub(crate) fn test_flow<'a>(src: &str, dst: &str, direction: Option<Direction>) 
         packets: 100,
         ce: 0,
         cnps: 0,
+        cnps_wrong_class: CnpWrongClass::default(),
     }
 }
 
@@ -158,17 +189,12 @@ fn span(d: Duration) -> String {
     }
 }
 
-/// How far back the live loop verdicts look: what happened in the last half minute
-/// (at least one round back), so that a verdict stands long enough for a scrape to
-/// see it, and goes when the fabric mends.
-pub const LIVE_WINDOW: Duration = Duration::from_secs(30);
-
 /// The verdicts of the live agent, round after round: they keep the loop totals of the
-/// rounds of the last [`LIVE_WINDOW`], so that each round judges that window, not
-/// everything since the flows began.
+/// rounds of the last window (`[verdicts] window_secs`, at least one round back), so
+/// that each round judges that window, not everything since the flows began.
 #[derive(Debug)]
 pub struct Live {
-    window: Duration,
+    thresholds: VerdictThresholds,
     /// Totals of earlier rounds, oldest first.
     rounds: std::collections::VecDeque<(Instant, Snapshot)>,
     /// The priorities in a pause storm, round after round.
@@ -179,67 +205,86 @@ pub struct Live {
 #[derive(Debug)]
 struct Snapshot {
     loops: ce_loop::Totals,
+    cnps: cnp_class::Totals,
     vteps: overlay::Totals,
     pauses: pauses::Totals,
+    np: rnic_loop::Totals,
+}
+
+/// What the live verdicts read of the host beside the flows, each round.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostFacts<'a> {
+    /// The decapsulation counters per remote VTEP.
+    pub vteps: &'a [VtepRecord],
+    /// The NICs' pause counters, per interface and priority, and their PFC storm
+    /// watchdogs' events.
+    pub pauses: &'a [pauses::PauseReading],
+    pub watchdogs: &'a [pauses::WatchdogReading],
+    /// The RDMA ports' notification-point counters.
+    pub np: &'a [rnic_loop::NpReading],
 }
 
 impl Default for Live {
     fn default() -> Live {
-        Live::with_window(LIVE_WINDOW)
+        Live::new(VerdictThresholds::default())
     }
 }
 
 impl Live {
-    pub fn with_window(window: Duration) -> Live {
+    pub fn new(thresholds: VerdictThresholds) -> Live {
         Live {
-            window,
+            thresholds,
             rounds: Default::default(),
             storms: Default::default(),
         }
     }
 
     /// The verdicts of this round, from every flow of the table now (`for_each` calls
-    /// its argument with each), the decapsulation counters per remote VTEP and the
-    /// NICs' pause counters.
+    /// its argument with each) and the host's counters, against its QoS `policy`.
     pub fn round(
         &mut self,
         for_each: impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)),
-        vteps: &[VtepRecord],
-        pause_readings: &[pauses::PauseReading],
+        host: &HostFacts<'_>,
+        policy: &Policy,
     ) -> Vec<Finding> {
-        self.round_at(Instant::now(), for_each, vteps, pause_readings)
+        self.round_at(Instant::now(), for_each, host, policy)
     }
 
     fn round_at(
         &mut self,
         now: Instant,
         for_each: impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)),
-        vteps: &[VtepRecord],
-        pause_readings: &[pauses::PauseReading],
+        host: &HostFacts<'_>,
+        policy: &Policy,
     ) -> Vec<Finding> {
         let mut loops = ce_loop::Totals::default();
+        let mut cnps = cnp_class::Totals::default();
         let mut ports = entropy::Ports::default();
         for_each(&mut |f| {
             loops.add(&f);
+            cnps.add(&f);
             ports.add(&f);
         });
         let snapshot = Snapshot {
             loops,
-            vteps: overlay::Totals::of(vteps),
-            pauses: pauses::Totals::of(pause_readings),
+            cnps,
+            vteps: overlay::Totals::of(host.vteps),
+            pauses: pauses::Totals::of(host.pauses, host.watchdogs),
+            np: rnic_loop::Totals::of(host.np),
         };
+        let t = self.thresholds;
         let mut out = Vec::new();
         // Storms are judged round by round, against the last round.
         if let Some((then, last)) = self.rounds.back() {
             let round = now.duration_since(*then);
-            out.extend(self.storms.round(&snapshot.pauses, &last.pauses, round));
+            out.extend(self.storms.round(&snapshot.pauses, &last.pauses, round, &t));
         }
         // The oldest round still within the window is the one to compare with.
         while self.rounds.len() > 1
             && self
                 .rounds
                 .get(1)
-                .is_some_and(|(t, _)| now.duration_since(*t) >= self.window)
+                .is_some_and(|(at, _)| now.duration_since(*at) >= t.window)
         {
             self.rounds.pop_front();
         }
@@ -250,10 +295,29 @@ impl Live {
                 &snapshot.loops,
                 Some(&before.loops),
                 window,
+                t.min_ce,
+            ));
+            out.extend(rnic_loop::unanswered(
+                &snapshot.np,
+                &before.np,
+                window,
+                t.min_ce,
+                &|ifname| snapshot.loops.ce_on(Some(&before.loops), ifname),
+            ));
+            out.extend(cnp_class::wrong_class(
+                &snapshot.cnps,
+                Some(&before.cnps),
+                window,
+                policy,
             ));
             out.extend(overlay::inner_ce_lost(
                 &snapshot.vteps,
                 &before.vteps,
+                window,
+            ));
+            out.extend(pauses::watchdog_events(
+                &snapshot.pauses,
+                &before.pauses,
                 window,
             ));
             out.extend(pauses::slow_receivers(
@@ -261,28 +325,36 @@ impl Live {
                 &before.pauses,
                 window,
                 span,
+                &t,
             ));
         }
-        out.extend(entropy::low_entropy(&ports, false));
+        out.extend(entropy::low_entropy(&ports, false, &t));
         self.rounds.push_back((now, snapshot));
         out
     }
 }
 
-/// The verdicts of a capture's flows, over the capture's `span` of frame time.
+/// The verdicts of a capture's flows, over the capture's `span` of frame time, against
+/// the QoS `policy`, with thresholds `t`.
 pub fn of_capture<'a>(
     flows: impl Iterator<Item = &'a Flow>,
     span: Option<Duration>,
+    policy: &Policy,
+    t: &VerdictThresholds,
 ) -> Vec<Finding> {
     let mut loops = ce_loop::Totals::default();
+    let mut cnps = cnp_class::Totals::default();
     let mut ports = entropy::Ports::default();
     for f in flows {
         let facts = FlowFacts::of(f);
         loops.add(&facts);
+        cnps.add(&facts);
         ports.add(&facts);
     }
-    let mut out = ce_loop::unanswered(&loops, None, Window::Capture(span));
-    out.extend(entropy::low_entropy(&ports, true));
+    let window = Window::Capture(span);
+    let mut out = ce_loop::unanswered(&loops, None, window, t.min_ce);
+    out.extend(cnp_class::wrong_class(&cnps, None, window, policy));
+    out.extend(entropy::low_entropy(&ports, true, t));
     out
 }
 
@@ -313,14 +385,14 @@ mod tests {
             now: Instant,
             for_each: impl FnOnce(&mut dyn FnMut(FlowFacts<'_>)),
         ) -> Vec<Finding> {
-            self.round_at(now, for_each, &[], &[])
+            self.round_at(now, for_each, &HostFacts::default(), &Policy::default())
         }
     }
 
     #[test]
     fn pause_counters_make_storms_round_by_round_and_slow_receivers_over_the_window() {
         let t0 = Instant::now();
-        let mut live = Live::with_window(Duration::from_secs(30));
+        let mut live = Live::default();
         let mut checks = Vec::new();
         for i in 0..5u64 {
             let r = pauses::PauseReading {
@@ -330,7 +402,15 @@ mod tests {
                 tx_frames: Some(i * 1000),
                 rx_paused_us: Some(i * 180_000),
             };
-            let found = live.round_at(t0 + Duration::from_millis(200 * i), |_| {}, &[], &[r]);
+            let found = live.round_at(
+                t0 + Duration::from_millis(200 * i),
+                |_| {},
+                &HostFacts {
+                    pauses: &[r],
+                    ..HostFacts::default()
+                },
+                &Policy::default(),
+            );
             checks.push(found.into_iter().map(|f| f.check).collect::<Vec<_>>());
         }
         // 90% paused: a storm from the third round on; 5,000 frames a second sent.
@@ -343,7 +423,7 @@ mod tests {
     fn a_live_verdict_stands_for_its_window_and_goes_when_the_loop_mends() {
         let t0 = Instant::now();
         let s = |n| t0 + Duration::from_secs(n);
-        let mut live = Live::with_window(Duration::from_secs(30));
+        let mut live = Live::default();
         // The first round has nothing to compare with.
         assert!(live.round_at_flows(s(0), marked(0, 0)).is_empty());
         let found = live.round_at_flows(s(1), marked(50, 0));

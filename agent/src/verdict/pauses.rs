@@ -7,23 +7,21 @@
 //! upstream. Per interface and priority, from the NIC's pause counters (mlx5's
 //! `{rx,tx}_prio{p}_pause[_duration]`, or DCB's frames):
 //! - `pause_storm`: the port was paused (by its switch: rx) for more than
-//!   [`STORM_SHARE`] of the time, round after round, [`STORM_ROUNDS`] rounds running
+//!   `pause_storm_share` of the time (50%), round after round, `pause_storm_rounds` (3) rounds running
 //!   (needs the pause durations, which mlx5 keeps);
-//! - `slow_receiver`: the port sent (tx) more than [`SLOW_RECEIVER_PER_S`] pause
-//!   frames a second over the window.
+//! - `slow_receiver`: the port sent (tx) more than `slow_receiver_pauses_per_s` (1,000) pause
+//!   frames a second over the window;
+//! - `pause_storm` of this host's own port: its PFC storm watchdog counted pauses it
+//!   kept sending past the warning threshold (a warning) or past the timeout, after
+//!   which it stopped pausing and dropped instead (an error), in the window (mlx5's
+//!   `tx_pause_storm_{warning,error}_events`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::Window;
+use crate::config::VerdictThresholds;
 use crate::doc::finding::{Finding, Severity};
-
-/// A round paused for more than this share of its time counts towards a storm.
-pub const STORM_SHARE: f64 = 0.5;
-/// Rounds running that make a storm.
-pub const STORM_ROUNDS: u32 = 3;
-/// Pause frames sent a second, over the window, that make a slow receiver.
-pub const SLOW_RECEIVER_PER_S: f64 = 1000.0;
 
 /// One priority's pause counters on one interface, as read now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -38,23 +36,75 @@ pub struct PauseReading {
     pub rx_paused_us: Option<u64>,
 }
 
+/// One interface's PFC storm watchdog counters, as read now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchdogReading {
+    pub ifname: String,
+    /// Pauses sent past the warning threshold, and past the timeout.
+    pub warning_events: Option<u64>,
+    pub error_events: Option<u64>,
+}
+
 type Key = (String, u8);
 
-/// The readings of one round, by interface and priority.
+/// The readings of one round, by interface and priority, and the watchdogs' by
+/// interface.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
     readings: BTreeMap<Key, PauseReading>,
+    watchdogs: BTreeMap<String, WatchdogReading>,
 }
 
 impl Totals {
-    pub fn of(readings: &[PauseReading]) -> Totals {
+    pub fn of(readings: &[PauseReading], watchdogs: &[WatchdogReading]) -> Totals {
         Totals {
             readings: readings
                 .iter()
                 .map(|r| ((r.ifname.clone(), r.priority), r.clone()))
                 .collect(),
+            watchdogs: watchdogs
+                .iter()
+                .map(|w| (w.ifname.clone(), w.clone()))
+                .collect(),
         }
     }
+}
+
+/// `pause_storm` for every interface whose storm watchdog counted events in the
+/// window (since `before`): an error for pauses it had to stop, else a warning.
+pub fn watchdog_events(now: &Totals, before: &Totals, window: Window) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for (ifname, w) in &now.watchdogs {
+        let b = before.watchdogs.get(ifname);
+        let errors = delta(w.error_events, b.and_then(|b| b.error_events)).unwrap_or(0);
+        let warnings = delta(w.warning_events, b.and_then(|b| b.warning_events)).unwrap_or(0);
+        // Nothing to compare with: the counts are from before the agent looked.
+        if b.is_none() || (errors == 0 && warnings == 0) {
+            continue;
+        }
+        let (severity, found) = if errors > 0 {
+            (
+                Severity::Error,
+                format!("{ifname}'s PFC storm watchdog stopped its pauses {errors} times {window} (tx_pause_storm_error_events): the port paused its switch past the watchdog's timeout, then dropped instead"),
+            )
+        } else {
+            (
+                Severity::Warning,
+                format!("{ifname} kept pausing its switch past its PFC storm watchdog's warning threshold {warnings} times {window} (tx_pause_storm_warning_events)"),
+            )
+        };
+        out.push(Finding {
+            check: "pause_storm".to_string(),
+            interface: Some(ifname.clone()),
+            severity,
+            found,
+            expected: "a receive pipeline that keeps up: pauses short enough that the storm watchdog never counts them".to_string(),
+            fix: format!("find why {ifname}'s receive pipeline stalls (host memory, PCIe, a hung driver or firmware: `ethtool -S {ifname}`, `dmesg`); the watchdog keeps the fabric running meanwhile, at the cost of this port's drops"),
+            flows: None,
+            flow_keys: Vec::new(),
+        });
+    }
+    out
 }
 
 /// What is kept from round to round: each priority's rounds running in a storm.
@@ -69,9 +119,15 @@ fn delta(now: Option<u64>, before: Option<u64>) -> Option<u64> {
 
 impl Storms {
     /// One round of `round` length: counts the rounds running in which each priority
-    /// was paused more than [`STORM_SHARE`] of the time, and says `pause_storm` for
-    /// those at [`STORM_ROUNDS`] or more.
-    pub fn round(&mut self, now: &Totals, last: &Totals, round: Duration) -> Vec<Finding> {
+    /// was paused more than `pause_storm_share` of the time, and says `pause_storm` for
+    /// those at `pause_storm_rounds` or more.
+    pub fn round(
+        &mut self,
+        now: &Totals,
+        last: &Totals,
+        round: Duration,
+        t: &VerdictThresholds,
+    ) -> Vec<Finding> {
         let mut out = Vec::new();
         let round_us = round.as_micros().max(1) as f64;
         for (key, r) in &now.readings {
@@ -79,8 +135,12 @@ impl Storms {
             let paused = delta(r.rx_paused_us, before.and_then(|b| b.rx_paused_us));
             let share = paused.map_or(0.0, |us| us as f64 / round_us);
             let running = self.running.entry(key.clone()).or_default();
-            *running = if share > STORM_SHARE { *running + 1 } else { 0 };
-            if *running < STORM_ROUNDS {
+            *running = if share > t.pause_storm_share {
+                *running + 1
+            } else {
+                0
+            };
+            if *running < t.pause_storm_rounds {
                 continue;
             }
             out.push(Finding {
@@ -93,12 +153,12 @@ impl Storms {
                     r.ifname,
                     100.0 * share.min(1.0),
                     super::span(round),
-                    100.0 * STORM_SHARE,
+                    100.0 * t.pause_storm_share,
                     running
                 ),
                 expected: format!(
                     "pauses that come and go: a priority paused more than {:.0}% of the time, round after round, is a storm that stalls every flow of the class",
-                    100.0 * STORM_SHARE
+                    100.0 * t.pause_storm_share
                 ),
                 fix: "find what pauses: the switch port's peer (a host whose NIC stalled, a slow receiver: `slow_receiver` on that host), and let the NICs' PFC storm watchdog stop a storm (ethtool --set-tunable IF pfc-prevention-tout 100 on mlx5)".to_string(),
                 flows: None,
@@ -111,13 +171,15 @@ impl Storms {
 }
 
 /// `slow_receiver` for every interface and priority that sent more than
-/// [`SLOW_RECEIVER_PER_S`] pause frames a second over the window.
+/// `slow_receiver_pauses_per_s` pause frames a second over the window.
 pub fn slow_receivers(
     now: &Totals,
     before: &Totals,
     window: Window,
     span: Duration,
+    t: &VerdictThresholds,
 ) -> Vec<Finding> {
+    let per_s = t.slow_receiver_pauses_per_s;
     let mut out = Vec::new();
     let secs = span.as_secs_f64().max(1e-3);
     for (key, r) in &now.readings {
@@ -128,7 +190,7 @@ pub fn slow_receivers(
             continue;
         };
         let rate = sent as f64 / secs;
-        if rate <= SLOW_RECEIVER_PER_S {
+        if rate <= per_s {
             continue;
         }
         out.push(Finding {
@@ -140,7 +202,7 @@ pub fn slow_receivers(
                 r.ifname, r.priority
             ),
             expected: format!(
-                "a receiver that keeps up: at most {SLOW_RECEIVER_PER_S:.0} pause frames a second (Microsoft's slow receivers sent thousands)"
+                "a receiver that keeps up: at most {per_s:.0} pause frames a second (Microsoft's slow receivers sent thousands)"
             ),
             fix: format!(
                 "find why {} cannot take its traffic (receive buffers, CPU or PCIe of the host, a stalled receive pipeline); meanwhile its pauses spread congestion upstream",
@@ -158,13 +220,55 @@ mod tests {
     use super::*;
 
     fn reading(rx_us: u64, tx: u64) -> Totals {
-        Totals::of(&[PauseReading {
-            ifname: "eth1".into(),
-            priority: 3,
-            rx_frames: Some(0),
-            tx_frames: Some(tx),
-            rx_paused_us: Some(rx_us),
-        }])
+        Totals::of(
+            &[PauseReading {
+                ifname: "eth1".into(),
+                priority: 3,
+                rx_frames: Some(0),
+                tx_frames: Some(tx),
+                rx_paused_us: Some(rx_us),
+            }],
+            &[],
+        )
+    }
+
+    fn watchdog(warning: u64, error: Option<u64>) -> Totals {
+        Totals::of(
+            &[],
+            &[WatchdogReading {
+                ifname: "eth1".into(),
+                warning_events: Some(warning),
+                error_events: error,
+            }],
+        )
+    }
+
+    #[test]
+    fn the_watchdogs_events_in_the_window_are_a_storm_of_this_port() {
+        let w = Window::Live(Duration::from_secs(30));
+        let found = watchdog_events(&watchdog(3, Some(2)), &watchdog(1, Some(1)), w);
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].check.as_str(), found[0].severity),
+            ("pause_storm", Severity::Error)
+        );
+        assert!(
+            found[0].found.starts_with(
+                "eth1's PFC storm watchdog stopped its pauses 1 times in the last 30.0 s"
+            ),
+            "{}",
+            found[0].found
+        );
+        let warned = watchdog_events(&watchdog(3, None), &watchdog(1, None), w);
+        assert_eq!(warned[0].severity, Severity::Warning);
+        assert!(
+            warned[0].found.contains(" warning threshold 2 times "),
+            "{}",
+            warned[0].found
+        );
+        // Near misses: nothing new; nothing to compare with.
+        assert!(watchdog_events(&watchdog(3, Some(2)), &watchdog(3, Some(2)), w).is_empty());
+        assert!(watchdog_events(&watchdog(3, Some(2)), &Totals::default(), w).is_empty());
     }
 
     #[test]
@@ -176,7 +280,7 @@ mod tests {
         let mut found = Vec::new();
         for i in 1..=3u64 {
             let now = reading(i * 600_000, 0);
-            found = storms.round(&now, &last, round);
+            found = storms.round(&now, &last, round, &VerdictThresholds::default());
             last = now;
             if i < 3 {
                 assert!(found.is_empty(), "round {i}: {found:?}");
@@ -194,7 +298,9 @@ mod tests {
         let mut at = 0;
         for share in [600_000, 600_000, 400_000, 600_000, 600_000] {
             let now = reading(at + share, 0);
-            assert!(storms.round(&now, &reading(at, 0), round).is_empty());
+            assert!(storms
+                .round(&now, &reading(at, 0), round, &VerdictThresholds::default())
+                .is_empty());
             at += share;
         }
     }
@@ -203,15 +309,35 @@ mod tests {
     fn more_than_a_thousand_pause_frames_a_second_sent_is_a_slow_receiver() {
         let window = Duration::from_secs(10);
         let w = Window::Live(window);
-        let found = slow_receivers(&reading(0, 10_010), &reading(0, 0), w, window);
+        let found = slow_receivers(
+            &reading(0, 10_010),
+            &reading(0, 0),
+            w,
+            window,
+            &VerdictThresholds::default(),
+        );
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].check, "slow_receiver");
         assert_eq!(
             found[0].found,
             "eth1 sent 10010 pause frames on priority 3 in the last 10.0 s, 1001 a second"
         );
-        assert!(slow_receivers(&reading(0, 10_000), &reading(0, 0), w, window).is_empty());
+        assert!(slow_receivers(
+            &reading(0, 10_000),
+            &reading(0, 0),
+            w,
+            window,
+            &VerdictThresholds::default()
+        )
+        .is_empty());
         // Counts from before the window are not this window's.
-        assert!(slow_receivers(&reading(0, 1_000_000), &reading(0, 995_000), w, window).is_empty());
+        assert!(slow_receivers(
+            &reading(0, 1_000_000),
+            &reading(0, 995_000),
+            w,
+            window,
+            &VerdictThresholds::default()
+        )
+        .is_empty());
     }
 }

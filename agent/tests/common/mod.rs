@@ -173,6 +173,23 @@ impl Agent {
         Agent::start_with(ns, args, |_, _| {})
     }
 
+    /// Starts `roce-agent run` on a pair's `va` in `ns` (no pins, polling every 0.2 s),
+    /// its API at `api`, with `extra` arguments.
+    pub fn run_on_va(ns: &Netns, api: &str, extra: &[&str]) -> Agent {
+        let mut args = vec![
+            "run",
+            "--iface",
+            "va",
+            "--no-pin",
+            "--listen",
+            api,
+            "--interval",
+            "0.2",
+        ];
+        args.extend_from_slice(extra);
+        Agent::start(ns, &args)
+    }
+
     /// Starts `roce-agent ARGS` in `ns` (without the caller's JOURNAL_STREAM), after
     /// `setup` has had the command and the path of the log file stderr goes to.
     pub fn start_with(ns: &Netns, args: &[&str], setup: impl FnOnce(&mut Command, &Path)) -> Agent {

@@ -8,6 +8,7 @@ use std::os::fd::AsFd;
 use aya::maps::{Array, HashMap, Map, MapData, MapError, Queue};
 use aya::Ebpf;
 use aya::Pod;
+use roce_common::cnp::CnpWrongClass;
 use roce_common::flow::{FlowSlot, FlowStats, SLOT_EVICTED, SLOT_LIVE};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, ShapedKey};
 use roce_common::mirror::MirrorTag;
@@ -120,6 +121,14 @@ impl Loaded {
     /// by slot index.
     pub fn capture_gaps(&self) -> Result<std::collections::HashMap<u32, u64>, LoadError> {
         self.by_slot(map::CAPTURE_GAPS)
+    }
+
+    /// The CNPs off the policy's CNP DSCP, of the flows that have any
+    /// (CNP_WRONG_CLASS), by slot index.
+    pub fn cnps_wrong_class(
+        &self,
+    ) -> Result<std::collections::HashMap<u32, CnpWrongClass>, LoadError> {
+        self.by_slot(map::CNP_WRONG_CLASS)
     }
 
     /// The entries of `name`, a hash of the flows that have one, by slot index.
@@ -298,13 +307,15 @@ impl Loaded {
         slots.set(i, slot, 0).map_err(map_error(map::FLOW_SLOTS))
     }
 
-    /// Zeroes slots `indexes`, and forgets their round trips and capture gaps.
+    /// Zeroes slots `indexes`, and forgets their round trips, capture gaps and CNPs
+    /// off class.
     fn zero_slots(&mut self, indexes: &[u32]) -> Result<(), LoadError> {
         for &i in indexes {
             self.write_slot(i, &FlowSlot::default())?;
         }
         self.forget_slots::<RttHist>(map::RTT_HIST, indexes)?;
-        self.forget_slots::<u64>(map::CAPTURE_GAPS, indexes)
+        self.forget_slots::<u64>(map::CAPTURE_GAPS, indexes)?;
+        self.forget_slots::<CnpWrongClass>(map::CNP_WRONG_CLASS, indexes)
     }
 
     /// Deletes the entries of slots `indexes` from `name`, a hash by slot index.

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use roce_common::cnp::CnpWrongClass;
 use roce_common::flow::FlowStats;
 use roce_common::key::{FlowKey, KEY_INNER_V6, KEY_MIRROR, KEY_TUNNELLED};
 use roce_common::mirror::MirrorTag;
@@ -18,6 +19,16 @@ use super::rows::{
 };
 use super::{Flows, LiveDocument};
 use crate::doc::Counters;
+
+/// What the kernel keeps of a flow beside its slot, in hashes by slot index: its round
+/// trips (RTT_HIST), a mirrored flow's gaps lost by the copies (CAPTURE_GAPS) and its
+/// CNPs off the CNP DSCP (CNP_WRONG_CLASS).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Beside<'a> {
+    pub rtt: Option<&'a RttHist>,
+    pub capture_gaps: u64,
+    pub cnps_wrong_class: Option<&'a CnpWrongClass>,
+}
 
 /// Makes one poll's [`LiveDocument`] from the kernel's entries.
 pub struct Builder<R: FnMut(u32) -> Option<String>> {
@@ -103,26 +114,25 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
     /// [`Self::add`], with a mirrored flow's session (`Loaded::for_each_flow_tagged`).
     /// A key with KEY_MIRROR but no session is shown as the flow it is, without one.
     pub fn add_tagged(&mut self, k: &FlowKey, st: &FlowStats, mirror: Option<&MirrorTag>) {
-        self.add_flow(k, st, mirror, None, 0);
+        self.add_flow(k, st, mirror, Beside::default());
     }
 
-    /// [`Self::add_tagged`], with the flow's round trips (RTT_HIST) when it has any,
-    /// and a mirrored flow's gaps lost by the copies (CAPTURE_GAPS).
+    /// [`Self::add_tagged`], with what the kernel keeps of the flow beside its slot.
     pub fn add_flow(
         &mut self,
         k: &FlowKey,
         st: &FlowStats,
         mirror: Option<&MirrorTag>,
-        rtt: Option<&RttHist>,
-        capture_gaps: u64,
+        beside: Beside<'_>,
     ) {
         self.entries += 1;
         if st.packets == 0 {
             return;
         }
         let mut rare = Rare::of(st);
-        rare.rtt = rtt.and_then(RttNs::of);
-        rare.capture_gaps = capture_gaps;
+        rare.rtt = beside.rtt.and_then(RttNs::of);
+        rare.capture_gaps = beside.capture_gaps;
+        rare.cnps_wrong_class = beside.cnps_wrong_class.copied().unwrap_or_default();
         if rare != Rare::default() {
             self.rare.push(rare);
         }

@@ -24,7 +24,7 @@ use serde::{Serialize, Serializer};
 use crate::doc::{key_addr, Counters, Direction, Document, Ecn, Flow};
 use rows::RowTable;
 
-pub use builder::Builder;
+pub use builder::{Beside, Builder};
 
 /// The flows document of the running agent (see the module's doc).
 #[derive(Debug, Default)]

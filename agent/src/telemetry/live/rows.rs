@@ -11,6 +11,7 @@
 //! (hash-bucket order, the same from one poll to the next for the flows that stay);
 //! `order` lists them in the document's order ([`Flow::canonical_cmp`]).
 
+use roce_common::cnp::CnpWrongClass;
 use roce_common::flow::FlowStats;
 use roce_common::key::{
     FlowKey, FlowKeyMirror, KEY_EGRESS, KEY_INNER_V6, KEY_MIRROR, KEY_OUTER_V6, KEY_TUNNELLED,
@@ -107,6 +108,8 @@ pub(super) struct Rare {
     pub(super) rtt: Option<RttNs>,
     /// A mirrored flow's gaps lost by the copies (`doc::Flow::capture_gaps`).
     pub(super) capture_gaps: u64,
+    /// The flow's CNPs off the CNP DSCP (`doc::Flow::cnps_wrong_class`).
+    pub(super) cnps_wrong_class: CnpWrongClass,
 }
 
 /// [`crate::doc::Rtt`] in whole ns (a row's figures compare exactly), with the
@@ -162,6 +165,7 @@ impl Rare {
             psn_split: st.psn.split(),
             rtt: None,
             capture_gaps: 0,
+            cnps_wrong_class: CnpWrongClass::default(),
         }
     }
 }
@@ -517,6 +521,7 @@ impl RowTable {
             None => Flow::from_entry(&key, &stats, Some(&name)),
         };
         f.psn_split = rare.psn_split;
+        f.set_cnps_wrong_class(&rare.cnps_wrong_class);
         f.rtt = rare.rtt.map(|r| r.doc());
         f.rates = self.rates(i);
         f
@@ -602,6 +607,7 @@ impl RowTable {
             packets: r.packets,
             ce: r.ce + fig.inner_ecn.map_or(0, |e| e.ce),
             cnps: fig.cnps,
+            cnps_wrong_class: self.rare_of(r).cnps_wrong_class,
         }
     }
 

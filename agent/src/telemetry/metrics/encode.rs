@@ -26,7 +26,7 @@ use super::snapshot::{Family, HistogramFamily, HistogramValue, Kind, Labels, Sna
 use super::{EventCounts, Inputs, MetricsError, ReloadCounts, RnicPortCounters, VERSION};
 use crate::doc::finding::{Finding, Severity};
 use crate::doc::{Counters, Flow};
-use crate::telemetry::ethtool::{PauseDirection, PfcCounters};
+use crate::telemetry::ethtool::{PauseDirection, PfcCounters, StormLevel};
 use crate::telemetry::live::rtt_totals::octave_bound_seconds;
 use crate::telemetry::live::LiveDocument;
 
@@ -497,6 +497,24 @@ impl Snapshot {
                 }
             }
         }
+        let storms = self.family(
+            "roce_pfc_pause_storm_events",
+            Kind::Counter,
+            "Times the port kept sending PFC pauses past its storm watchdog's warning threshold (level=warning), and past its timeout, after which it stopped pausing (level=error): mlx5's tx_pause_storm_*_events.",
+        );
+        for pfc in interfaces {
+            for level in [StormLevel::Warning, StormLevel::Error] {
+                if let Some(v) = pfc.storm_events[level as usize] {
+                    storms.samples.push((
+                        vec![
+                            ("ifname", pfc.ifname.clone()),
+                            ("level", level.as_str().to_string()),
+                        ],
+                        Value::Int(v),
+                    ));
+                }
+            }
+        }
     }
 }
 
@@ -742,6 +760,7 @@ mod tests {
         pfc.frames[PauseDirection::Rx as usize][3] = Some(7);
         pfc.frames[PauseDirection::Tx as usize][3] = Some(2);
         pfc.duration_us[PauseDirection::Rx as usize][3] = Some(1_500_000);
+        pfc.storm_events[StormLevel::Error as usize] = Some(2);
         let doc = LiveDocument::default();
         let text = encode(&Inputs {
             pfc: std::slice::from_ref(&pfc),
@@ -769,6 +788,18 @@ mod tests {
             Some("1.5")
         );
         assert_eq!(text.matches("roce_pfc_pause_frames_total{").count(), 2);
+        assert_eq!(
+            sample(
+                &text,
+                r#"roce_pfc_pause_storm_events_total{ifname="eth1",level="error"}"#
+            )
+            .as_deref(),
+            Some("2")
+        );
+        assert!(
+            !text.contains(r#"level="warning""#),
+            "not counted, not shown"
+        );
     }
 
     #[test]

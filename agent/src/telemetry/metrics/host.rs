@@ -58,12 +58,6 @@ impl HostSources {
         readings
     }
 
-    /// The PFC counters alone (the fabric verdicts read them every round).
-    pub fn read_pfc(&self) -> Vec<PfcCounters> {
-        let ports = rnic::read_rnic_ports(&self.sysfs_root).unwrap_or_default();
-        self.read_pfc_of(&ports)
-    }
-
     /// The PFC counters of the interfaces and of `ports`' netdevs.
     fn read_pfc_of(&self, ports: &[rnic::RnicPort]) -> Vec<PfcCounters> {
         let mut interfaces: Vec<&String> = Vec::new();

@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn round_trips_by_owner_from_the_flows_the_qp_table_gives_one() {
-        use crate::telemetry::live::Builder;
+        use crate::telemetry::live::{Beside, Builder};
         use roce_common::flow::FlowStats;
         use roce_common::key::{addr_v4_mapped, FlowKey};
         use roce_common::rtt::RttHist;
@@ -239,9 +239,33 @@ mod tests {
             h
         };
         let mut b = Builder::new(4, |_| Some("eth1".to_string()));
-        b.add_flow(&key(10), &stats, None, Some(&hist(&[3_000, 600_000])), 0);
-        b.add_flow(&key(11), &stats, None, Some(&hist(&[700_000])), 0);
-        b.add_flow(&key(99), &stats, None, Some(&hist(&[5_000])), 0);
+        b.add_flow(
+            &key(10),
+            &stats,
+            None,
+            Beside {
+                rtt: Some(&hist(&[3_000, 600_000])),
+                ..Beside::default()
+            },
+        );
+        b.add_flow(
+            &key(11),
+            &stats,
+            None,
+            Beside {
+                rtt: Some(&hist(&[700_000])),
+                ..Beside::default()
+            },
+        );
+        b.add_flow(
+            &key(99),
+            &stats,
+            None,
+            Beside {
+                rtt: Some(&hist(&[5_000])),
+                ..Beside::default()
+            },
+        );
         let doc = b.finish(&[], None);
         let pod = "0f3c2a7e-1111-2222-3333-444455556666";
         let joined = crate::telemetry::qps::join::join(
