@@ -3345,6 +3345,37 @@ fn ce_marks_that_no_cnp_answers_are_a_broken_loop_and_the_near_misses_are_not() 
     // Nine marks are too few to say; one CNP answers them.
     assert!(findings_named(&ce_loop(9, 0), "ce_unanswered").is_empty());
     assert!(findings_named(&ce_loop(20, 1), "ce_unanswered").is_empty());
+    // A config whose [verdicts] asks for 5 marks says it of nine.
+    let s = Scratch::new();
+    let (p, cfg) = (s.path("nine.pcap"), s.path("verdicts.toml"));
+    ce_loop(9, 0).write_pcap(&p);
+    fs::write(&cfg, "[verdicts]\nmin_ce = 5\n").unwrap();
+    let out = agent(&[
+        "analyze",
+        p.to_str().unwrap(),
+        "--json",
+        "--fail-on",
+        "never",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found: Vec<&Value> = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "ce_unanswered")
+        .collect();
+    assert_eq!(found.len(), 1, "{doc}");
+    assert!(
+        found[0]["found"]
+            .as_str()
+            .unwrap()
+            .starts_with("9 CE-marked"),
+        "{}",
+        found[0]
+    );
 }
 
 #[test]
