@@ -98,7 +98,8 @@ impl Watcher {
     /// The fabric verdicts on the flows of `doc` (`crate::verdict`), over the window
     /// since the last call.
     pub fn verdicts(&mut self, doc: &LiveDocument) -> Vec<Finding> {
-        let readings = self.host.read();
+        use crate::verdict::rnic_loop::{CNP_SENT, ECN_MARKED};
+        let readings = self.host.read_hw_counters(&[ECN_MARKED, CNP_SENT]);
         let pauses = pause_readings(&readings.pfc);
         let watchdogs = watchdog_readings(&readings.pfc);
         let np = np_readings(&readings.rnic);

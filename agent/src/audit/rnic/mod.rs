@@ -399,10 +399,7 @@ pub struct PortCounter {
 /// decimal number (some counters fail to read while the port is down) is left out
 /// and logged at debug level, so one bad file never hides the others.
 pub fn read_port_counters(root: &Path, port: &RnicPort) -> Result<Vec<PortCounter>, RnicError> {
-    let port_dir = root.join(format!(
-        "class/infiniband/{}/ports/{}",
-        port.device, port.port
-    ));
+    let port_dir = port_dir(root, port);
     let mut counters = Vec::new();
     for dir in [CounterDir::Hw, CounterDir::Port] {
         let dir_path = port_dir.join(dir.name());
@@ -410,20 +407,52 @@ pub fn read_port_counters(root: &Path, port: &RnicPort) -> Result<Vec<PortCounte
         names.sort_unstable();
         for name in names {
             let path = dir_path.join(&name);
-            if !path.is_file() {
-                continue;
-            }
-            let value = read_text(&path).and_then(|text| {
-                text.parse::<u64>()
-                    .map_err(|_| unreadable(&path, Problem::NotANumber(quoted(&text))))
-            });
-            match value {
-                Ok(value) => counters.push(PortCounter { dir, name, value }),
-                Err(e) => tracing::debug!(error = %e, "RNIC counter left out"),
+            if path.is_file() {
+                counters.extend(read_counter(&path).map(|value| PortCounter { dir, name, value }));
             }
         }
     }
     Ok(counters)
+}
+
+/// The `hw_counters` files `names` of `port` that it has and that read, in `names`'
+/// order, as [`read_port_counters`] reads each (for a reader that wants a few of them,
+/// often).
+pub fn read_hw_counters(root: &Path, port: &RnicPort, names: &[&str]) -> Vec<PortCounter> {
+    let dir_path = port_dir(root, port).join(CounterDir::Hw.name());
+    names
+        .iter()
+        .filter_map(|name| {
+            let path = dir_path.join(name);
+            if !path.is_file() {
+                return None;
+            }
+            read_counter(&path).map(|value| PortCounter {
+                dir: CounterDir::Hw,
+                name: name.to_string(),
+                value,
+            })
+        })
+        .collect()
+}
+
+fn port_dir(root: &Path, port: &RnicPort) -> std::path::PathBuf {
+    root.join(format!(
+        "class/infiniband/{}/ports/{}",
+        port.device, port.port
+    ))
+}
+
+/// One counter file's value; None (logged at debug level) when it does not read as a
+/// decimal number.
+fn read_counter(path: &Path) -> Option<u64> {
+    let value = read_text(path).and_then(|text| {
+        text.parse::<u64>()
+            .map_err(|_| unreadable(path, Problem::NotANumber(quoted(&text))))
+    });
+    value
+        .map_err(|e| tracing::debug!(error = %e, "RNIC counter left out"))
+        .ok()
 }
 
 /// The netdevs that carry RoCE (those in some RDMA port's GID table), each once, in

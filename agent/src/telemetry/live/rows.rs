@@ -590,7 +590,8 @@ impl RowTable {
     /// What the fabric verdicts read of row `r`.
     pub(super) fn facts(&self, r: &Row) -> crate::verdict::FlowFacts<'_> {
         let k = self.wide_key(r);
-        let fig = self.figures(r);
+        let rare = self.rare_of(r);
+        let fig = self.figures_with(r, &rare);
         let tunnelled = r.tunnelled();
         let inner = |a: &[u32; 4]| tunnelled.then(|| key_addr(a, r.inner_v6()));
         crate::verdict::FlowFacts {
@@ -607,13 +608,17 @@ impl RowTable {
             packets: r.packets,
             ce: r.ce + fig.inner_ecn.map_or(0, |e| e.ce),
             cnps: fig.cnps,
-            cnps_wrong_class: self.rare_of(r).cnps_wrong_class,
+            cnps_wrong_class: rare.cnps_wrong_class,
         }
     }
 
     pub(super) fn figures(&self, r: &Row) -> Figures<'_> {
+        self.figures_with(r, &self.rare_of(r))
+    }
+
+    /// [`Self::figures`] of a row whose rare part the caller read already.
+    fn figures_with(&self, r: &Row, rare: &Rare) -> Figures<'_> {
         let tunnelled = r.tunnelled();
-        let rare = self.rare_of(r);
         Figures {
             ifname: self.names.get(r.iface as usize).map(String::as_str),
             direction: Some(if r.egress() {

@@ -38,13 +38,26 @@ impl HostSources {
     /// (no RDMA, no such interface, no DCB) contributes nothing and is logged at debug
     /// level: a scrape never fails for want of hardware.
     pub fn read(&self) -> HostReadings {
+        self.read_with(|port| rnic::read_port_counters(&self.sysfs_root, port))
+    }
+
+    /// [`Self::read`] with only the RDMA ports' `hw_counters` named `names` (the fabric
+    /// verdicts read a few every round, not every file a scrape shows).
+    pub fn read_hw_counters(&self, names: &[&str]) -> HostReadings {
+        self.read_with(|port| Ok(rnic::read_hw_counters(&self.sysfs_root, port, names)))
+    }
+
+    fn read_with(
+        &self,
+        counters_of: impl Fn(&rnic::RnicPort) -> Result<Vec<PortCounter>, rnic::RnicError>,
+    ) -> HostReadings {
         let ports = rnic::read_rnic_ports(&self.sysfs_root).unwrap_or_else(|e| {
             tracing::debug!(error = %e, "RDMA ports not read");
             Vec::new()
         });
         let mut readings = HostReadings::default();
         for port in &ports {
-            match rnic::read_port_counters(&self.sysfs_root, port) {
+            match counters_of(port) {
                 Ok(counters) => readings.rnic.push(RnicPortCounters {
                     device: port.device.clone(),
                     port: port.port,
