@@ -164,6 +164,7 @@ fn flow(ifname: &str, direction: Direction, src: &str, dst: &str, qp: u32) -> Fl
         cnp_wrong_dscps: Vec::new(),
         ce_to_cnp: None,
         cnp_interval: None,
+        outer_sport: None,
     }
 }
 

@@ -76,6 +76,8 @@ pub struct Layers {
     /// Offset of the inner Ethernet header of a VXLAN packet (the VXLAN header with
     /// its I flag was read).
     pub inner_eth: Option<usize>,
+    /// That VXLAN header's VNI (0 before one was read).
+    pub vni: u32,
     /// The inner IP header of a VXLAN packet, when it parsed.
     pub inner: Option<IpLayer>,
     /// A whole BTH behind the RoCE port (the outcome is `Flow`), and its opcode (0
@@ -679,6 +681,7 @@ fn walk_frame<P: Packet, S: NotFlowSink>(
     }
     let inner_eth = vx + VXLAN_HLEN;
     layers.inner_eth = Some(inner_eth);
+    layers.vni = vni_word >> 8;
     let inner = match common_ip(&q, inner_eth) {
         Some(ip) => ip,
         None => {
@@ -716,6 +719,7 @@ fn walk_frame<P: Packet, S: NotFlowSink>(
             parsed.outer_tos = outer.tos;
             parsed.inner_tos = inner.tos;
             parsed.sport = inner_udp.sport;
+            parsed.outer_sport = udp.sport;
             parsed.udp_len = inner_udp.len;
             Outcome::Flow(parsed)
         }
@@ -1069,6 +1073,7 @@ mod tests {
         assert_eq!(p.key.dest_qp, 0x12_3456);
         assert_eq!(p.key.src, addr_v4_mapped(u32::from_ne_bytes([10, 0, 0, 1])));
         assert_eq!((p.outer_tos, p.sport, p.udp_len), (106, 0xC000, 8 + 20));
+        assert_eq!(p.outer_sport, 0, "no tunnel, no outer port");
         assert_eq!(
             (p.bth.opcode, p.bth.psn, p.syndrome()),
             (0x11, 7, Some(0x61))
@@ -1211,6 +1216,8 @@ mod tests {
         assert_eq!(p.key.flags, KEY_TUNNELLED | KEY_INNER_V6);
         assert_eq!((p.key.vni, p.key.dest_qp), (0x12_3456, 0x12_3456));
         assert_eq!((p.outer_tos, p.inner_tos, p.sport), (106, 0x6A, 0xC001));
+        // The outer port is the VTEP's, the one the underlay hashes on.
+        assert_eq!(p.outer_sport, 0xC000);
         let mut bad = f.clone();
         bad[42] = 0;
         assert_eq!(run(&bad), Outcome::Malformed(Reason::BadVxlanFlags));

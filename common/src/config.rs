@@ -7,7 +7,7 @@ use crate::wire::{DEFAULT_ROCE_PORT, DEFAULT_VXLAN_PORT};
 /// the maps in `names::map`). Pinned maps carry it in GENERATION: a binary that finds
 /// another version in a pin directory refuses to adopt it instead of misreading it.
 /// Raise it with every change of a map's type, key or value.
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 
 /// CONFIG, QOS and POLICY hold two generations: the agent writes the one the programs
 /// do not read, then switches GENERATION, so no packet sees half a policy.

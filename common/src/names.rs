@@ -20,6 +20,9 @@ pub mod map {
     /// The mirror session of each FLOW_SLOTS slot that holds a mirrored flow
     /// (`mirror::MirrorTag`, same index), written when the slot is taken.
     pub const MIRROR_TAGS: &str = "MIRROR_TAGS";
+    /// The outer UDP source port of each FLOW_SLOTS slot that holds a tunnelled flow
+    /// (u32, same index), written when the slot is taken.
+    pub const TUNNEL_PORTS: &str = "TUNNEL_PORTS";
     /// What `xdp_mirror` hands `xdp_mirror_flows` (`mirror::MirrorScratch`), per CPU.
     pub const MIRROR_SCRATCH: &str = "MIRROR_SCRATCH";
     /// Programs `xdp_mirror` tail-calls (`tail::XDP_TAIL_MIRROR_FLOWS`,
@@ -88,12 +91,13 @@ pub mod map {
     pub const CNP_WRONG_CLASS: &str = "CNP_WRONG_CLASS";
 
     /// Every map of the object.
-    pub const ALL: [&str; 31] = [
+    pub const ALL: [&str; 32] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
         FLOWS_MIRROR,
         MIRROR_TAGS,
+        TUNNEL_PORTS,
         MIRROR_SCRATCH,
         XDP_TAIL,
         FLOW_SLOTS,

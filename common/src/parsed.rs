@@ -121,6 +121,9 @@ pub struct Parsed {
     pub inner_tos: u8,
     /// UDP source port of the RoCE datagram (the inner one when tunnelled).
     pub sport: u16,
+    /// The outer UDP source port of a tunnelled packet: the one the underlay's ECMP
+    /// hashes on, which the VTEP chose (0 when not tunnelled).
+    pub outer_sport: u16,
     /// UDP length of the RoCE datagram, as its header declares it.
     pub udp_len: u16,
     pub bth: Bth,

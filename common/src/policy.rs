@@ -469,11 +469,13 @@ pub fn apply(frame: &mut [u8], policy: &Policy, iface: &IfaceQos) -> Action {
 // ---------------------------------------------------------------------------------
 // Decapsulation side
 
-/// VTEPS map key: the remote VTEP (outer source address, IPv4-mapped for IPv4).
+/// VTEPS map key: the remote VTEP (outer source address, IPv4-mapped for IPv4) and
+/// the VNI of its packets: one tenant's overlay apart from another's.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VtepKey {
     pub addr: [u32; 4],
+    pub vni: u32,
 }
 
 /// VTEPS map value: what arrived from one remote VTEP (per CPU; merge by adding).
@@ -488,6 +490,10 @@ pub struct VtepStats {
     pub ce_over_ect: u64,
     /// Outer CE over inner Not-ECT: decapsulation drops the packet (the mark is lost).
     pub ce_over_not_ect: u64,
+    /// Inner CE: marked before encapsulation, on the sender's side of the overlay
+    /// (whatever the outer header says: Linux encapsulates inner CE as outer ECT(0),
+    /// RFC 6040's normal mode as outer CE). The two `ce_over_*` are the underlay's.
+    pub inner_ce: u64,
     pub last_outer_tos: u8,
     pub last_inner_tos: u8,
     pub _pad: [u8; 6],
@@ -499,6 +505,7 @@ impl VtepStats {
         self.dscp_mismatch += o.dscp_mismatch;
         self.ce_over_ect += o.ce_over_ect;
         self.ce_over_not_ect += o.ce_over_not_ect;
+        self.inner_ce += o.inner_ce;
         if o.packets > 0 {
             self.last_outer_tos = o.last_outer_tos;
             self.last_inner_tos = o.last_inner_tos;
@@ -511,6 +518,7 @@ impl VtepStats {
         self.dscp_mismatch += c.dscp_mismatch as u64;
         self.ce_over_ect += c.ce_over_ect as u64;
         self.ce_over_not_ect += c.ce_over_not_ect as u64;
+        self.inner_ce += c.inner_ce as u64;
         self.last_outer_tos = c.outer_tos;
         self.last_inner_tos = c.inner_tos;
     }
@@ -525,6 +533,7 @@ pub struct DecapCheck {
     pub dscp_mismatch: bool,
     pub ce_over_ect: bool,
     pub ce_over_not_ect: bool,
+    pub inner_ce: bool,
 }
 
 /// Checks one ingress frame: a VXLAN packet with an inner IP header, or None.
@@ -542,12 +551,14 @@ pub fn decap_check<P: Packet, T: DscpTable>(
     Some(DecapCheck {
         remote: VtepKey {
             addr: ip_addresses(p, &ip)?.0,
+            vni: layers.vni,
         },
         outer_tos: ip.tos,
         inner_tos,
         dscp_mismatch: dscp_of(ip.tos) != expected,
         ce_over_ect: o == ECN_CE && (i == ECN_ECT0 || i == ECN_ECT1),
         ce_over_not_ect: o == ECN_CE && i == ECN_NOT_ECT,
+        inner_ce: i == ECN_CE,
     })
 }
 
@@ -562,9 +573,10 @@ pub fn decap_stats(c: &DecapCheck) -> [Option<u32>; 4] {
 }
 
 /// The IPv4-mapped form of an IPv4 address, for building VtepKeys on the user side.
-pub fn vtep_key_v4(raw: u32) -> VtepKey {
+pub fn vtep_key_v4(raw: u32, vni: u32) -> VtepKey {
     VtepKey {
         addr: addr_v4_mapped(raw),
+        vni,
     }
 }
 
@@ -891,13 +903,19 @@ mod tests {
         };
         let c = check(0, 106);
         assert!(c.dscp_mismatch && !c.ce_over_ect && !c.ce_over_not_ect);
-        assert_eq!(c.remote, vtep_key_v4(u32::from_ne_bytes([198, 18, 0, 1])));
+        assert_eq!(
+            c.remote,
+            vtep_key_v4(u32::from_ne_bytes([198, 18, 0, 1]), 5001)
+        );
         let c = check(107, 106);
         assert!(!c.dscp_mismatch && c.ce_over_ect && !c.ce_over_not_ect);
         let c = check(107, 104);
         assert!(!c.dscp_mismatch && !c.ce_over_ect && c.ce_over_not_ect);
+        assert!(!c.inner_ce);
         let c = check(107, 107);
         assert!(!c.dscp_mismatch && !c.ce_over_ect && !c.ce_over_not_ect);
+        // Marked before encapsulation, whatever the outer header carries.
+        assert!(c.inner_ce && check(106, 107).inner_ce);
         let plain = frame(false, 106, &udp(DEFAULT_ROCE_PORT, &bth(4)));
         assert_eq!(
             decap_check(&crate::packet::SlicePacket(&plain), &p.config, &p.table),

@@ -24,7 +24,7 @@ use crate::gaps;
 use crate::kernel::coarse_ns;
 use crate::maps::{
     bump, NakMap, RttMap, FLOWS, FLOWS4, FLOWS_MID, FLOWS_MIRROR, FLOW_FREE, FLOW_SLOTS,
-    MIRROR_TAGS,
+    MIRROR_TAGS, TUNNEL_PORTS,
 };
 
 /// Counts `parsed` (a frame of `frame_len` bytes) on the flow of its key seen on
@@ -68,12 +68,14 @@ pub fn count_on_flow<C: FrameHead>(
                         // SAFETY: the slot's entry, this CPU's until the insert.
                         unsafe { *t = *tag };
                     }
+                    note_outer_port(index, parsed);
                 },
             )
         } else {
+            let taken = |index| note_outer_port(index, parsed);
             match FlowKeyMid::narrow(&key) {
-                Some(mid) => flow_slot(&FLOWS_MID, &mid, || key, |_| ()),
-                None => flow_slot(&FLOWS, &key, || key, |_| ()),
+                Some(mid) => flow_slot(&FLOWS_MID, &mid, || key, taken),
+                None => flow_slot(&FLOWS, &key, || key, taken),
             }
         }
     };
@@ -121,6 +123,20 @@ pub fn count_on_flow<C: FrameHead>(
             frame_len,
             cfg.events_sample,
         );
+    }
+}
+
+/// A tunnelled flow's outer UDP source port, into TUNNEL_PORTS at the index of the
+/// slot it takes (the agent reads it only for tunnelled slots, so a plain flow's slot
+/// need not clear it).
+#[inline(always)]
+fn note_outer_port(index: u32, parsed: &Parsed) {
+    if !parsed.tunnelled {
+        return;
+    }
+    if let Some(p) = TUNNEL_PORTS.get_ptr_mut(index) {
+        // SAFETY: the slot's entry, this CPU's until the insert makes the flow known.
+        unsafe { *p = parsed.outer_sport as u32 };
     }
 }
 

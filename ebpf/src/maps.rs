@@ -52,6 +52,13 @@ pub static FLOWS_MIRROR: HashMap<FlowKeyMirror, u64> =
 #[map]
 pub static MIRROR_TAGS: Array<MirrorTag> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
 
+/// The outer UDP source port of each FLOW_SLOTS slot that holds a tunnelled flow
+/// (same index), from the flow's first packet: the port its VTEP chose, the one the
+/// underlay's ECMP hashes on. Written when the slot is taken (a packet pays nothing);
+/// mmapable, as MIRROR_TAGS.
+#[map]
+pub static TUNNEL_PORTS: Array<u32> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
+
 /// What `xdp_mirror` found, for the program it tail-calls (one entry per CPU).
 #[map]
 pub static MIRROR_SCRATCH: PerCpuArray<MirrorScratch> = PerCpuArray::with_max_entries(1, 0);

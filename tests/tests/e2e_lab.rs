@@ -671,7 +671,9 @@ fn outer_ce_over_a_not_ect_inner_header_at_a_vtep_is_a_live_verdict() -> Result<
     // Of the VXLAN packets the window holds (the near miss's among them), the five.
     ensure!(
         text.starts_with("5 of ")
-            && text.contains(&format!(" VXLAN packets from VTEP {a} in the last ")),
+            && text.contains(&format!(
+                " VXLAN packets from VTEP {a} (vni 5001) in the last "
+            )),
         "{text}"
     );
     ensure!(found[0]["severity"] == "error", "{}", found[0]);

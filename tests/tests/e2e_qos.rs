@@ -566,6 +566,7 @@ fn agent_run_vtep_and_enforce_flags_rewrite_and_report_decap_mismatches_per_remo
         "{q:#}"
     );
     assert_eq!(q["vteps"][0]["remote"], l.a.ip4.to_string(), "{q:#}");
+    assert_eq!(q["vteps"][0]["vni"], l.vni, "{q:#}");
     assert_eq!(
         (
             q["vteps"][0]["packets"].as_u64(),

@@ -25,7 +25,7 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
     assert_eq!(programs, declared);
 }
 
-/// The maps as layout version 7 lays them out: (name, BPF map type, key size, value
+/// The maps as layout version 8 lays them out: (name, BPF map type, key size, value
 /// size, entries; 0 where the configuration sizes the map). A change here is a change
 /// of layout: raise `LAYOUT_VERSION` with it, so that a new binary never reads an old
 /// pin the wrong way. Version 4: the mirror maps (FLOWS_MIRROR, MIRROR_TAGS,
@@ -39,8 +39,10 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
 /// slot (`rtt_peer_qp`, where 4 bytes were reserved), the rtt_unpaired counters in
 /// STATS, and the capture-gap maps of mirror sessions (CAPTURE_GAP_WAIT,
 /// CAPTURE_GAP_WAITING, CAPTURE_GAPS). Version 7: CNP_WRONG_CLASS, and the last
-/// STATS entry (capture_gaps_undecided) taken.
-const LAYOUT_7: [(&str, u32, u32, u32, u32); 31] = [
+/// STATS entry (capture_gaps_undecided) taken. Version 8: TUNNEL_PORTS (a tunnelled
+/// flow's outer UDP source port beside its slot), the VNI in VTEPS' key and the
+/// inner CE count in its value, the outer port in COUNT_SCRATCH's parsed packet.
+const LAYOUT_8: [(&str, u32, u32, u32, u32); 32] = [
     ("CAPTURE_GAPS", 1, 4, 8, 65536),
     ("CNP_WRONG_CLASS", 1, 4, 16, 65536),
     ("CAPTURE_GAP_WAIT", 9, 80, 12, 4096),
@@ -70,19 +72,21 @@ const LAYOUT_7: [(&str, u32, u32, u32, u32); 31] = [
     ("RTT_WAIT_PSNS", 2, 4, 8, 4096),
     ("STATS", 6, 4, 8, 0),
     ("TC_TAIL", 3, 4, 4, 1),
-    ("VTEPS", 10, 16, 40, 4096),
+    ("TUNNEL_PORTS", 2, 4, 4, 0),
+    ("VTEPS", 10, 20, 48, 4096),
     ("XDP_TAIL", 3, 4, 4, 4),
 ];
 
 /// Maps whose size is not part of the layout (the configuration or a counter list
 /// sets it).
-const SIZED_ELSEWHERE: [&str; 9] = [
+const SIZED_ELSEWHERE: [&str; 10] = [
     "EVENTS",
     "FLOWS",
     "FLOWS4",
     "FLOWS_MID",
     "FLOWS_MIRROR",
     "MIRROR_TAGS",
+    "TUNNEL_PORTS",
     "FLOW_FREE",
     "FLOW_SLOTS",
     "STATS",
@@ -92,7 +96,7 @@ const SIZED_ELSEWHERE: [&str; 9] = [
 fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     assert_eq!(
         roce_common::config::LAYOUT_VERSION,
-        7,
+        8,
         "a new version: give it its table"
     );
     let bpffs = roce_testkit::bpffs::Bpffs::for_loads().expect("a bpffs (root needed)");
@@ -113,7 +117,7 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
     }
     drop(loaded);
     shapes.sort();
-    let mut expected = LAYOUT_7.to_vec();
+    let mut expected = LAYOUT_8.to_vec();
     expected.sort();
     assert_eq!(
         shapes, expected,
@@ -123,7 +127,7 @@ fn the_pinned_maps_have_the_shapes_of_their_layout_version() {
 
 /// `loader::flow_tables_kernel_bytes` (what the agent warns with at start) against the
 /// kernel's own account of FLOWS4, FLOWS_MID, FLOWS, FLOWS_MIRROR (empty: not
-/// preallocated), FLOW_SLOTS, MIRROR_TAGS and FLOW_FREE: `memlock` in each map's fdinfo.
+/// preallocated), FLOW_SLOTS, MIRROR_TAGS, TUNNEL_PORTS and FLOW_FREE: `memlock` in each map's fdinfo.
 #[test]
 fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
     use std::os::fd::AsRawFd;
@@ -142,6 +146,7 @@ fn the_flow_table_memory_estimate_is_the_kernels_own_figure() {
             map::FLOWS_MIRROR,
             map::FLOW_SLOTS,
             map::MIRROR_TAGS,
+            map::TUNNEL_PORTS,
             map::FLOW_FREE,
         ] {
             let fd = loaded.map_fd(name).expect(name);

@@ -403,6 +403,7 @@ pub fn build_report(
             flow.rtt = rtts.get(&ident).copied();
             flow.capture_gaps = Some(e.capture_gaps);
             flow.set_cnps_wrong_class(&e.cnps_wrong_class);
+            flow.outer_sport = flow.vni.map(|_| e.outer_sport);
             if let Some(t) = cnp_times.get(&ident) {
                 flow.ce_to_cnp = Rtt::of(&t.ce_to_cnp);
                 flow.cnp_interval = Rtt::of(&t.interval);

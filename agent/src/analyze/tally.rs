@@ -51,6 +51,9 @@ pub struct FlowExtra {
     pub nak_to_resend_ns: u64,
     pub recovery_ns: u64,
     pub recovery_max_us: u32,
+    /// A tunnelled flow's outer UDP source port, from its first packet (as the kernel
+    /// keeps it: `Flow::outer_sport`).
+    pub outer_sport: u16,
 }
 
 /// Non-RoCE traffic seen on a lossless DSCP.
@@ -115,6 +118,7 @@ impl FlowExtra {
     ) {
         if self.packets == 0 {
             self.first_ns = f.ts_ns;
+            self.outer_sport = p.outer_sport;
         }
         self.packets += 1;
         self.last_ns = f.ts_ns;

@@ -36,6 +36,9 @@ pub struct FlowSlots {
     /// MIRROR_TAGS: the mirror session of each slot whose key has KEY_MIRROR, mapped
     /// a window at a time beside the slots' window, when that window holds one.
     tags: Option<OwnedFd>,
+    /// TUNNEL_PORTS: the outer UDP source port of each slot whose key has
+    /// KEY_TUNNELLED, mapped the same way.
+    ports: Option<OwnedFd>,
     len: usize,
     page: usize,
 }
@@ -56,6 +59,7 @@ impl FlowSlots {
         Ok(FlowSlots {
             fd: fd.try_clone_to_owned()?,
             tags: None,
+            ports: None,
             len,
             page,
         })
@@ -77,23 +81,32 @@ impl FlowSlots {
         self.len == 0
     }
 
-    /// Calls `f(index, slot)` for every live slot, in order; returns how many there were.
-    pub fn for_each_live(&self, mut f: impl FnMut(usize, &FlowSlot)) -> io::Result<usize> {
-        self.for_each_live_tagged(|i, slot, _| f(i, slot))
+    /// The same, reading the outer UDP source ports of tunnelled flows from
+    /// TUNNEL_PORTS (`ports`, as many entries as slots; duplicated).
+    pub fn with_tunnel_ports(mut self, ports: BorrowedFd<'_>) -> io::Result<FlowSlots> {
+        self.ports = Some(ports.try_clone_to_owned()?);
+        Ok(self)
     }
 
-    /// [`Self::for_each_live`], with the mirror session of each mirrored flow (None
-    /// for the others, and without MIRROR_TAGS). A window's sessions are mapped only
-    /// when the window holds a mirrored flow.
-    pub fn for_each_live_tagged(
+    /// Calls `f(index, slot)` for every live slot, in order; returns how many there were.
+    pub fn for_each_live(&self, mut f: impl FnMut(usize, &FlowSlot)) -> io::Result<usize> {
+        self.for_each_live_beside(|i, slot, _| f(i, slot))
+    }
+
+    /// [`Self::for_each_live`], with what the kernel keeps beside each slot: the
+    /// mirror session of a mirrored flow, the outer port of a tunnelled one (None for
+    /// the others, and without the map). A window of either map is mapped only when
+    /// the slots' window holds a flow that has an entry there.
+    pub fn for_each_live_beside(
         &self,
-        mut f: impl FnMut(usize, &FlowSlot, Option<&MirrorTag>),
+        mut f: impl FnMut(usize, &FlowSlot, &SlotSide),
     ) -> io::Result<usize> {
         let mut live = 0;
         for start in (0..self.len).step_by(WINDOW_SLOTS) {
             let n = WINDOW_SLOTS.min(self.len - start);
             let window: Window<FlowSlot> = Window::map(&self.fd, self.page, start, n)?;
             let mut tags: Option<Window<MirrorTag>> = None;
+            let mut ports: Option<Window<u32>> = None;
             for i in 0..n {
                 // The state alone first: most slots of a roomy table are free.
                 if window.state(i) != SLOT_LIVE {
@@ -114,7 +127,18 @@ impl FlowSlots {
                     }
                     _ => None,
                 };
-                f(start + i, &slot, tag.as_ref());
+                let outer_sport = match (&self.ports, slot.key.tunnelled()) {
+                    (Some(fd), true) => {
+                        if ports.is_none() {
+                            ports = Some(Window::map(fd, self.page, start, n)?);
+                        }
+                        // The kernel writes the port's 16 bits into a u32; 0 is no
+                        // port (a flow put in by hand).
+                        ports.as_ref().map(|p| p.read(i) as u16).filter(|p| *p != 0)
+                    }
+                    _ => None,
+                };
+                f(start + i, &slot, &SlotSide { tag, outer_sport });
             }
         }
         Ok(live)
@@ -142,7 +166,16 @@ impl std::fmt::Debug for FlowSlots {
     }
 }
 
-/// Entries `start..start + n` of an mmapable array of `T` (FLOW_SLOTS, MIRROR_TAGS),
+/// What the kernel keeps of a live slot's flow beside FLOW_SLOTS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotSide {
+    /// A mirrored flow's session (MIRROR_TAGS).
+    pub tag: Option<MirrorTag>,
+    /// A tunnelled flow's outer UDP source port, from its first packet (TUNNEL_PORTS).
+    pub outer_sport: Option<u16>,
+}
+
+/// Entries `start..start + n` of an mmapable array of `T` (FLOW_SLOTS, MIRROR_TAGS, TUNNEL_PORTS),
 /// mapped read-only until dropped.
 struct Window<T> {
     base: *const T,

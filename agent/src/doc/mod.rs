@@ -206,6 +206,11 @@ pub struct Flow {
     pub ce_to_cnp: Option<Rtt>,
     #[serde(default)]
     pub cnp_interval: Option<Rtt>,
+    /// Added: a tunnelled flow's outer UDP source port, the one its VTEP chose and the
+    /// underlay's ECMP hashes on, from the flow's first packet (a VTEP keeps one port
+    /// per inner flow); null when not tunnelled.
+    #[serde(default)]
+    pub outer_sport: Option<u16>,
 }
 
 /// How many times something took how long.
@@ -504,10 +509,15 @@ roce_common::for_each_qos_counter!(qos_counters_struct);
 pub struct VtepRecord {
     /// Outer source address of the VXLAN packets.
     pub remote: String,
+    /// Their VNI: a remote VTEP has a record per VNI it sends.
+    pub vni: u32,
     pub packets: u64,
     pub dscp_mismatch: u64,
     pub ce_over_ect: u64,
     pub ce_over_not_ect: u64,
+    /// Inner CE: marked before encapsulation (`ce_over_ect` and `ce_over_not_ect`
+    /// are the underlay's marks).
+    pub inner_ce: u64,
     pub last_outer_dscp: u8,
     pub last_inner_dscp: u8,
 }
@@ -518,10 +528,12 @@ impl VtepRecord {
             k.addr[0] == 0 && k.addr[1] == 0 && k.addr[2] == u32::from_ne_bytes([0, 0, 0xFF, 0xFF]);
         VtepRecord {
             remote: key_addr(&k.addr, !v4).to_string(),
+            vni: k.vni,
             packets: s.packets,
             dscp_mismatch: s.dscp_mismatch,
             ce_over_ect: s.ce_over_ect,
             ce_over_not_ect: s.ce_over_not_ect,
+            inner_ce: s.inner_ce,
             last_outer_dscp: s.last_outer_tos >> 2,
             last_inner_dscp: s.last_inner_tos >> 2,
         }
@@ -651,6 +663,7 @@ impl Flow {
             cnp_wrong_dscps: Vec::new(),
             ce_to_cnp: None,
             cnp_interval: None,
+            outer_sport: None,
         }
     }
 
@@ -785,6 +798,7 @@ pub(crate) fn test_flow(ifname: &str, src: &str, dst: &str, qp: u32) -> Flow {
         cnp_wrong_dscps: Vec::new(),
         ce_to_cnp: None,
         cnp_interval: None,
+        outer_sport: None,
     }
 }
 
@@ -1134,7 +1148,7 @@ mod tests {
         );
         assert!(
             text.ends_with(
-                r#""rates":null,"mirror":null,"owner":null,"rtt":null,"nak_to_resend":null,"recovery":null,"capture_gaps":null,"cnps_wrong_class":0,"cnp_wrong_dscps":[],"ce_to_cnp":null,"cnp_interval":null,"extra":7}"#
+                r#""rates":null,"mirror":null,"owner":null,"rtt":null,"nak_to_resend":null,"recovery":null,"capture_gaps":null,"cnps_wrong_class":0,"cnp_wrong_dscps":[],"ce_to_cnp":null,"cnp_interval":null,"outer_sport":null,"extra":7}"#
             ),
             "{text}"
         );

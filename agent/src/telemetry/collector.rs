@@ -63,7 +63,7 @@ impl Collector {
         let mut rtt_now = HashMap::with_capacity(rtt.len());
         let entries = self
             .loaded
-            .for_each_flow_indexed(|slot, key, stats, mirror| {
+            .for_each_flow_indexed(|slot, key, stats, side| {
                 let h = rtt.get(&slot);
                 if let Some(h) = h {
                     rtt_now.insert(slot, (key.ifindex, *h));
@@ -72,8 +72,9 @@ impl Collector {
                     rtt: h,
                     capture_gaps: capture_gaps.get(&slot).copied().unwrap_or(0),
                     cnps_wrong_class: cnps_wrong_class.get(&slot),
+                    outer_sport: side.outer_sport,
                 };
-                builder.add_flow(key, stats, mirror, beside)
+                builder.add_flow(key, stats, side.tag.as_ref(), beside)
             })?;
         self.rtt.update(rtt_now);
         let read = start.elapsed();

@@ -46,9 +46,12 @@ pub struct FlowFacts<'a> {
     pub dest_qp: u32,
     /// The RoCE UDP source port (the inner one when tunnelled).
     pub sport: u16,
+    /// A tunnelled flow's outer UDP source port, when known.
+    pub outer_sport: Option<u16>,
     pub packets: u64,
     /// Packets with CE in the outer or the inner header.
     pub ce: u64,
+    pub psn_gaps: u64,
     pub cnps: u64,
     /// Of `cnps`, those off the policy's CNP DSCP.
     pub cnps_wrong_class: CnpWrongClass,
@@ -67,8 +70,10 @@ impl<'a> FlowFacts<'a> {
             inner_dst: f.inner_dst,
             dest_qp: f.dest_qp,
             sport: f.sport,
+            outer_sport: f.outer_sport,
             packets: f.packets,
             ce: f.ecn.ce + f.inner_ecn.map_or(0, |e| e.ce),
+            psn_gaps: f.psn_gaps,
             cnps: f.cnps,
             cnps_wrong_class: CnpWrongClass {
                 packets: f.cnps_wrong_class,
@@ -106,8 +111,10 @@ pub(crate) fn test_flow<'a>(src: &str, dst: &str, direction: Option<Direction>) 
         inner_dst: None,
         dest_qp: 0x11,
         sport: 49152,
+        outer_sport: None,
         packets: 100,
         ce: 0,
+        psn_gaps: 0,
         cnps: 0,
         cnps_wrong_class: CnpWrongClass::default(),
     }

@@ -18,12 +18,13 @@ use roce_common::rtt::RttHist;
 
 use super::{map_error, typed_map, typed_map_mut, LoadError, LoadOptions, Loaded};
 use crate::datapath::batch;
-use crate::datapath::flow_table::{self, FlowSlots};
+use crate::datapath::flow_table::{self, FlowSlots, SlotSide};
 
 /// The kernel memory of the flow table at `entries` flows on a host of `cpus` possible
 /// CPUs: FLOWS4, FLOWS_MID and FLOWS (hash maps allocate every entry up front, plus
-/// one spare a CPU), FLOWS_MIRROR's buckets (its entries come with mirrored flows), FLOW_SLOTS (256 bytes a flow, shared by
-/// all CPUs), MIRROR_TAGS (24 bytes a flow) and FLOW_FREE.
+/// one spare a CPU), FLOWS_MIRROR's buckets (its entries come with mirrored flows),
+/// FLOW_SLOTS (320 bytes a flow, shared by all CPUs), MIRROR_TAGS (24 bytes a flow),
+/// TUNNEL_PORTS (4 bytes a flow) and FLOW_FREE.
 /// 65,536 flows cost about 40 MB whatever the CPU count. `tests/tests/names.rs` holds this against
 /// the kernel's own figure (a map's `memlock` in fdinfo).
 pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
@@ -38,6 +39,7 @@ pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
     };
     let slots = (n * size_of::<FlowSlot>() as u64).next_multiple_of(4096);
     let tags = (n * size_of::<MirrorTag>() as u64).next_multiple_of(4096);
+    let ports = (n * 4).next_multiple_of(4096);
     let free = (n + 1) * 4;
     table(size_of::<FlowKey4>())
         + table(size_of::<FlowKeyMid>())
@@ -46,6 +48,7 @@ pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
         + n.next_power_of_two() * BUCKET
         + slots
         + tags
+        + ports
         + free
 }
 
@@ -63,7 +66,13 @@ pub(super) fn map_slots(ebpf: &Ebpf) -> Result<FlowSlots, LoadError> {
     let Some(Map::Array(tags)) = ebpf.map(map::MIRROR_TAGS) else {
         return Err(LoadError::Missing(map::MIRROR_TAGS));
     };
-    slots.with_tags(tags.fd().as_fd()).map_err(LoadError::Slots)
+    let Some(Map::Array(ports)) = ebpf.map(map::TUNNEL_PORTS) else {
+        return Err(LoadError::Missing(map::TUNNEL_PORTS));
+    };
+    slots
+        .with_tags(tags.fd().as_fd())
+        .and_then(|s| s.with_tunnel_ports(ports.fd().as_fd()))
+        .map_err(LoadError::Slots)
 }
 
 impl Loaded {
@@ -98,17 +107,18 @@ impl Loaded {
         mut f: impl FnMut(&FlowKey, &FlowStats, Option<&MirrorTag>),
     ) -> Result<usize, LoadError> {
         self.slots
-            .for_each_live_tagged(|_, slot, tag| f(&slot.key, &slot.stats, tag))
+            .for_each_live_beside(|_, slot, side| f(&slot.key, &slot.stats, side.tag.as_ref()))
             .map_err(LoadError::Slots)
     }
 
-    /// [`Self::for_each_flow_tagged`], with each flow's slot index.
+    /// [`Self::for_each_flow`], with each flow's slot index and what the kernel keeps
+    /// beside its slot (a mirrored flow's session, a tunnelled flow's outer port).
     pub fn for_each_flow_indexed(
         &self,
-        mut f: impl FnMut(u32, &FlowKey, &FlowStats, Option<&MirrorTag>),
+        mut f: impl FnMut(u32, &FlowKey, &FlowStats, &SlotSide),
     ) -> Result<usize, LoadError> {
         self.slots
-            .for_each_live_tagged(|i, slot, tag| f(i as u32, &slot.key, &slot.stats, tag))
+            .for_each_live_beside(|i, slot, side| f(i as u32, &slot.key, &slot.stats, side))
             .map_err(LoadError::Slots)
     }
 

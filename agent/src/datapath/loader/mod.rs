@@ -235,6 +235,7 @@ fn load_into(opts: &LoadOptions, pins: Option<PinDir>) -> Result<Loaded, LoadErr
         .map_max_entries(map::FLOWS_MID, opts.flows_max_entries)
         .map_max_entries(map::FLOWS_MIRROR, opts.flows_max_entries)
         .map_max_entries(map::MIRROR_TAGS, opts.flows_max_entries)
+        .map_max_entries(map::TUNNEL_PORTS, opts.flows_max_entries)
         .map_max_entries(map::FLOW_SLOTS, opts.flows_max_entries)
         .map_max_entries(map::FLOW_FREE, opts.flows_max_entries)
         .map_max_entries(map::EVENTS, opts.events_ring_bytes);

@@ -28,6 +28,8 @@ pub struct Beside<'a> {
     pub rtt: Option<&'a RttHist>,
     pub capture_gaps: u64,
     pub cnps_wrong_class: Option<&'a CnpWrongClass>,
+    /// A tunnelled flow's outer UDP source port (TUNNEL_PORTS).
+    pub outer_sport: Option<u16>,
 }
 
 /// Makes one poll's [`LiveDocument`] from the kernel's entries.
@@ -179,6 +181,7 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
                 for c in st.inner_ecn {
                     self.words.extend([c as u32, (c >> 32) as u32]);
                 }
+                self.words.push(u32::from(beside.outer_sport.unwrap_or(0)));
             }
         } else {
             // Plain IPv4: the addresses in the row itself.

@@ -5,7 +5,8 @@
 //! A row (80 bytes) holds a flow's counters, those that most flows never see (Not-ECT
 //! and ECT(1) packets, CNPs, NAKs, RNR NAKs, PSN gaps, retransmissions) apart for the
 //! rows that have any; its key in 16 bytes (a plain IPv4 flow's addresses; for IPv6 and tunnelled
-//! flows an offset into `words`, where their addresses, VNI and inner ECN counts lie);
+//! flows an offset into `words`, where their addresses, VNI, inner ECN counts and outer
+//! port lie);
 //! its interface as an index into the poll's names. Its rate is the differences since
 //! the previous poll (24 bytes). Rows stay in the order the kernel handed them over
 //! (hash-bucket order, the same from one poll to the next for the flows that stay);
@@ -180,6 +181,8 @@ pub(super) struct WideKey {
     pub(super) inner_src: [u32; 4],
     pub(super) inner_dst: [u32; 4],
     pub(super) inner_ecn: [u64; 4],
+    /// A tunnelled flow's outer UDP source port (None: not known).
+    pub(super) outer_sport: Option<u16>,
 }
 
 /// Words of one address in `words`: one for IPv4, four for IPv6.
@@ -263,7 +266,8 @@ pub(super) struct RowTable {
     /// Row indexes in the document's order.
     pub(super) order: Vec<u32>,
     /// Keys of IPv6 and tunnelled flows: outer addresses (1 or 4 words each), and when
-    /// tunnelled the VNI, inner addresses and inner ECN counts (8 words).
+    /// tunnelled the VNI, inner addresses, inner ECN counts (8 words) and the outer
+    /// UDP source port (a word, 0: not known).
     pub(super) words: Vec<u32>,
     /// Interface names, sorted: a row's `iface` orders as its name.
     pub(super) names: Vec<String>,
@@ -408,6 +412,7 @@ impl RowTable {
             for (i, c) in k.inner_ecn.iter_mut().enumerate() {
                 *c = e[2 * i] as u64 | (e[2 * i + 1] as u64) << 32;
             }
+            k.outer_sport = u16::try_from(e[8]).ok().filter(|p| *p != 0);
         }
         k
     }
@@ -521,6 +526,7 @@ impl RowTable {
             None => Flow::from_entry(&key, &stats, Some(&name)),
         };
         f.psn_split = rare.psn_split;
+        f.outer_sport = w.outer_sport;
         f.set_cnps_wrong_class(&rare.cnps_wrong_class);
         f.rtt = rare.rtt.map(|r| r.doc());
         f.rates = self.rates(i);
@@ -605,8 +611,10 @@ impl RowTable {
             inner_dst: inner(&k.inner_dst),
             dest_qp: r.dest_qp,
             sport: r.sport,
+            outer_sport: k.outer_sport,
             packets: r.packets,
             ce: r.ce + fig.inner_ecn.map_or(0, |e| e.ce),
+            psn_gaps: fig.psn_gaps,
             cnps: fig.cnps,
             cnps_wrong_class: rare.cnps_wrong_class,
         }
