@@ -14,6 +14,7 @@ pub mod finding;
 pub mod pcapng;
 pub mod qp;
 pub mod table;
+pub mod tunnel;
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -406,6 +407,10 @@ pub struct Counters {
     /// one per host pair and session; `analyze`: 256 per host pair).
     #[serde(default)]
     pub capture_gaps_undecided: u64,
+    /// Added: the RoCE of each VXLAN tunnel (interface, direction, VTEPs, VNI), with
+    /// the PSN gaps of its inner side where the agent sees that too (`tunnel`).
+    #[serde(default)]
+    pub tunnels: Vec<tunnel::TunnelRecord>,
 }
 
 /// Declares a struct of counters from one list of STATS counters in `roce_common`
@@ -575,6 +580,7 @@ impl Counters {
             events_dropped: EventDropCounters::from_stats(stats),
             rtt_unpaired: RttUnpairedCounters::from_stats(stats),
             capture_gaps_undecided: at(STAT_CAPTURE_GAPS_UNDECIDED),
+            tunnels: Vec::new(),
         }
     }
 

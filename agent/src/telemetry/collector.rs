@@ -88,6 +88,7 @@ impl Collector {
             .map(|(d, at)| (&**d, now.duration_since(*at).as_secs_f64()));
         let mut document = builder.finish(&stats, before);
         document.counters.qos.vteps = vteps;
+        document.counters.tunnels = document.tunnels();
         document.rtt = self
             .rtt
             .by_ifindex()

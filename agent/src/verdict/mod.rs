@@ -11,6 +11,9 @@
 //! - [`pauses`]: PFC pause storms and slow receivers (`pause_storm`, `slow_receiver`).
 //! - [`rnic_loop`]: the ECN -> CNP loop from the RNIC's counters, where the RNIC
 //!   offloads RoCE (`ce_unanswered` of a port).
+//!
+//! Beside them, [`tunnels`] sums each VXLAN tunnel's flows and puts their PSN gaps on
+//! the underlay or on this host's VTEP (`counters.tunnels`: numbers, not a verdict).
 
 pub mod ce_loop;
 pub mod cnp_class;
@@ -18,6 +21,7 @@ pub mod entropy;
 pub mod overlay;
 pub mod pauses;
 pub mod rnic_loop;
+pub mod tunnels;
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -49,8 +53,9 @@ pub struct FlowFacts<'a> {
     /// A tunnelled flow's outer UDP source port, when known.
     pub outer_sport: Option<u16>,
     pub packets: u64,
-    /// Packets with CE in the outer or the inner header.
+    /// Packets with CE in the outer or the inner header, and of those, in the inner.
     pub ce: u64,
+    pub inner_ce: u64,
     pub psn_gaps: u64,
     pub cnps: u64,
     /// Of `cnps`, those off the policy's CNP DSCP.
@@ -73,6 +78,7 @@ impl<'a> FlowFacts<'a> {
             outer_sport: f.outer_sport,
             packets: f.packets,
             ce: f.ecn.ce + f.inner_ecn.map_or(0, |e| e.ce),
+            inner_ce: f.inner_ecn.map_or(0, |e| e.ce),
             psn_gaps: f.psn_gaps,
             cnps: f.cnps,
             cnps_wrong_class: CnpWrongClass {
@@ -114,6 +120,7 @@ pub(crate) fn test_flow<'a>(src: &str, dst: &str, direction: Option<Direction>) 
         outer_sport: None,
         packets: 100,
         ce: 0,
+        inner_ce: 0,
         psn_gaps: 0,
         cnps: 0,
         cnps_wrong_class: CnpWrongClass::default(),

@@ -206,6 +206,18 @@ impl LiveDocument {
         }
     }
 
+    /// The document's VXLAN tunnels (`verdict::tunnels`); nothing to do in a table
+    /// without a tunnelled flow.
+    pub fn tunnels(&self) -> Vec<crate::doc::tunnel::TunnelRecord> {
+        match &self.flows {
+            Flows::Rows(t) => t.tunnels(),
+            Flows::Flows(v) => {
+                let facts: Vec<_> = v.iter().map(crate::verdict::FlowFacts::of).collect();
+                crate::verdict::tunnels::Tunnels::of(&facts)
+            }
+        }
+    }
+
     /// The same document as a [`Document`] (every flow made at once: tests and tools).
     pub fn to_document(&self) -> Document {
         Document {

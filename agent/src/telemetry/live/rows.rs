@@ -614,10 +614,41 @@ impl RowTable {
             outer_sport: k.outer_sport,
             packets: r.packets,
             ce: r.ce + fig.inner_ecn.map_or(0, |e| e.ce),
+            inner_ce: fig.inner_ecn.map_or(0, |e| e.ce),
             psn_gaps: fig.psn_gaps,
             cnps: fig.cnps,
             cnps_wrong_class: rare.cnps_wrong_class,
         }
+    }
+
+    /// The tunnels of the table (`verdict::tunnels`): the tunnelled rows first, then
+    /// the unencapsulated rows of their inner sides, each plain row a key and a lookup
+    /// (and nothing at all without a tunnelled row).
+    pub(super) fn tunnels(&self) -> Vec<crate::doc::tunnel::TunnelRecord> {
+        let mut t = crate::verdict::tunnels::Tunnels::default();
+        for r in self.rows.iter().filter(|r| r.tunnelled()) {
+            t.add_tunnelled(&self.facts(r));
+        }
+        if t.is_empty() {
+            return Vec::new();
+        }
+        for r in self.rows.iter().filter(|r| !r.tunnelled() && !r.mirrored()) {
+            // A plain IPv4 row's key is the row itself: no words read.
+            let k = self.wide_key(r);
+            let (src, dst) = (
+                key_addr(&k.src, r.outer_v6()),
+                key_addr(&k.dst, r.outer_v6()),
+            );
+            let direction = Some(if r.egress() {
+                Direction::Egress
+            } else {
+                Direction::Ingress
+            });
+            if t.wants(&(direction, src, dst, r.dest_qp)) {
+                t.add_inner(&self.facts(r));
+            }
+        }
+        t.records()
     }
 
     pub(super) fn figures(&self, r: &Row) -> Figures<'_> {
@@ -666,6 +697,27 @@ pub(super) fn key_words(r: &Row) -> usize {
 mod tests {
     use super::*;
     use crate::telemetry::live::tests::{build, entries, reference, stats_array};
+
+    #[test]
+    fn the_tables_tunnels_are_those_of_the_documents_flows() {
+        let mut matched = 0;
+        for seed in [1, 2, 3] {
+            let e = entries(seed, 2000);
+            let live = build(&e, &stats_array(), None);
+            let doc = reference(&e, &stats_array());
+            let facts: Vec<_> = doc
+                .flows
+                .iter()
+                .map(crate::verdict::FlowFacts::of)
+                .collect();
+            let want = crate::verdict::tunnels::Tunnels::of(&facts);
+            assert!(want.len() > 10, "seed {seed}: {} tunnels", want.len());
+            matched += want.iter().filter(|t| t.inner_flows.is_some()).count();
+            assert_eq!(live.tunnels(), want, "seed {seed}");
+        }
+        // The few addresses of the entries make inner sides to match.
+        assert!(matched > 10, "{matched} tunnels with an inner side");
+    }
 
     #[test]
     fn rows_read_back_as_the_document_builds_them() {
