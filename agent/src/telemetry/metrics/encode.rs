@@ -119,7 +119,76 @@ impl Snapshot {
         s.rnic_families(inputs.rnic);
         s.pfc_families(inputs.pfc);
         s.rtt_family(inputs.document);
+        s.tunnel_families(&inputs.document.counters);
         s
+    }
+
+    /// The VXLAN tunnels' families: per tunnel of the flows (`counters.tunnels`) its
+    /// CE marks by header and its PSN gaps, outer and made in this host's VTEP; per
+    /// remote VTEP and VNI of a `--vtep` interface (`counters.qos.vteps`, every VXLAN
+    /// packet) the CE marks by who made them.
+    fn tunnel_families(&mut self, counters: &Counters) {
+        let labels = |t: &crate::doc::tunnel::TunnelRecord| -> Labels {
+            vec![
+                ("ifname", t.ifname.clone().unwrap_or_default()),
+                ("direction", direction_label(t.direction).to_string()),
+                ("src", t.src.to_string()),
+                ("dst", t.dst.to_string()),
+                ("vni", t.vni.to_string()),
+            ]
+        };
+        let ce = self.family(
+            "roce_tunnel_ce_packets",
+            Kind::Counter,
+            "RoCE packets in VXLAN with CE, per tunnel (interface, direction, VTEPs src and dst, VNI), by header: outer (the underlay's marks, and the sender's where its VTEP copies an inner CE outwards as RFC 6040 does; Linux encapsulates inner CE as ECT(0)), inner (marked before encapsulation).",
+        );
+        for t in &counters.tunnels {
+            for (header, v) in [("outer", t.ce), ("inner", t.inner_ce)] {
+                let mut l = labels(t);
+                l.push(("header", header.to_string()));
+                ce.samples.push((l, Value::Int(v)));
+            }
+        }
+        let gaps = self.family(
+            "roce_tunnel_psn_gaps",
+            Kind::Counter,
+            "PSN gaps of the RoCE flows in VXLAN, per tunnel: arriving, requests lost before they reached this host (the sender, its VTEP or the underlay); leaving, before they left it.",
+        );
+        for t in &counters.tunnels {
+            gaps.samples.push((labels(t), Value::Int(t.psn_gaps)));
+        }
+        let vtep = self.family(
+            "roce_tunnel_vtep_psn_gaps",
+            Kind::Counter,
+            "PSN gaps made in this host's VTEP, per tunnel whose inner side the agent sees too (inner_ifname): arriving, inner gaps beyond the outer ones (lost in decapsulation); leaving, outer beyond inner (lost in encapsulation).",
+        );
+        for t in &counters.tunnels {
+            if let Some(v) = t.vtep_psn_gaps {
+                let mut l = labels(t);
+                l.push(("inner_ifname", t.inner_ifname.clone().unwrap_or_default()));
+                vtep.samples.push((l, Value::Int(v)));
+            }
+        }
+        let marked = self.family(
+            "roce_vtep_ce_packets",
+            Kind::Counter,
+            "VXLAN packets arriving on a --vtep interface with CE, per remote VTEP and VNI, by who marked them: underlay (outer CE over an inner header without), overlay (inner CE: marked before encapsulation).",
+        );
+        for v in &counters.qos.vteps {
+            for (by, n) in [
+                ("underlay", v.ce_over_ect.saturating_add(v.ce_over_not_ect)),
+                ("overlay", v.inner_ce),
+            ] {
+                marked.samples.push((
+                    vec![
+                        ("remote", v.remote.clone()),
+                        ("vni", v.vni.to_string()),
+                        ("marked_by", by.to_string()),
+                    ],
+                    Value::Int(n),
+                ));
+            }
+        }
     }
 
     /// `roce_rtt_seconds{ifname}`: the collector's running sums (`live::rtt_totals`).
@@ -523,6 +592,57 @@ mod tests {
     use super::*;
     use crate::doc::{Document, Ecn};
     use crate::telemetry::metrics::tests::{flow, inputs, sample};
+
+    #[test]
+    fn tunnels_show_their_marks_by_header_and_their_gaps_by_where_they_were_made() {
+        let mut tunnelled = flow("eth1", "198.18.0.1", 3, Some(5001));
+        tunnelled.ecn.ce = 2;
+        tunnelled.inner_ecn = Some(Ecn {
+            ce: 7,
+            ..Ecn::default()
+        });
+        tunnelled.psn_gaps = 1;
+        // The same queue pair after decapsulation, on the VXLAN device.
+        let mut inner = flow("vx0", "198.19.0.1", 3, None);
+        inner.dst = "198.19.0.2".parse().unwrap();
+        inner.psn_gaps = 4;
+        let mut doc = LiveDocument::from(Document {
+            flows: vec![tunnelled, inner],
+            counters: Counters::default(),
+        });
+        doc.counters.tunnels = doc.tunnels();
+        doc.counters.qos.vteps = vec![crate::doc::VtepRecord {
+            remote: "198.18.0.1".into(),
+            vni: 5001,
+            packets: 50,
+            ce_over_ect: 3,
+            ce_over_not_ect: 1,
+            inner_ce: 7,
+            ..Default::default()
+        }];
+        let text = encode(&inputs(&doc, &[], 10)).unwrap();
+        let v = |s: &str| sample(&text, s).unwrap_or_else(|| panic!("no {s} in\n{text}"));
+        let tunnel = r#"ifname="eth1",direction="ingress",src="198.18.0.1",dst="198.18.0.2",vni="5001""#;
+        assert_eq!(v(&format!(r#"roce_tunnel_ce_packets_total{{{tunnel},header="outer"}}"#)), "2");
+        assert_eq!(v(&format!(r#"roce_tunnel_ce_packets_total{{{tunnel},header="inner"}}"#)), "7");
+        assert_eq!(v(&format!("roce_tunnel_psn_gaps_total{{{tunnel}}}")), "1");
+        assert_eq!(
+            v(&format!(r#"roce_tunnel_vtep_psn_gaps_total{{{tunnel},inner_ifname="vx0"}}"#)),
+            "3"
+        );
+        let vtep = r#"remote="198.18.0.1",vni="5001""#;
+        assert_eq!(v(&format!(r#"roce_vtep_ce_packets_total{{{vtep},marked_by="underlay"}}"#)), "4");
+        assert_eq!(v(&format!(r#"roce_vtep_ce_packets_total{{{vtep},marked_by="overlay"}}"#)), "7");
+        // Without an inner side, no VTEP gaps are claimed.
+        let mut alone = LiveDocument::from(Document {
+            flows: vec![flow("eth1", "198.18.0.1", 3, Some(5001))],
+            counters: Counters::default(),
+        });
+        alone.counters.tunnels = alone.tunnels();
+        let text = encode(&inputs(&alone, &[], 10)).unwrap();
+        assert!(sample(&text, &format!("roce_tunnel_psn_gaps_total{{{tunnel}}}")).is_some());
+        assert!(!text.contains("roce_tunnel_vtep_psn_gaps_total"), "{text}");
+    }
 
     #[test]
     fn flows_sum_per_interface_direction_and_encapsulation() {
