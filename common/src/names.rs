@@ -21,7 +21,7 @@ pub mod map {
     /// (`mirror::MirrorTag`, same index), written when the slot is taken.
     pub const MIRROR_TAGS: &str = "MIRROR_TAGS";
     /// The outer UDP source port of each FLOW_SLOTS slot that holds a tunnelled flow
-    /// (u32, same index), written when the slot is taken.
+    /// (a u64, same index), written when the slot is taken.
     pub const TUNNEL_PORTS: &str = "TUNNEL_PORTS";
     /// What `xdp_mirror` hands `xdp_mirror_flows` (`mirror::MirrorScratch`), per CPU.
     pub const MIRROR_SCRATCH: &str = "MIRROR_SCRATCH";

@@ -136,7 +136,7 @@ fn note_outer_port(index: u32, parsed: &Parsed) {
     }
     if let Some(p) = TUNNEL_PORTS.get_ptr_mut(index) {
         // SAFETY: the slot's entry, this CPU's until the insert makes the flow known.
-        unsafe { *p = parsed.outer_sport as u32 };
+        unsafe { *p = parsed.outer_sport as u64 };
     }
 }
 

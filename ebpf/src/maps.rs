@@ -55,9 +55,10 @@ pub static MIRROR_TAGS: Array<MirrorTag> = Array::with_max_entries(65536, BPF_F_
 /// The outer UDP source port of each FLOW_SLOTS slot that holds a tunnelled flow
 /// (same index), from the flow's first packet: the port its VTEP chose, the one the
 /// underlay's ECMP hashes on. Written when the slot is taken (a packet pays nothing);
-/// mmapable, as MIRROR_TAGS.
+/// mmapable, as MIRROR_TAGS. A u64: an array's entries lie 8 bytes apart whatever
+/// their size, and the agent reads them as memory.
 #[map]
-pub static TUNNEL_PORTS: Array<u32> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
+pub static TUNNEL_PORTS: Array<u64> = Array::with_max_entries(65536, BPF_F_MMAPABLE);
 
 /// What `xdp_mirror` found, for the program it tail-calls (one entry per CPU).
 #[map]

@@ -52,6 +52,9 @@ pub struct LabOptions {
     pub tos_inherit: bool,
     /// Also give the veth ends IPv6 addresses (2001:db8:N::1/2, no DAD).
     pub ipv6: bool,
+    /// The VXLAN devices' outer UDP source port range `[min, max)` (`srcport MIN
+    /// MAX`); None: the kernel's default, the local port range.
+    pub vxlan_srcport: Option<(u16, u16)>,
 }
 
 impl Default for LabOptions {
@@ -61,6 +64,7 @@ impl Default for LabOptions {
             vni: 5001,
             tos_inherit: true,
             ipv6: true,
+            vxlan_srcport: None,
         }
     }
 }
@@ -405,6 +409,13 @@ impl Lab {
                 ];
                 if self.options.tos_inherit {
                     args.extend(["tos", "inherit"]);
+                }
+                let ports = self
+                    .options
+                    .vxlan_srcport
+                    .map(|(min, max)| (min.to_string(), max.to_string()));
+                if let Some((min, max)) = &ports {
+                    args.extend(["srcport", min, max]);
                 }
                 ip(&this.ns, &args)?;
                 ip(

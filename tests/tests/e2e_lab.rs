@@ -679,3 +679,233 @@ fn outer_ce_over_a_not_ect_inner_header_at_a_vtep_is_a_live_verdict() -> Result<
     ensure!(found[0]["severity"] == "error", "{}", found[0]);
     rig.stop_agent()
 }
+
+/// The agent's `counters.tunnels` record of `ifname` arriving (None until there is one).
+fn tunnel_arriving(rig: &Rig, ifname: &str) -> Result<Option<Value>> {
+    let doc = rig.agent_doc()?;
+    Ok(doc["counters"]["tunnels"].as_array().and_then(|t| {
+        t.iter()
+            .find(|r| r["ifname"] == ifname && r["direction"] == "ingress")
+            .cloned()
+    }))
+}
+
+/// Polls the agent until its tunnel record of `ifname` arriving satisfies `want` (10 s).
+fn wait_for_tunnel(
+    rig: &Rig,
+    ifname: &str,
+    what: &str,
+    want: impl Fn(&Value) -> bool,
+) -> Result<Value> {
+    let start = Instant::now();
+    loop {
+        let t = tunnel_arriving(rig, ifname)?;
+        if let Some(t) = t.as_ref().filter(|t| want(t)) {
+            println!("{what}: {t}");
+            return Ok(t.clone());
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("{what}: after 10 s the tunnel arriving on {ifname} is {t:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn packets_the_vtep_drops_in_decapsulation_are_its_psn_gaps_and_outer_marks_the_underlays(
+) -> Result<()> {
+    require_root();
+    let mut rig = Rig::new(LabOptions::default())?;
+    let (veth_a, veth_b) = (rig.lab.a.veth.clone(), rig.lab.b.veth.clone());
+    let vx_b = rig
+        .lab
+        .b
+        .vxlan
+        .clone()
+        .ok_or_else(|| anyhow!("a lab without VXLAN"))?;
+    // The underlay (with the decapsulation counters) and the tunnel's inner side, the
+    // VXLAN device after the kernel decapsulated.
+    rig.start_agent_with(&["--iface", &vx_b, "--vtep", &veth_b])?;
+    let (a, b) = (rig.lab.a.ip4.to_string(), rig.lab.b.ip4.to_string());
+    let inner = |side: &roce_testkit::lab::Side| side.vxlan_ip4.map(|ip| ip.to_string());
+    let (inner_a, inner_b) = (
+        inner(&rig.lab.a).ok_or_else(|| anyhow!("no inner address"))?,
+        inner(&rig.lab.b).ok_or_else(|| anyhow!("no inner address"))?,
+    );
+    let vni = rig.lab.vni;
+    // Crafted VXLAN from A's VTEP address to B's, writes to B's QP 0x50 from PSN 100.
+    let send = |extra: &str| {
+        rig.gen(&argv(&format!(
+            "--iface {veth_a} --vni {vni} --outer-src {a} --outer-dst {b} --src {inner_a} --dst {inner_b} --qp 0x50 --ops write {extra}"
+        )))
+        .map(drop)
+    };
+    let tunnel = |t: &Value| {
+        (
+            t["src"] == a.as_str() && t["dst"] == b.as_str() && t["vni"] == vni,
+            t["packets"].as_u64(),
+            t["psn_gaps"].as_u64(),
+            t["inner_ifname"].as_str().map(str::to_string),
+            t["inner_psn_gaps"].as_u64(),
+            t["vtep_psn_gaps"].as_u64(),
+        )
+    };
+    // The near miss: 5 writes cross the VTEP whole; both sides see them in order.
+    send("--count 5 --psn 100")?;
+    let t = wait_for_tunnel(&rig, &veth_b, "5 writes", |t| {
+        t["packets"] == 5 && t["inner_flows"] == 1
+    })?;
+    ensure!(
+        tunnel(&t) == (true, Some(5), Some(0), Some(vx_b.clone()), Some(0), Some(0)),
+        "{t}"
+    );
+    // 5 writes whose outer header the underlay marked CE over a Not-ECT inner header:
+    // the kernel's decapsulation drops them (mark and packet). Then 5 more.
+    send("--count 5 --psn 105 --outer-ce 5 --ecn not-ect")?;
+    send("--count 5 --psn 110")?;
+    // The underlay saw PSNs 100-114 in order; the inner side misses 105-109: one gap,
+    // made in this host's VTEP.
+    let t = wait_for_tunnel(&rig, &veth_b, "5 dropped in decapsulation", |t| {
+        t["packets"] == 15 && t["inner_psn_gaps"] == 1
+    })?;
+    ensure!(
+        tunnel(&t)
+            == (
+                true,
+                Some(15),
+                Some(0),
+                Some(vx_b.clone()),
+                Some(1),
+                Some(1)
+            ),
+        "{t}"
+    );
+    // Marks: 2 by the underlay over ECT(0) (carried in), 1 before encapsulation.
+    send("--count 4 --psn 115 --outer-ce 2")?;
+    send("--count 1 --psn 119 --ce 1")?;
+    let t = wait_for_tunnel(&rig, &veth_b, "marks", |t| t["packets"] == 20)?;
+    ensure!(
+        (t["ce"].as_u64(), t["inner_ce"].as_u64()) == (Some(7), Some(1)),
+        "{t}"
+    );
+    ensure!(t["psn_gaps"] == 0 && t["vtep_psn_gaps"] == 1, "{t}");
+    // The decapsulation counters of the --vtep interface say who marked, per VNI.
+    let metrics = rig.lab.scrape(&rig.lab.b.ns, API)?;
+    let sample = |series: &str| {
+        metrics.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')
+                .map(str::to_string)
+        })
+    };
+    let vtep = format!(r#"remote="{a}",vni="{vni}""#);
+    ensure!(
+        sample(&format!(
+            r#"roce_vtep_ce_packets_total{{{vtep},marked_by="underlay"}}"#
+        ))
+        .as_deref()
+            == Some("7")
+            && sample(&format!(
+                r#"roce_vtep_ce_packets_total{{{vtep},marked_by="overlay"}}"#
+            ))
+            .as_deref()
+                == Some("1"),
+        "{metrics}"
+    );
+    let labels = format!(
+        r#"ifname="{veth_b}",direction="ingress",src="{a}",dst="{b}",vni="{vni}",inner_ifname="{vx_b}""#
+    );
+    ensure!(
+        sample(&format!("roce_tunnel_vtep_psn_gaps_total{{{labels}}}")).as_deref() == Some("1"),
+        "{metrics}"
+    );
+    // Decapsulation carried the underlay's marks into the inner header (2), with the
+    // sender's own (1): what the inner side saw.
+    let doc = rig.agent_doc()?;
+    let inner_flow = doc["flows"]
+        .as_array()
+        .and_then(|f| {
+            f.iter()
+                .find(|f| f["ifname"] == vx_b.as_str() && f["dest_qp"] == 0x50)
+        })
+        .ok_or_else(|| anyhow!("no flow on {vx_b}: {doc}"))?;
+    ensure!(
+        inner_flow["ecn"]["ce"] == 3 && inner_flow["packets"] == 15,
+        "{inner_flow}"
+    );
+    rig.stop_agent()
+}
+
+#[test]
+fn queue_pairs_a_vtep_pins_to_one_outer_port_are_low_entropy_and_its_default_spreads_them(
+) -> Result<()> {
+    require_root();
+    // A VTEP whose outer source port range holds one port.
+    let pinned = LabOptions {
+        vxlan_srcport: Some((4000, 4001)),
+        ..LabOptions::default()
+    };
+    for (options, pinned) in [(pinned, true), (LabOptions::default(), false)] {
+        let mut rig = Rig::new(options)?;
+        rig.start_agent()?;
+        let veth_b = rig.lab.b.veth.clone();
+        let vx_a = rig
+            .lab
+            .a
+            .vxlan
+            .clone()
+            .ok_or_else(|| anyhow!("a lab without VXLAN"))?;
+        let inner_b = rig
+            .lab
+            .b
+            .vxlan_ip4
+            .ok_or_else(|| anyhow!("no inner address"))?;
+        let (a, b) = (rig.lab.a.ip4, rig.lab.b.ip4);
+        // 8 queue pairs, each from its own inner port, through A's VXLAN device.
+        rig.gen(&argv(&format!(
+            "--iface {vx_a} --dst {inner_b} --qp 0x300 --flows 8 --sport 49152 --count 2"
+        )))?;
+        let (doc, _) = rig.agent_table_settled(16)?;
+        let ports: std::collections::BTreeSet<u64> = doc["flows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["ifname"] == veth_b.as_str() && !f["vni"].is_null())
+            .filter_map(|f| f["outer_sport"].as_u64())
+            .collect();
+        println!("outer ports (pinned: {pinned}): {ports:?}");
+        if pinned {
+            ensure!(ports == [4000].into(), "{ports:?}");
+            let found =
+                wait_for_findings(&rig, "ecmp_low_entropy", "8 QPs on outer port 4000", |f| {
+                    f.len() == 1
+                })?;
+            println!("{}", found[0]);
+            ensure!(
+                found[0]["found"]
+                    == format!("8 queue pairs through VTEPs {a}→{b} on 1 outer UDP source port (4000), from 8 inner ports: the underlay's ECMP spreads them over 1 path at most").as_str()
+                    && found[0]["interface"] == veth_b.as_str(),
+                "{}",
+                found[0]
+            );
+            ensure!(
+                found[0]["fix"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with(&format!("at VTEP {a}: "))),
+                "{}",
+                found[0]
+            );
+        } else {
+            // Linux hashes each inner flow into the local port range.
+            ensure!(ports.len() >= 5, "{ports:?}");
+            std::thread::sleep(Duration::from_secs(1));
+            let named: Vec<Value> = agent_findings(&rig)?
+                .into_iter()
+                .filter(|f| f["check"] == "ecmp_low_entropy")
+                .collect();
+            ensure!(named.is_empty(), "{named:?}");
+        }
+        rig.stop_agent()?;
+    }
+    Ok(())
+}

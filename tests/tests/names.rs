@@ -72,7 +72,7 @@ const LAYOUT_8: [(&str, u32, u32, u32, u32); 32] = [
     ("RTT_WAIT_PSNS", 2, 4, 8, 4096),
     ("STATS", 6, 4, 8, 0),
     ("TC_TAIL", 3, 4, 4, 1),
-    ("TUNNEL_PORTS", 2, 4, 4, 0),
+    ("TUNNEL_PORTS", 2, 4, 8, 0),
     ("VTEPS", 10, 20, 48, 4096),
     ("XDP_TAIL", 3, 4, 4, 4),
 ];

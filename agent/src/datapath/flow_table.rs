@@ -106,7 +106,7 @@ impl FlowSlots {
             let n = WINDOW_SLOTS.min(self.len - start);
             let window: Window<FlowSlot> = Window::map(&self.fd, self.page, start, n)?;
             let mut tags: Option<Window<MirrorTag>> = None;
-            let mut ports: Option<Window<u32>> = None;
+            let mut ports: Option<Window<u64>> = None;
             for i in 0..n {
                 // The state alone first: most slots of a roomy table are free.
                 if window.state(i) != SLOT_LIVE {
@@ -132,8 +132,9 @@ impl FlowSlots {
                         if ports.is_none() {
                             ports = Some(Window::map(fd, self.page, start, n)?);
                         }
-                        // The kernel writes the port's 16 bits into a u32; 0 is no
-                        // port (a flow put in by hand).
+                        // The kernel writes the port's 16 bits into a u64 (an
+                        // array's entries are 8 bytes apart); 0 is no port (a flow
+                        // put in by hand).
                         ports.as_ref().map(|p| p.read(i) as u16).filter(|p| *p != 0)
                     }
                     _ => None,

@@ -24,7 +24,7 @@ use crate::datapath::flow_table::{self, FlowSlots, SlotSide};
 /// CPUs: FLOWS4, FLOWS_MID and FLOWS (hash maps allocate every entry up front, plus
 /// one spare a CPU), FLOWS_MIRROR's buckets (its entries come with mirrored flows),
 /// FLOW_SLOTS (320 bytes a flow, shared by all CPUs), MIRROR_TAGS (24 bytes a flow),
-/// TUNNEL_PORTS (4 bytes a flow) and FLOW_FREE.
+/// TUNNEL_PORTS (8 bytes a flow) and FLOW_FREE.
 /// 65,536 flows cost about 40 MB whatever the CPU count. `tests/tests/names.rs` holds this against
 /// the kernel's own figure (a map's `memlock` in fdinfo).
 pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
@@ -39,7 +39,7 @@ pub fn flow_tables_kernel_bytes(entries: u32, cpus: usize) -> u64 {
     };
     let slots = (n * size_of::<FlowSlot>() as u64).next_multiple_of(4096);
     let tags = (n * size_of::<MirrorTag>() as u64).next_multiple_of(4096);
-    let ports = (n * 4).next_multiple_of(4096);
+    let ports = (n * 8).next_multiple_of(4096);
     let free = (n + 1) * 4;
     table(size_of::<FlowKey4>())
         + table(size_of::<FlowKeyMid>())

@@ -622,17 +622,40 @@ mod tests {
         }];
         let text = encode(&inputs(&doc, &[], 10)).unwrap();
         let v = |s: &str| sample(&text, s).unwrap_or_else(|| panic!("no {s} in\n{text}"));
-        let tunnel = r#"ifname="eth1",direction="ingress",src="198.18.0.1",dst="198.18.0.2",vni="5001""#;
-        assert_eq!(v(&format!(r#"roce_tunnel_ce_packets_total{{{tunnel},header="outer"}}"#)), "2");
-        assert_eq!(v(&format!(r#"roce_tunnel_ce_packets_total{{{tunnel},header="inner"}}"#)), "7");
+        let tunnel =
+            r#"ifname="eth1",direction="ingress",src="198.18.0.1",dst="198.18.0.2",vni="5001""#;
+        assert_eq!(
+            v(&format!(
+                r#"roce_tunnel_ce_packets_total{{{tunnel},header="outer"}}"#
+            )),
+            "2"
+        );
+        assert_eq!(
+            v(&format!(
+                r#"roce_tunnel_ce_packets_total{{{tunnel},header="inner"}}"#
+            )),
+            "7"
+        );
         assert_eq!(v(&format!("roce_tunnel_psn_gaps_total{{{tunnel}}}")), "1");
         assert_eq!(
-            v(&format!(r#"roce_tunnel_vtep_psn_gaps_total{{{tunnel},inner_ifname="vx0"}}"#)),
+            v(&format!(
+                r#"roce_tunnel_vtep_psn_gaps_total{{{tunnel},inner_ifname="vx0"}}"#
+            )),
             "3"
         );
         let vtep = r#"remote="198.18.0.1",vni="5001""#;
-        assert_eq!(v(&format!(r#"roce_vtep_ce_packets_total{{{vtep},marked_by="underlay"}}"#)), "4");
-        assert_eq!(v(&format!(r#"roce_vtep_ce_packets_total{{{vtep},marked_by="overlay"}}"#)), "7");
+        assert_eq!(
+            v(&format!(
+                r#"roce_vtep_ce_packets_total{{{vtep},marked_by="underlay"}}"#
+            )),
+            "4"
+        );
+        assert_eq!(
+            v(&format!(
+                r#"roce_vtep_ce_packets_total{{{vtep},marked_by="overlay"}}"#
+            )),
+            "7"
+        );
         // Without an inner side, no VTEP gaps are claimed.
         let mut alone = LiveDocument::from(Document {
             flows: vec![flow("eth1", "198.18.0.1", 3, Some(5001))],
