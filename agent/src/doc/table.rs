@@ -85,34 +85,85 @@ pub fn render(doc: &Document) -> String {
     if rows.is_empty() {
         out.push_str("no RoCE flows seen\n");
     } else {
-        let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-        for r in &rows {
-            for (w, cell) in widths.iter_mut().zip(r) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
-        let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
-        for r in std::iter::once(&header).chain(&rows) {
-            let mut line = String::new();
-            for (i, cell) in r.iter().enumerate() {
-                if i > 0 {
-                    line.push_str("  ");
-                }
-                let pad = widths[i] - cell.chars().count();
-                if right[i] {
-                    line.extend(std::iter::repeat_n(' ', pad));
-                    line.push_str(cell);
-                } else {
-                    line.push_str(cell);
-                    line.extend(std::iter::repeat_n(' ', pad));
-                }
-            }
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
+        out.push_str(&aligned(&headers, &right, &rows));
+    }
+    if !doc.counters.tunnels.is_empty() {
+        out.push('\n');
+        out.push_str(&tunnel_table(&doc.counters.tunnels));
     }
     out.push_str(&counters_line(doc));
     out.push('\n');
+    out
+}
+
+/// The VXLAN tunnels (`counters.tunnels`): one line per tunnel, its CE marks by
+/// header and its PSN gaps on the underlay, on the inner side and made in the VTEP.
+fn tunnel_table(tunnels: &[super::tunnel::TunnelRecord]) -> String {
+    const HEADERS: [&str; 10] = [
+        "tunnel on",
+        "VTEPs",
+        "vni",
+        "flows",
+        "pkts",
+        "CE outer/inner",
+        "gaps",
+        "inner side",
+        "inner gaps",
+        "gaps in VTEP",
+    ];
+    const RIGHT: [bool; 10] = [
+        false, false, true, true, true, true, true, false, true, true,
+    ];
+    let dash = || "-".to_string();
+    let opt = |v: Option<u64>| v.map_or_else(dash, |v| v.to_string());
+    let rows: Vec<Vec<String>> = tunnels
+        .iter()
+        .map(|t| {
+            vec![
+                iface_cell(t.ifname.as_deref(), t.direction),
+                format!("{}→{}", t.src, t.dst),
+                t.vni.to_string(),
+                t.flows.to_string(),
+                t.packets.to_string(),
+                format!("{}/{}", t.ce, t.inner_ce),
+                t.psn_gaps.to_string(),
+                t.inner_ifname.clone().unwrap_or_else(dash),
+                opt(t.inner_psn_gaps),
+                opt(t.vtep_psn_gaps),
+            ]
+        })
+        .collect();
+    aligned(&HEADERS, &RIGHT, &rows)
+}
+
+/// `headers` and `rows` in columns two spaces apart, those `right` right-aligned.
+fn aligned(headers: &[&str], right: &[bool], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    let mut out = String::new();
+    for r in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in r.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            let pad = widths[i] - cell.chars().count();
+            if right[i] {
+                line.extend(std::iter::repeat_n(' ', pad));
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
     out
 }
 
@@ -169,13 +220,18 @@ pub fn mirror_cell(f: &Flow) -> String {
     }
 }
 
-fn row(f: &Flow) -> [String; 13] {
-    let iface = match (&f.ifname, f.direction) {
+/// `eth1/in`, `eth1/out`; `-` in `analyze`.
+fn iface_cell(ifname: Option<&str>, direction: Option<Direction>) -> String {
+    match (ifname, direction) {
         (Some(n), Some(Direction::Ingress)) => format!("{n}/in"),
         (Some(n), Some(Direction::Egress)) => format!("{n}/out"),
-        (Some(n), None) => n.clone(),
+        (Some(n), None) => n.to_string(),
         (None, _) => "-".to_string(),
-    };
+    }
+}
+
+fn row(f: &Flow) -> [String; 13] {
+    let iface = iface_cell(f.ifname.as_deref(), f.direction);
     let inner = match (f.inner_src, f.inner_dst) {
         (Some(s), Some(d)) => format!("{s}→{d}"),
         _ => "-".to_string(),
