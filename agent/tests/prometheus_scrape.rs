@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{roce_datagram, send_datagrams, send_roce, text, Agent, Pair};
+use common::{roce_datagram, send_datagrams, send_datagrams_to, send_roce, text, Agent, Pair};
 use roce_testkit::netns::Netns;
 use roce_testkit::pki::TestCa;
 use roce_testkit::temp::TempDir;
@@ -278,7 +278,7 @@ fn series(ns: &Netns, server: &str, promql: &str) -> Option<usize> {
 
 /// Traffic that gives every panel something: CE-marked data arriving and CNPs leaving,
 /// requests asking for ACKs leaving and their ACKs arriving (round trips), a NAK and a
-/// go-back, a PSN gap. One round at PSN base `psn`.
+/// go-back, a PSN gap, RoCE in VXLAN with its inner side. One round at PSN base `psn`.
 fn dashboard_traffic(pair: &Pair, psn: u32) {
     const ECT0: i32 = (26 << 2) | 0b10;
     const CE: i32 = (26 << 2) | 0b11;
@@ -310,6 +310,31 @@ fn dashboard_traffic(pair: &Pair, psn: u32) {
         send_datagrams(&pair.b, b, a, ECT0, &[ack(psn + i, 0x1F)]);
         std::thread::sleep(Duration::from_millis(15));
     }
+    // B's RoCE in VXLAN (VNI 5001) to A's QP 0x60, the underlay marking it CE over
+    // ECT(0) inner headers; the same QP unencapsulated, as the tunnel's inner side
+    // would carry it (the inner addresses are the outer ones here).
+    use roce_testkit::frame::{roce_frame, vxlan_header, Eth, RoceMsg, L3};
+    let (a4, b4) = ([198, 18, 0, 1].into(), [198, 18, 0, 2].into());
+    let tunnelled: Vec<Vec<u8>> = (0..3)
+        .map(|i| {
+            let inner = L3::v4(b4, a4).with_tos(ECT0 as u8);
+            let frame = roce_frame(
+                &Eth::default(),
+                &inner,
+                0xC000,
+                &RoceMsg::send_only(0x60, psn + i, 0),
+            );
+            [vxlan_header(0x08, 5001).as_slice(), &frame].concat()
+        })
+        .collect();
+    send_datagrams_to(&pair.b, b, a, 4789, CE, &tunnelled);
+    send_datagrams(
+        &pair.b,
+        b,
+        a,
+        ECT0,
+        &[roce_datagram(send_only, 0x60, psn, false, &[])],
+    );
     // A NAK of the next PSN, and A's go-back to it.
     send_datagrams(&pair.b, b, a, ECT0, &[ack(psn + 1, 0x60)]);
     send_datagrams(
@@ -347,6 +372,8 @@ fn every_query_of_the_dashboard_returns_data_from_a_live_agent() {
         &[
             "run",
             "--iface",
+            "va",
+            "--vtep",
             "va",
             "--no-pin",
             "--listen",

@@ -359,12 +359,24 @@ pub fn roce_datagram(opcode: u8, dest_qp: u32, psn: u32, ack_req: bool, extra: &
 /// Sends `datagrams` from `src` in namespace `ns` to `dst`:4791 with TOS `tos`, from
 /// one socket; returns its UDP source port.
 pub fn send_datagrams(ns: &Netns, src: &str, dst: &str, tos: i32, datagrams: &[Vec<u8>]) -> u16 {
+    send_datagrams_to(ns, src, dst, 4791, tos, datagrams)
+}
+
+/// [`send_datagrams`] to UDP port `port` (4789: VXLAN, the datagrams its payloads).
+pub fn send_datagrams_to(
+    ns: &Netns,
+    src: &str,
+    dst: &str,
+    port: u16,
+    tos: i32,
+    datagrams: &[Vec<u8>],
+) -> u16 {
     ns.enter(|| {
         let sock = UdpSocket::bind(format!("{src}:0")).expect("bind in the namespace");
         set_int_option(&sock, libc::IPPROTO_IP, libc::IP_TOS, tos)
             .unwrap_or_else(|e| panic!("IP_TOS: {e}"));
         for d in datagrams {
-            sock.send_to(d, format!("{dst}:4791")).expect("send");
+            sock.send_to(d, format!("{dst}:{port}")).expect("send");
         }
         sock.local_addr().expect("local address").port()
     })
