@@ -245,9 +245,9 @@ fn comparable_flows(doc: &Value) -> BTreeMap<String, Value> {
                     // Analyze only: the capture's gaps, the ICRC it checked.
                     "icrc_errors",
                     "capture_gaps",
-                    // Analyze only: CE -> CNP and CNP pacing on the capture's clock.
+                    // CE -> CNP needs the CNPs to leave through tc (a replay only
+                    // arrives: live times none).
                     "ce_to_cnp",
-                    "cnp_interval",
                     // Round trips need the requests to leave through tc; a replay
                     // only arrives (XDP).
                     "rtt",
@@ -262,6 +262,9 @@ fn comparable_flows(doc: &Value) -> BTreeMap<String, Value> {
                             d.retain(|name, _| name == "count");
                         }
                     }
+                }
+                if let Some(d) = o.get_mut("cnp_interval").and_then(Value::as_object_mut) {
+                    d.retain(|name, _| name == "samples");
                 }
             }
             (flow_id(&f), f)

@@ -50,6 +50,7 @@ mod pod {
     unsafe impl aya::Pod for crate::nak::NakKey {}
     unsafe impl aya::Pod for crate::rtt::RttHist {}
     unsafe impl aya::Pod for crate::cnp::CnpWrongClass {}
+    unsafe impl aya::Pod for crate::cnp::CnpTimes {}
     unsafe impl aya::Pod for crate::rtt::RttWait {}
     unsafe impl aya::Pod for crate::flow::FlowStats {}
     unsafe impl aya::Pod for crate::flow::FlowSlot {}

@@ -89,9 +89,19 @@ pub mod map {
     /// `cnp::CnpWrongClass`, for the flows that have any (a hash without
     /// preallocation).
     pub const CNP_WRONG_CLASS: &str = "CNP_WRONG_CLASS";
+    /// CE marks waiting for their CNP: host pair in the marks' direction
+    /// (`nak::NakKey`, PSN 0) -> when the first arrived, an LRU hash.
+    pub const CE_WAIT: &str = "CE_WAIT";
+    /// The ECN -> CNP times per CNP flow: FLOW_SLOTS index -> `cnp::CnpTimes`, for the
+    /// flows that carried a CNP (a hash without preallocation).
+    pub const CNP_TIMES: &str = "CNP_TIMES";
+    /// One zeroed `cnp::CnpTimes`: a flow's first entry is copied from it.
+    pub const CNP_TIMES_ZERO: &str = "CNP_TIMES_ZERO";
+    /// What the CNP timing hands the map helpers (`cnp::CnpScratch`), per CPU.
+    pub const CNP_SCRATCH: &str = "CNP_SCRATCH";
 
     /// Every map of the object.
-    pub const ALL: [&str; 32] = [
+    pub const ALL: [&str; 36] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
@@ -124,6 +134,10 @@ pub mod map {
         CAPTURE_GAP_WAITING,
         CAPTURE_GAPS,
         CNP_WRONG_CLASS,
+        CE_WAIT,
+        CNP_TIMES,
+        CNP_TIMES_ZERO,
+        CNP_SCRATCH,
     ];
 }
 

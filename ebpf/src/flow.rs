@@ -97,7 +97,15 @@ pub fn count_on_flow<C: FrameHead>(
     let before = mirror.map(|_| unsafe { gaps::Before::of(slot) });
     // SAFETY: as above.
     let trouble = unsafe { record(slot, parsed, frame_len, cfg, scope, &mut rtt) };
-    cnp::watch(parsed, index);
+    // Marks arrive (or are copied) at a notification point; its CNPs leave (or are).
+    cnp::watch(
+        parsed,
+        index,
+        trouble.ce,
+        scope,
+        egress || mirror.is_some(),
+        !egress,
+    );
     // A mirror port is a capture point: its PSN gaps may be the copies' loss.
     if let Some(before) = before {
         // SAFETY: as above.

@@ -336,26 +336,36 @@ fn end_sample_inline(slot: u32, key: &NakKey, qp: u32) -> Option<u64> {
             RTT_HIST.get_ptr_mut(&slot)?
         }
     };
-    // SAFETY: the flow's entry, shared with other CPUs counting on the flow: its
-    // counts are added atomically, min and max written racily (a sample of two
-    // ending at once may be lost from them, not from the counts).
+    // SAFETY: the flow's entry of RTT_HIST.
+    unsafe { hist_add(hist, rtt) };
+    Some(rtt)
+}
+
+/// Adds a sample of `ns` to a histogram of a map (RTT_HIST, CNP_TIMES).
+///
+/// # Safety
+/// `hist` is a map value, shared with other CPUs counting on the same flow: its counts
+/// are added atomically, min and max written racily (a sample of two ending at once may
+/// be lost from them, not from the counts).
+#[inline(always)]
+pub unsafe fn hist_add(hist: *mut RttHist, ns: u64) {
+    // SAFETY: the caller's promise.
     unsafe {
         let h = &mut *hist;
         add(&mut h.samples, 1);
-        add(&mut h.sum_ns, rtt);
-        if h.min_ns == 0 || rtt < h.min_ns {
-            h.min_ns = rtt;
+        add(&mut h.sum_ns, ns);
+        if h.min_ns == 0 || ns < h.min_ns {
+            h.min_ns = ns;
         }
-        if rtt > h.max_ns {
-            h.max_ns = rtt;
+        if ns > h.max_ns {
+            h.max_ns = ns;
         }
         // Hidden, so that the compiler keeps the bound the verifier needs.
-        let i = opaque(bucket_of(rtt));
+        let i = opaque(bucket_of(ns));
         if i < RTT_BUCKETS {
             add32(&mut h.buckets[i], 1);
         }
     }
-    Some(rtt)
 }
 
 /// Per-class, per-reason and flow-table counters (see `roce_common::counters`).

@@ -540,6 +540,25 @@ fn unanswered_ce_marks_and_queue_pairs_on_one_port_are_live_verdicts() -> Result
     // One CNP back within the window: the notification point answers, the verdict goes.
     from_b("--ops ack --count 1 --cnp 1")?;
     wait_for_findings(&rig, "ce_unanswered", "a CNP back", |f| f.is_empty())?;
+    // And the loop is timed on the CNP's flow, leaving B: from the first of the 20
+    // marks (the wait they started) to the CNP.
+    let doc = rig.agent_doc()?;
+    let cnp_flow = doc["flows"]
+        .as_array()
+        .and_then(|f| {
+            f.iter()
+                .find(|f| f["dest_qp"] == 0x21 && f["direction"] == "egress" && f["cnps"] == 1)
+        })
+        .ok_or_else(|| anyhow!("no flow of the CNP: {doc}"))?;
+    println!("ce_to_cnp {}", cnp_flow["ce_to_cnp"]);
+    ensure!(
+        cnp_flow["ce_to_cnp"]["samples"] == 1
+            && cnp_flow["ce_to_cnp"]["min_us"]
+                .as_f64()
+                .is_some_and(|us| us > 0.0)
+            && cnp_flow["cnp_interval"].is_null(),
+        "{cnp_flow}"
+    );
 
     // Eight QPs from A on one UDP source port; then eight more, each on its own port:
     // 17 QPs on 10 ports between the same hosts is spread enough.

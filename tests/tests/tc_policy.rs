@@ -733,3 +733,69 @@ fn cnps_off_the_cnp_dscp_count_on_their_flow_as_they_arrive_and_as_they_leave() 
     assert_eq!(cnps_wrong_class(&mut h, &egress), None);
     assert_eq!(h.flows()[&egress].cnps, 1);
 }
+
+/// The ECN -> CNP times of the flow `k` (CNP_TIMES: CE-to-CNP samples and their
+/// shortest in ns, CNP interval samples and their shortest).
+fn cnp_times(h: &mut TcHarness, k: &FlowKey) -> Option<((u64, u64), (u64, u64))> {
+    let loaded = h.loaded_mut();
+    let index = match loaded.flow_index(k) {
+        Ok(Some(i)) => i,
+        other => panic!("the flow {k:?}: {other:?}"),
+    };
+    let all = loaded.cnp_times().expect("reading CNP_TIMES");
+    all.get(&index).map(|t| {
+        (
+            (t.ce_to_cnp.samples, t.ce_to_cnp.min_ns),
+            (t.interval.samples, t.interval.min_ns),
+        )
+    })
+}
+
+#[test]
+fn a_cnp_leaving_times_the_first_ce_mark_it_answers_and_the_cnp_before_it() {
+    use std::time::Duration;
+    let policy = Policy::default();
+    let eth = Eth::default();
+    let mut h = TcHarness::load(&policy, iface(HOST_AUDIT, 0, ECN_KERNEL));
+    // A (198.18.0.1) sends data to our QP 0x1234; we answer its QP 0x77 with CNPs.
+    let data = |psn, tos| {
+        roce_frame(
+            &eth,
+            &l3(false, false, tos),
+            SPORT,
+            &RoceMsg::send_only(QP, psn, 64),
+        )
+    };
+    let back = L3::v4(Ipv4Addr::new(198, 18, 0, 2), Ipv4Addr::new(198, 18, 0, 1)).with_tos(48 << 2);
+    let our_cnp = roce_frame(&eth, &back, SPORT, &cnp(CNP_QP));
+    let leaving = egress_key(key(&back, CNP_QP));
+    let ms = |n: u64| n * 1_000_000;
+    // Two marks arrive 3 ms before our CNP: the first one's wait is timed.
+    h.xdp(&data(1, 26 << 2 | 3));
+    std::thread::sleep(Duration::from_millis(1));
+    h.xdp(&data(2, 26 << 2 | 3));
+    std::thread::sleep(Duration::from_millis(2));
+    h.egress(&our_cnp, PRIO_IN);
+    let ((answered, first), (intervals, _)) = cnp_times(&mut h, &leaving).expect("times");
+    assert_eq!((answered, intervals), (1, 0));
+    assert!((ms(3)..ms(1000)).contains(&first), "{first} ns");
+    // A second CNP 2 ms later: no mark waits (the CNP took it), one interval.
+    std::thread::sleep(Duration::from_millis(2));
+    h.egress(&our_cnp, PRIO_IN);
+    let ((answered, _), (intervals, interval)) = cnp_times(&mut h, &leaving).expect("times");
+    assert_eq!((answered, intervals), (1, 1));
+    assert!((ms(2)..ms(1000)).contains(&interval), "{interval} ns");
+    // The near misses: an unmarked packet starts no wait; a CNP arriving (our peer's)
+    // answers no mark of ours, and is timed on its own flow.
+    h.xdp(&data(3, 26 << 2 | 2));
+    h.egress(&our_cnp, PRIO_IN);
+    assert_eq!(cnp_times(&mut h, &leaving).expect("times").0 .0, 1);
+    h.xdp(&data(4, 26 << 2 | 3));
+    let theirs = roce_frame(&eth, &back, SPORT, &cnp(CNP_QP));
+    h.xdp(&theirs);
+    let arriving = key(&back, CNP_QP);
+    assert_eq!(cnp_times(&mut h, &arriving).expect("times").0 .0, 0);
+    // The wait it left is ours to answer.
+    h.egress(&our_cnp, PRIO_IN);
+    assert_eq!(cnp_times(&mut h, &leaving).expect("times").0 .0, 2);
+}

@@ -16,31 +16,14 @@ use std::hash::Hash;
 use roce_common::bth;
 use roce_common::nak::NakKey;
 use roce_common::parsed::Parsed;
-use roce_common::rtt::RttHist;
 use roce_common::wire::ECN_CE;
 
 /// Host pairs with a CE mark waiting for its CNP at most, per worker: beyond, new marks
 /// wait for none (a capture of one direction never answers them).
 pub const MAX_WAITING: usize = 1 << 16;
 
-/// The two histograms of a flow that carries CNPs.
-#[derive(Clone, Debug, Default)]
-pub struct CnpTimes {
-    pub ce_to_cnp: RttHist,
-    pub interval: RttHist,
-    /// When the flow's last CNP was captured (0: none yet).
-    last_cnp_ns: u64,
-}
-
-impl CnpTimes {
-    /// Adds the times of the same flow kept by another worker (no flow is split
-    /// between workers today; merging keeps the totals right if one ever is).
-    pub fn merge(&mut self, o: &CnpTimes) {
-        self.ce_to_cnp.merge(&o.ce_to_cnp);
-        self.interval.merge(&o.interval);
-        self.last_cnp_ns = self.last_cnp_ns.max(o.last_cnp_ns);
-    }
-}
+/// The two histograms of a flow that carries CNPs, as the kernel keeps them live.
+pub use roce_common::cnp::CnpTimes;
 
 /// One worker's marks waiting for their CNP, and the CNP flows' times.
 #[derive(Clone, Debug)]

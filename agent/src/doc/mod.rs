@@ -202,7 +202,9 @@ pub struct Flow {
     /// Added: on a flow that carries CNPs, the time from the first CE-marked packet
     /// between its hosts that no CNP had answered to the CNP that answered it, and the
     /// time between its successive CNPs (the notification point's pacing), as
-    /// `rtt` summarises round trips; `analyze` only (null live and without CNPs).
+    /// `rtt` summarises round trips; null without CNPs. Live, a CNP leaving answers the
+    /// marks that arrived (the notification point is this host), and on a mirror
+    /// session the copies of both; every CNP is paced.
     #[serde(default)]
     pub ce_to_cnp: Option<Rtt>,
     #[serde(default)]

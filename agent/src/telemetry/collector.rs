@@ -60,6 +60,7 @@ impl Collector {
         let rtt = self.loaded.rtt_hists()?;
         let capture_gaps = self.loaded.capture_gaps()?;
         let cnps_wrong_class = self.loaded.cnps_wrong_class()?;
+        let cnp_times = self.loaded.cnp_times()?;
         let mut rtt_now = HashMap::with_capacity(rtt.len());
         let entries = self
             .loaded
@@ -73,6 +74,7 @@ impl Collector {
                     capture_gaps: capture_gaps.get(&slot).copied().unwrap_or(0),
                     cnps_wrong_class: cnps_wrong_class.get(&slot),
                     outer_sport: side.outer_sport,
+                    cnp_times: cnp_times.get(&slot),
                 };
                 builder.add_flow(key, stats, side.tag.as_ref(), beside)
             })?;

@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use aya::maps::{Array, HashMap, Map, MapData, MapError, Queue};
 use aya::Ebpf;
 use aya::Pod;
-use roce_common::cnp::CnpWrongClass;
+use roce_common::cnp::{CnpTimes, CnpWrongClass};
 use roce_common::flow::{FlowSlot, FlowStats, SLOT_EVICTED, SLOT_LIVE};
 use roce_common::key::{FlowKey, FlowKey4, FlowKeyMid, FlowKeyMirror, ShapedKey};
 use roce_common::mirror::MirrorTag;
@@ -139,6 +139,11 @@ impl Loaded {
         &self,
     ) -> Result<std::collections::HashMap<u32, CnpWrongClass>, LoadError> {
         self.by_slot(map::CNP_WRONG_CLASS)
+    }
+
+    /// The ECN -> CNP times of the flows that carried CNPs (CNP_TIMES), by slot index.
+    pub fn cnp_times(&self) -> Result<std::collections::HashMap<u32, CnpTimes>, LoadError> {
+        self.by_slot(map::CNP_TIMES)
     }
 
     /// The entries of `name`, a hash of the flows that have one, by slot index.
@@ -317,15 +322,16 @@ impl Loaded {
         slots.set(i, slot, 0).map_err(map_error(map::FLOW_SLOTS))
     }
 
-    /// Zeroes slots `indexes`, and forgets their round trips, capture gaps and CNPs
-    /// off class.
+    /// Zeroes slots `indexes`, and forgets their round trips, capture gaps, CNPs off
+    /// class and CNP times.
     fn zero_slots(&mut self, indexes: &[u32]) -> Result<(), LoadError> {
         for &i in indexes {
             self.write_slot(i, &FlowSlot::default())?;
         }
         self.forget_slots::<RttHist>(map::RTT_HIST, indexes)?;
         self.forget_slots::<u64>(map::CAPTURE_GAPS, indexes)?;
-        self.forget_slots::<CnpWrongClass>(map::CNP_WRONG_CLASS, indexes)
+        self.forget_slots::<CnpWrongClass>(map::CNP_WRONG_CLASS, indexes)?;
+        self.forget_slots::<CnpTimes>(map::CNP_TIMES, indexes)
     }
 
     /// Deletes the entries of slots `indexes` from `name`, a hash by slot index.

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use roce_common::cnp::CnpWrongClass;
+use roce_common::cnp::{CnpTimes, CnpWrongClass};
 use roce_common::flow::FlowStats;
 use roce_common::key::{FlowKey, KEY_INNER_V6, KEY_MIRROR, KEY_TUNNELLED};
 use roce_common::mirror::MirrorTag;
@@ -15,7 +15,7 @@ use roce_common::rtt::RttHist;
 
 use super::rows::{
     push_addr, push_mirror, Delta, DeltaState, MirrorOrder, Rare, Row, RowTable, RttNs, Tail,
-    ROW_FLAGS,
+    TimesNs, ROW_FLAGS,
 };
 use super::{Flows, LiveDocument};
 use crate::doc::Counters;
@@ -30,6 +30,8 @@ pub struct Beside<'a> {
     pub cnps_wrong_class: Option<&'a CnpWrongClass>,
     /// A tunnelled flow's outer UDP source port (TUNNEL_PORTS).
     pub outer_sport: Option<u16>,
+    /// A CNP flow's ECN -> CNP times (CNP_TIMES).
+    pub cnp_times: Option<&'a CnpTimes>,
 }
 
 /// Makes one poll's [`LiveDocument`] from the kernel's entries.
@@ -135,6 +137,10 @@ impl<R: FnMut(u32) -> Option<String>> Builder<R> {
         rare.rtt = beside.rtt.and_then(RttNs::of);
         rare.capture_gaps = beside.capture_gaps;
         rare.cnps_wrong_class = beside.cnps_wrong_class.copied().unwrap_or_default();
+        if let Some(t) = beside.cnp_times {
+            rare.ce_to_cnp = TimesNs::of(&t.ce_to_cnp);
+            rare.cnp_interval = TimesNs::of(&t.interval);
+        }
         if rare != Rare::default() {
             self.rare.push(rare);
         }

@@ -111,6 +111,34 @@ pub(super) struct Rare {
     pub(super) capture_gaps: u64,
     /// The flow's CNPs off the CNP DSCP (`doc::Flow::cnps_wrong_class`).
     pub(super) cnps_wrong_class: CnpWrongClass,
+    /// A CNP flow's ECN -> CNP times (`doc::Flow::ce_to_cnp`, `cnp_interval`).
+    pub(super) ce_to_cnp: Option<TimesNs>,
+    pub(super) cnp_interval: Option<TimesNs>,
+}
+
+/// A histogram summed up as the document shows it (`doc::Rtt`), in whole ns (a row's
+/// figures compare exactly).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct TimesNs {
+    samples: u64,
+    min_ns: u64,
+    p50_ns: u64,
+    p99_ns: u64,
+}
+
+impl TimesNs {
+    pub(super) fn of(h: &RttHist) -> Option<TimesNs> {
+        Some(TimesNs {
+            samples: h.samples,
+            min_ns: h.min_ns,
+            p50_ns: h.quantile_ns(0.5)?,
+            p99_ns: h.quantile_ns(0.99)?,
+        })
+    }
+
+    fn doc(&self) -> Rtt {
+        Rtt::from_ns(self.samples, self.min_ns, self.p50_ns, self.p99_ns)
+    }
 }
 
 /// [`crate::doc::Rtt`] in whole ns (a row's figures compare exactly), with the
@@ -167,6 +195,8 @@ impl Rare {
             rtt: None,
             capture_gaps: 0,
             cnps_wrong_class: CnpWrongClass::default(),
+            ce_to_cnp: None,
+            cnp_interval: None,
         }
     }
 }
@@ -529,6 +559,8 @@ impl RowTable {
         f.outer_sport = w.outer_sport;
         f.set_cnps_wrong_class(&rare.cnps_wrong_class);
         f.rtt = rare.rtt.map(|r| r.doc());
+        f.ce_to_cnp = rare.ce_to_cnp.map(|t| t.doc());
+        f.cnp_interval = rare.cnp_interval.map(|t| t.doc());
         f.rates = self.rates(i);
         f
     }
