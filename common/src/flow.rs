@@ -37,7 +37,10 @@ pub struct FlowStats {
     pub sport: u16,
     /// Outer DSCP of the last packet.
     pub last_dscp: u8,
-    pub _pad: u8,
+    /// The kernel's CNP timing (`ebpf/src/cnp.rs`): a CE mark of this flow's host pair
+    /// is known to wait for its CNP as of the count of answered waits whose low byte,
+    /// plus one, this is (0: not known). While it holds, the flow's marks do not look.
+    pub ce_wait_tag: u8,
     /// The clock tick (jiffies, low 32 bits, in the kernel) `last_seen_ns` was read
     /// in: the clock is read again only when the tick changed (see `record`).
     pub seen_tick: u32,

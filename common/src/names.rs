@@ -97,11 +97,14 @@ pub mod map {
     pub const CNP_TIMES: &str = "CNP_TIMES";
     /// One zeroed `cnp::CnpTimes`: a flow's first entry is copied from it.
     pub const CNP_TIMES_ZERO: &str = "CNP_TIMES_ZERO";
+    /// Waits for a CNP that CNPs answered (one u64): a flow's `ce_wait_tag` holds while
+    /// it stays.
+    pub const CE_ANSWERS: &str = "CE_ANSWERS";
     /// What the CNP timing hands the map helpers (`cnp::CnpScratch`), per CPU.
     pub const CNP_SCRATCH: &str = "CNP_SCRATCH";
 
     /// Every map of the object.
-    pub const ALL: [&str; 36] = [
+    pub const ALL: [&str; 37] = [
         FLOWS,
         FLOWS4,
         FLOWS_MID,
@@ -138,6 +141,7 @@ pub mod map {
         CNP_TIMES,
         CNP_TIMES_ZERO,
         CNP_SCRATCH,
+        CE_ANSWERS,
     ];
 }
 

@@ -15,6 +15,7 @@ use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LruHashMap, PerCpuArray};
 use roce_common::cnp::{dscp_bit, wrong_class, CnpScratch, CnpTimes, CnpWrongClass};
 use roce_common::flow::add;
+use roce_common::flow::FlowSlot;
 use roce_common::nak::{NakKey, NAK_KEY_FLAGS};
 use roce_common::parsed::Parsed;
 
@@ -35,11 +36,40 @@ pub const CNP_WRONG_CLASS_LEN: u32 = 65536;
 /// needs goes into CNP_SCRATCH here, and one subprogram takes it from there: the
 /// counting programs' stacks have no room for more of their values, nor their
 /// subprograms for keys of their own.
+///
+/// A congested path marks most packets: a flow whose host pair has a mark waiting
+/// (as of the last answer: `FlowStats::ce_wait_tag` against CE_ANSWERS) does not look
+/// again.
+///
+/// # Safety
+/// `flow` is the live slot of the packet's flow (index `slot`).
 #[inline(always)]
-pub fn watch(p: &Parsed, slot: u32, ce: bool, scope: u32, answers: bool, marks: bool) {
+pub unsafe fn watch(
+    p: &Parsed,
+    slot: u32,
+    flow: *mut FlowSlot,
+    ce: bool,
+    scope: u32,
+    answers: bool,
+    marks: bool,
+) {
     let cnp = roce_common::bth::is_cnp(p.bth.opcode);
-    if !cnp && !(ce && marks) {
-        return;
+    if !cnp {
+        if !(ce && marks) {
+            return;
+        }
+        let Some(answered) = CE_ANSWERS.get(0) else {
+            return;
+        };
+        let tag = (*answered as u8).wrapping_add(1).max(1);
+        // SAFETY: the caller's promise; a byte of the slot, written plainly (two
+        // CPUs' marks of one flow may both look, once).
+        unsafe {
+            if (*flow).stats.ce_wait_tag == tag {
+                return;
+            }
+            (*flow).stats.ce_wait_tag = tag;
+        }
     }
     let Some(s) = CNP_SCRATCH.get_ptr_mut(0) else {
         return;
@@ -75,13 +105,15 @@ pub fn watch(p: &Parsed, slot: u32, ce: bool, scope: u32, answers: bool, marks: 
 fn seen(s: *mut CnpScratch) {
     // SAFETY: this CPU's scratch (`watch`); the map helpers read keys and values there.
     unsafe {
-        (*s).now_ns = bpf_ktime_get_ns();
         if roce_common::bth::is_cnp((*s).opcode) {
+            (*s).now_ns = bpf_ktime_get_ns();
             off_class(s);
             timed(s);
         } else if CE_WAIT.get(&(*s).pair).is_none() {
-            // A mark: its host pair waits from now, unless one waits already (or
-            // another CPU's mark of the same pair came first: it stays).
+            // A mark: its host pair waits from now, unless one waits already (most
+            // marks of a congested path find one: the clock is read for the first),
+            // or another CPU's mark of the same pair came first: it stays.
+            (*s).now_ns = bpf_ktime_get_ns();
             let _ = CE_WAIT.insert(&(*s).pair, &(*s).now_ns, BPF_NOEXIST as u64);
         }
     }
@@ -164,6 +196,10 @@ unsafe fn timed(s: *mut CnpScratch) {
             // Another CPU's CNP took it.
             return;
         }
+        // The flows that knew of a waiting mark look again.
+        if let Some(n) = CE_ANSWERS.get_ptr_mut(0) {
+            add(&mut *n, 1);
+        }
         hist_add(&raw mut (*t).ce_to_cnp, now.saturating_sub(first));
     }
 }
@@ -176,6 +212,10 @@ unsafe fn timed(s: *mut CnpScratch) {
 pub static CE_WAIT: LruHashMap<NakKey, u64> = LruHashMap::with_max_entries(CE_WAIT_LEN, 0);
 
 pub const CE_WAIT_LEN: u32 = 4096;
+
+/// Waits CNPs answered (one u64): a flow's `ce_wait_tag` holds as long as this stays.
+#[map]
+pub static CE_ANSWERS: Array<u64> = Array::with_max_entries(1, 0);
 
 /// The CNP flows' times, by FLOW_SLOTS index (the flows that carried a CNP). The agent
 /// deletes a flow's entry when it frees its slot.

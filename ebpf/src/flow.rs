@@ -98,14 +98,18 @@ pub fn count_on_flow<C: FrameHead>(
     // SAFETY: as above.
     let trouble = unsafe { record(slot, parsed, frame_len, cfg, scope, &mut rtt) };
     // Marks arrive (or are copied) at a notification point; its CNPs leave (or are).
-    cnp::watch(
-        parsed,
-        index,
-        trouble.ce,
-        scope,
-        egress || mirror.is_some(),
-        !egress,
-    );
+    // SAFETY: as above.
+    unsafe {
+        cnp::watch(
+            parsed,
+            index,
+            slot,
+            trouble.ce,
+            scope,
+            egress || mirror.is_some(),
+            !egress,
+        )
+    };
     // A mirror port is a capture point: its PSN gaps may be the copies' loss.
     if let Some(before) = before {
         // SAFETY: as above.

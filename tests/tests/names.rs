@@ -42,14 +42,16 @@ fn every_declared_map_and_program_is_in_the_object_and_nothing_else() {
 /// STATS entry (capture_gaps_undecided) taken. Version 8: TUNNEL_PORTS (a tunnelled
 /// flow's outer UDP source port beside its slot), the VNI in VTEPS' key and the
 /// inner CE count in its value, the outer port in COUNT_SCRATCH's parsed packet; the
-/// ECN -> CNP timing maps (CE_WAIT, CNP_TIMES, CNP_TIMES_ZERO, CNP_SCRATCH).
-const LAYOUT_8: [(&str, u32, u32, u32, u32); 36] = [
+/// ECN -> CNP timing maps (CE_WAIT, CNP_TIMES, CNP_TIMES_ZERO, CNP_SCRATCH, CE_ANSWERS; a flow's
+/// `ce_wait_tag` where FlowStats had a byte of padding).
+const LAYOUT_8: [(&str, u32, u32, u32, u32); 37] = [
     ("CAPTURE_GAPS", 1, 4, 8, 65536),
     ("CNP_WRONG_CLASS", 1, 4, 16, 65536),
     ("CE_WAIT", 9, 80, 8, 4096),
     ("CNP_TIMES", 1, 4, 2888, 65536),
     ("CNP_TIMES_ZERO", 2, 4, 2888, 1),
     ("CNP_SCRATCH", 6, 4, 112, 1),
+    ("CE_ANSWERS", 2, 4, 8, 1),
     ("CAPTURE_GAP_WAIT", 9, 80, 12, 4096),
     ("CAPTURE_GAP_WAITING", 2, 4, 8, 1),
     ("CONFIG", 2, 4, 20, 2),
