@@ -66,7 +66,8 @@ pub fn tunnel_key(outer: &L3, vni: u32, inner: &L3, dest_qp: u32) -> FlowKey {
 /// A FlowStats with its timestamps zeroed, for exact comparisons: the clock, the
 /// times of NAKs to resends and of recoveries (the counts stay), and the round-trip
 /// sample mark (the reference, one program's view, takes no samples; the
-/// kernel's tc starts them: `tests/tests/rtt.rs` checks those).
+/// kernel's tc starts them: `tests/tests/rtt.rs` checks those), and the CNP timing's
+/// mark of a waiting CE (`ce_wait_tag`: `tc_policy.rs` checks the times).
 pub fn untimed(mut s: FlowStats) -> FlowStats {
     s.first_seen_ns = 0;
     s.last_seen_ns = 0;
@@ -77,6 +78,8 @@ pub fn untimed(mut s: FlowStats) -> FlowStats {
     s.recovery_start_ns = 0;
     s.recovery_ns = 0;
     s.recovery_max_us = 0;
+    // The CNP timing's bookkeeping: whether a mark of the pair waits, not a count.
+    s.ce_wait_tag = 0;
     s
 }
 
