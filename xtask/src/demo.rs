@@ -433,15 +433,16 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
     let sender_qos = wait_for_qos(lab, &a.ns, agent_bin, &want)?;
     let received = intruder_rx.finish()?;
     let remote = IpAddr::V4(a.ip4).to_string();
-    let receiver_vtep = doc
+    // The receiver keeps a record per remote VTEP and VNI: the sender's VXLAN device
+    // and the crafted VXLAN come in two VNIs.
+    let receiver_vtep: Vec<Value> = doc
         .pointer("/counters/qos/vteps")
         .and_then(Value::as_array)
-        .and_then(|v| {
-            v.iter()
-                .find(|r| r.get("remote").and_then(Value::as_str) == Some(remote.as_str()))
-        })
+        .into_iter()
+        .flatten()
+        .filter(|r| r.get("remote").and_then(Value::as_str) == Some(remote.as_str()))
         .cloned()
-        .unwrap_or(Value::Null);
+        .collect();
     let checks = qos_checks(
         &want,
         &sender_qos,
@@ -523,7 +524,8 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
     }
     if !qos_ok {
         say(&format!(
-            "QoS checks failed; the sender's counters: {sender_qos}; the receiver's record of {remote}: {receiver_vtep}"
+            "QoS checks failed; the sender's counters: {sender_qos}; the receiver's records of {remote}: {}",
+            Value::from(receiver_vtep.clone())
         ));
     }
     let mut doc = doc;
@@ -553,7 +555,9 @@ fn drive(lab: &Lab, args: &Args, agent_bin: &Path, gen_bin: &Path) -> Result<Val
                             .map(|(tos, n)| (format!("{tos:#04x}"), json!(n)))
                             .collect::<serde_json::Map<_, _>>(),
                     },
-                    "receiver_vtep_record": receiver_vtep,
+                    // Added: one record per VNI; the first stays where it was.
+                    "receiver_vtep_record": receiver_vtep.first().cloned().unwrap_or(Value::Null),
+                    "receiver_vtep_records": receiver_vtep,
                     "checks": checks.iter().map(|c| json!({
                         "name": c.name, "ok": c.ok, "detail": c.detail,
                     })).collect::<Vec<_>>(),
@@ -657,7 +661,7 @@ fn qos_checks(
     want: &QosWant,
     sender: &Value,
     received: &intruder::TosCounts,
-    receiver_vtep: &Value,
+    receiver_vtep: &[Value],
     remote: &str,
     vxlan_dev: &str,
 ) -> Vec<QosCheck> {
@@ -667,10 +671,9 @@ fn qos_checks(
     let vtep = get(sender, "vtep_rewritten");
     let arrived: u64 = received.values().sum();
     let arrived_right = received.get(&INTRUDER_TOS_REMARKED).copied().unwrap_or(0);
-    let (decap_packets, decap_mismatch) = (
-        get(receiver_vtep, "packets"),
-        get(receiver_vtep, "dscp_mismatch"),
-    );
+    // Summed over the VNIs the sender's VTEP sent.
+    let total = |k: &str| receiver_vtep.iter().map(|r| get(r, k)).sum::<u64>();
+    let (decap_packets, decap_mismatch) = (total("packets"), total("dscp_mismatch"));
     vec![
         QosCheck {
             name: "roce_data_rewritten",
