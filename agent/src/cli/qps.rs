@@ -126,31 +126,7 @@ pub fn render(answer: &QpAnswer) -> String {
         }
     } else {
         let rows: Vec<[String; 11]> = qps.iter().map(|q| row(q, answer)).collect();
-        let mut widths = HEADERS.map(|h| h.chars().count());
-        for r in &rows {
-            for (w, cell) in widths.iter_mut().zip(r) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
-        let header = HEADERS.map(String::from);
-        for r in std::iter::once(&header).chain(&rows) {
-            let mut line = String::new();
-            for (i, cell) in r.iter().enumerate() {
-                if i > 0 {
-                    line.push_str("  ");
-                }
-                let pad = widths[i] - cell.chars().count();
-                if RIGHT[i] {
-                    line.extend(std::iter::repeat_n(' ', pad));
-                    line.push_str(cell);
-                } else {
-                    line.push_str(cell);
-                    line.extend(std::iter::repeat_n(' ', pad));
-                }
-            }
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
+        out.push_str(&crate::doc::table::aligned(&HEADERS, &RIGHT, &rows));
     }
     let seen = doc.qps.iter().filter(|q| q.seen_on_wire).count();
     let offloaded = doc

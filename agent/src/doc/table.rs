@@ -136,17 +136,18 @@ fn tunnel_table(tunnels: &[super::tunnel::TunnelRecord]) -> String {
     aligned(&HEADERS, &RIGHT, &rows)
 }
 
-/// `headers` and `rows` in columns two spaces apart, those `right` right-aligned.
-fn aligned(headers: &[&str], right: &[bool], rows: &[Vec<String>]) -> String {
+/// `headers` and `rows` in columns two spaces apart, those `right` right-aligned, each
+/// line trimmed at its end: every human table of the agent (flows, tunnels, `qps`).
+pub fn aligned<R: AsRef<[String]>>(headers: &[&str], right: &[bool], rows: &[R]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
+    for r in rows.iter().map(AsRef::as_ref) {
         for (w, cell) in widths.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
     let mut out = String::new();
-    for r in std::iter::once(&header).chain(rows) {
+    for r in std::iter::once(header.as_slice()).chain(rows.iter().map(AsRef::as_ref)) {
         let mut line = String::new();
         for (i, cell) in r.iter().enumerate() {
             if i > 0 {
