@@ -415,11 +415,7 @@ pub fn build_report(
             }
         })
         .collect();
-    let facts: Vec<_> = analyzed
-        .iter()
-        .map(|a| crate::verdict::FlowFacts::of(&a.flow))
-        .collect();
-    counters.tunnels = crate::verdict::tunnels::Tunnels::of(&facts);
+    counters.tunnels = crate::verdict::tunnels::Tunnels::of_flows(analyzed.iter().map(|a| &a.flow));
     let findings = findings::findings(&analyzed, &flow_extras, &counters, tally, &capture, opts);
     Report {
         capture,

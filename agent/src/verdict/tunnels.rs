@@ -53,6 +53,12 @@ pub struct Tunnels {
 }
 
 impl Tunnels {
+    /// The tunnels of a document's flows (a capture's, or a live table made of them).
+    pub fn of_flows<'a>(flows: impl Iterator<Item = &'a crate::doc::Flow>) -> Vec<TunnelRecord> {
+        let facts: Vec<FlowFacts<'a>> = flows.map(FlowFacts::of).collect();
+        Tunnels::of(&facts)
+    }
+
     /// The tunnels of `flows` (any order), both passes over the slice.
     pub fn of(flows: &[FlowFacts<'_>]) -> Vec<TunnelRecord> {
         let mut t = Tunnels::default();

@@ -211,10 +211,7 @@ impl LiveDocument {
     pub fn tunnels(&self) -> Vec<crate::doc::tunnel::TunnelRecord> {
         match &self.flows {
             Flows::Rows(t) => t.tunnels(),
-            Flows::Flows(v) => {
-                let facts: Vec<_> = v.iter().map(crate::verdict::FlowFacts::of).collect();
-                crate::verdict::tunnels::Tunnels::of(&facts)
-            }
+            Flows::Flows(v) => crate::verdict::tunnels::Tunnels::of_flows(v.iter()),
         }
     }
 

@@ -116,8 +116,8 @@ pub(super) struct Rare {
     pub(super) cnp_interval: Option<TimesNs>,
 }
 
-/// A histogram summed up as the document shows it (`doc::Rtt`), in whole ns (a row's
-/// figures compare exactly).
+/// A histogram (round trips, CE to CNP, CNP intervals) summed up as the document shows
+/// it (`doc::Rtt`), in whole ns (a row's figures compare exactly).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct TimesNs {
     samples: u64,
@@ -141,14 +141,11 @@ impl TimesNs {
     }
 }
 
-/// [`crate::doc::Rtt`] in whole ns (a row's figures compare exactly), with the
-/// histogram by octave and the sum (`roce_qp_rtt_seconds`).
+/// A flow's round trips: their summary ([`TimesNs`]), with the histogram by octave and
+/// the sum (`roce_qp_rtt_seconds`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct RttNs {
-    samples: u64,
-    min_ns: u64,
-    p50_ns: u64,
-    p99_ns: u64,
+    summary: TimesNs,
     pub(super) sum_ns: u64,
     pub(super) octaves: [u32; RTT_OCTAVES],
 }
@@ -160,17 +157,14 @@ impl RttNs {
             octaves[i / RTT_SUB_BUCKETS] = octaves[i / RTT_SUB_BUCKETS].saturating_add(*n);
         }
         Some(RttNs {
-            samples: h.samples,
-            min_ns: h.min_ns,
-            p50_ns: h.quantile_ns(0.5)?,
-            p99_ns: h.quantile_ns(0.99)?,
+            summary: TimesNs::of(h)?,
             sum_ns: h.sum_ns,
             octaves,
         })
     }
 
     fn doc(&self) -> Rtt {
-        Rtt::from_ns(self.samples, self.min_ns, self.p50_ns, self.p99_ns)
+        self.summary.doc()
     }
 }
 
@@ -737,12 +731,7 @@ mod tests {
             let e = entries(seed, 2000);
             let live = build(&e, &stats_array(), None);
             let doc = reference(&e, &stats_array());
-            let facts: Vec<_> = doc
-                .flows
-                .iter()
-                .map(crate::verdict::FlowFacts::of)
-                .collect();
-            let want = crate::verdict::tunnels::Tunnels::of(&facts);
+            let want = crate::verdict::tunnels::Tunnels::of_flows(doc.flows.iter());
             assert!(want.len() > 10, "seed {seed}: {} tunnels", want.len());
             matched += want.iter().filter(|t| t.inner_flows.is_some()).count();
             assert_eq!(live.tunnels(), want, "seed {seed}");
