@@ -105,8 +105,8 @@ impl FlowSlots {
         for start in (0..self.len).step_by(WINDOW_SLOTS) {
             let n = WINDOW_SLOTS.min(self.len - start);
             let window: Window<FlowSlot> = Window::map(&self.fd, self.page, start, n)?;
-            let mut tags: Option<Window<MirrorTag>> = None;
-            let mut ports: Option<Window<u64>> = None;
+            let mut tags = BesideWindow::<MirrorTag>::new(self.tags.as_ref(), self.page, start, n);
+            let mut ports = BesideWindow::<u64>::new(self.ports.as_ref(), self.page, start, n);
             for i in 0..n {
                 // The state alone first: most slots of a roomy table are free.
                 if window.state(i) != SLOT_LIVE {
@@ -118,27 +118,13 @@ impl FlowSlots {
                     continue;
                 }
                 live += 1;
-                let tag = match (&self.tags, slot.key.mirrored()) {
-                    (Some(fd), true) => {
-                        if tags.is_none() {
-                            tags = Some(Window::map(fd, self.page, start, n)?);
-                        }
-                        tags.as_ref().map(|t| t.read(i))
-                    }
-                    _ => None,
-                };
-                let outer_sport = match (&self.ports, slot.key.tunnelled()) {
-                    (Some(fd), true) => {
-                        if ports.is_none() {
-                            ports = Some(Window::map(fd, self.page, start, n)?);
-                        }
-                        // The kernel writes the port's 16 bits into a u64 (an
-                        // array's entries are 8 bytes apart); 0 is no port (a flow
-                        // put in by hand).
-                        ports.as_ref().map(|p| p.read(i) as u16).filter(|p| *p != 0)
-                    }
-                    _ => None,
-                };
+                let tag = tags.entry(slot.key.mirrored(), i)?;
+                // The kernel writes the port's 16 bits into a u64 (an array's entries
+                // are 8 bytes apart); 0 is no port (a flow put in by hand).
+                let outer_sport = ports
+                    .entry(slot.key.tunnelled(), i)?
+                    .map(|p| p as u16)
+                    .filter(|p| *p != 0);
                 f(start + i, &slot, &SlotSide { tag, outer_sport });
             }
         }
@@ -164,6 +150,39 @@ impl FlowSlots {
 impl std::fmt::Debug for FlowSlots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FlowSlots").field("len", &self.len).finish()
+    }
+}
+
+/// The entries of an array beside FLOW_SLOTS (MIRROR_TAGS, TUNNEL_PORTS) for one window
+/// of slots, mapped the first time a slot of the window needs its entry.
+struct BesideWindow<'a, T> {
+    fd: Option<&'a OwnedFd>,
+    page: usize,
+    start: usize,
+    n: usize,
+    window: Option<Window<T>>,
+}
+
+impl<'a, T: Copy> BesideWindow<'a, T> {
+    fn new(fd: Option<&'a OwnedFd>, page: usize, start: usize, n: usize) -> Self {
+        BesideWindow {
+            fd,
+            page,
+            start,
+            n,
+            window: None,
+        }
+    }
+
+    /// Entry `i` of the window when the slot `wants` it (None without the map).
+    fn entry(&mut self, wants: bool, i: usize) -> io::Result<Option<T>> {
+        let (true, Some(fd)) = (wants, self.fd) else {
+            return Ok(None);
+        };
+        if self.window.is_none() {
+            self.window = Some(Window::map(fd, self.page, self.start, self.n)?);
+        }
+        Ok(self.window.as_ref().map(|w| w.read(i)))
     }
 }
 
