@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use roce_agent::datapath::loader::{LoadOptions, TC_EGRESS, TC_INGRESS};
 use roce_common::config::RuntimeConfig;
-use roce_common::counters::{STATS_LEN, STAT_FLOW_CREATED, STAT_RTT_OTHER_QP, STAT_RTT_SHARED_PSN};
+use roce_common::counters::{STATS_LEN, STAT_FLOW_CREATED};
 use roce_common::flow::FlowStats;
 use roce_common::key::{FlowKey, FlowKeyMirror, KEY_EGRESS};
 use roce_common::packet::SlicePacket;
@@ -42,7 +42,7 @@ use roce_common::policy::{
 use roce_common::reference::ReferenceTable;
 use roce_testkit::frame::{roce_frame_to, Eth, RoceMsg, L3};
 
-use crate::expect::{compare_with_reference, describe, untimed};
+use crate::expect::{compare_with_reference, describe, untimed, untimed_stats};
 use crate::gen::{Gen, Sample};
 use crate::harness::{Harness, XDP_PASS};
 use crate::hex;
@@ -446,13 +446,7 @@ impl TcLane {
 
     /// STATS, egress flows and VTEPS against the reference's.
     fn check_tables(&self) -> Result<(), String> {
-        let (mut got, want) = (self.h.stats(), self.want_stats());
-        // Which requests start round-trip samples follows the kernel's clock (one a
-        // tick a flow), as the samples' fields `untimed` clears do: so do the samples
-        // the pairing refused (tests/tests/rtt.rs counts them exactly).
-        for i in [STAT_RTT_SHARED_PSN, STAT_RTT_OTHER_QP] {
-            got[i as usize] = 0;
-        }
+        let (got, want) = (untimed_stats(&self.h.stats()), self.want_stats());
         if got != want {
             return Err(format!(
                 "STATS differ\n  kernel:    {}\n  reference: {}",
