@@ -19,7 +19,7 @@ use roce_common::flow::FlowSlot;
 use roce_common::nak::{NakKey, NAK_KEY_FLAGS};
 use roce_common::parsed::Parsed;
 
-use crate::maps::{generation, hist_add, qos_config};
+use crate::maps::{entry_or_insert, generation, hist_add, qos_config};
 
 /// CNPs off the CNP DSCP, by the slot of their flow. The agent deletes a flow's entry
 /// when it frees its slot.
@@ -130,19 +130,10 @@ unsafe fn off_class(s: *mut CnpScratch) {
     if !wrong_class(opcode, dscp, qos_config(generation()).cnp_dscp) {
         return;
     }
-    let c = match CNP_WRONG_CLASS.get_ptr_mut(slot) {
-        Some(c) => c,
-        None => {
-            // The flow's first: made empty (or by another CPU meanwhile), then counted
-            // on like any other.
-            // SAFETY: as above.
-            let _ = CNP_WRONG_CLASS.insert(slot, unsafe { &(*s).zero }, BPF_NOEXIST as u64);
-            match CNP_WRONG_CLASS.get_ptr_mut(slot) {
-                Some(c) => c,
-                // The map is full.
-                None => return,
-            }
-        }
+    // The flow's first is made empty, then counted on like any other.
+    // SAFETY: as above.
+    let Some(c) = entry_or_insert(&CNP_WRONG_CLASS, slot, || Some(unsafe { &(*s).zero })) else {
+        return;
     };
     // SAFETY: the flow's entry, shared by all CPUs: the count is added atomically; the
     // DSCP bits are or-ed in plainly (a bit two CPUs set at once on one flow may wait
@@ -162,19 +153,8 @@ unsafe fn off_class(s: *mut CnpScratch) {
 unsafe fn timed(s: *mut CnpScratch) {
     // SAFETY: the caller's promise.
     let (slot, now) = unsafe { (&(*s).slot, (*s).now_ns) };
-    let t = match CNP_TIMES.get_ptr_mut(slot) {
-        Some(t) => t,
-        None => {
-            let Some(zero) = CNP_TIMES_ZERO.get(0) else {
-                return;
-            };
-            let _ = CNP_TIMES.insert(slot, zero, BPF_NOEXIST as u64);
-            match CNP_TIMES.get_ptr_mut(slot) {
-                Some(t) => t,
-                // The map is full.
-                None => return,
-            }
-        }
+    let Some(t) = entry_or_insert(&CNP_TIMES, slot, || CNP_TIMES_ZERO.get(0)) else {
+        return;
     };
     // SAFETY: the flow's entry, shared by all CPUs: the histograms add atomically
     // (`hist_add`); the last CNP's time is written plainly (two CPUs' CNPs of one flow

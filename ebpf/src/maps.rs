@@ -328,17 +328,26 @@ fn end_sample_inline(slot: u32, key: &NakKey, qp: u32) -> Option<u64> {
         (*request).rtt_peer_qp = paired;
         (*request).stats.rtt_sample_ended(wait.psn);
     }
-    let hist = match RTT_HIST.get_ptr_mut(&slot) {
-        Some(h) => h,
-        None => {
-            let zero = RTT_HIST_ZERO.get(0)?;
-            let _ = RTT_HIST.insert(&slot, zero, BPF_NOEXIST as u64);
-            RTT_HIST.get_ptr_mut(&slot)?
-        }
-    };
+    let hist = entry_or_insert(&RTT_HIST, &slot, || RTT_HIST_ZERO.get(0))?;
     // SAFETY: the flow's entry of RTT_HIST.
     unsafe { hist_add(hist, rtt) };
     Some(rtt)
+}
+
+/// The entry of `key` in `map`; when there is none, one is made first from `empty`
+/// (read only then: a map's zeroed value may be larger than the stack), or by another
+/// CPU meanwhile, whose entry is then the one. None when the map is full.
+#[inline(always)]
+pub fn entry_or_insert<'a, K, V: 'a>(
+    map: &HashMap<K, V>,
+    key: &K,
+    empty: impl FnOnce() -> Option<&'a V>,
+) -> Option<*mut V> {
+    if let Some(v) = map.get_ptr_mut(key) {
+        return Some(v);
+    }
+    let _ = map.insert(key, empty()?, BPF_NOEXIST as u64);
+    map.get_ptr_mut(key)
 }
 
 /// Adds a sample of `ns` to a histogram of a map (RTT_HIST, CNP_TIMES).

@@ -91,7 +91,7 @@ pub fn untimed(mut s: FlowStats) -> FlowStats {
 ///   takes no samples (`tests/tests/rtt.rs` counts them exactly);
 /// - the capture gaps left undecided on mirror sessions: the reference keeps no gap
 ///   waits, as the differential compares no CAPTURE_GAPS (`tests/tests/mirror_xdp.rs`
-///   counts both exactly).
+///   counts them exactly).
 pub fn modelled_stats(stats: &[u64]) -> Vec<u64> {
     let mut s = stats.to_vec();
     for i in [
