@@ -86,6 +86,14 @@ impl Watcher {
         }
     }
 
+    /// This watcher on a datapath this agent made at `started`, whose counts began
+    /// from zero then: the verdicts judge them from that moment on
+    /// ([`crate::verdict::Live::counting_from_zero`]).
+    pub fn counting_from_zero(mut self, started: Instant) -> Watcher {
+        self.verdicts = self.verdicts.counting_from_zero(started);
+        self
+    }
+
     /// One round: audit, enforce, judge the flows, log what changed. The findings to
     /// serve (an audit that could not run is itself a finding, so `/findings` never
     /// lies by omission).

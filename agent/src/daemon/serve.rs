@@ -58,6 +58,8 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
         }
     };
     let mut collector = Collector::new(loaded);
+    // A fresh datapath counts from its attachment on.
+    let counting_since = std::time::Instant::now();
     let mut attachments = Attachments::new(crate::datapath::qos::TcMechanism::from_env());
     if let Err(e) = attachments.apply(collector.loaded_mut(), &settings) {
         attachments.release(collector.loaded_mut());
@@ -97,6 +99,9 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
     ));
 
     let mut auditor = launch.auditor(&settings);
+    if fresh {
+        auditor = auditor.counting_from_zero(counting_since);
+    }
     let findings = tokio::task::block_in_place(|| auditor.round(None));
     let (findings_tx, findings_rx) =
         watch::channel(Arc::new(crate::doc::finding::Findings { findings }));

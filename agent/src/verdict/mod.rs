@@ -216,11 +216,19 @@ pub struct Live {
 }
 
 /// What a round keeps for the rounds after it.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Snapshot {
+    /// What the datapath counts: the flows, and the decapsulation records per VTEP.
     loops: ce_loop::Totals,
     cnps: cnp_class::Totals,
     vteps: overlay::Totals,
+    /// What the NICs and RDMA ports count. None in the zero a datapath started from
+    /// (`Live::counting_from_zero`): their counters did not start with it.
+    nic: Option<NicTotals>,
+}
+
+#[derive(Debug)]
+struct NicTotals {
     pauses: pauses::Totals,
     np: rnic_loop::Totals,
 }
@@ -245,12 +253,24 @@ impl Default for Live {
 }
 
 impl Live {
+    /// Verdicts whose first round is their start: what the datapath counted before it
+    /// (an adopted pinned datapath's history) is not judged.
     pub fn new(thresholds: VerdictThresholds) -> Live {
         Live {
             thresholds,
             rounds: Default::default(),
             storms: Default::default(),
         }
+    }
+
+    /// These verdicts on a datapath that began counting from zero at `started` (made by
+    /// this agent, not adopted): the first round judges all it counted since, so that
+    /// what came before that round is in a window too. For a new `Live` only.
+    pub fn counting_from_zero(mut self, started: Instant) -> Live {
+        if self.rounds.is_empty() {
+            self.rounds.push_back((started, Snapshot::default()));
+        }
+        self
     }
 
     /// The verdicts of this round, from every flow of the table now (`for_each` calls
@@ -279,19 +299,17 @@ impl Live {
             cnps.add(&f);
             ports.add(&f);
         });
-        let snapshot = Snapshot {
-            loops,
-            cnps,
-            vteps: overlay::Totals::of(host.vteps),
+        let vteps = overlay::Totals::of(host.vteps);
+        let nic = NicTotals {
             pauses: pauses::Totals::of(host.pauses, host.watchdogs),
             np: rnic_loop::Totals::of(host.np),
         };
         let t = self.thresholds;
         let mut out = Vec::new();
         // Storms are judged round by round, against the last round.
-        if let Some((then, last)) = self.rounds.back() {
+        if let Some((then, Some(last))) = self.rounds.back().map(|(at, s)| (at, s.nic.as_ref())) {
             let round = now.duration_since(*then);
-            out.extend(self.storms.round(&snapshot.pauses, &last.pauses, round, &t));
+            out.extend(self.storms.round(&nic.pauses, &last.pauses, round, &t));
         }
         // The oldest round still within the window is the one to compare with.
         while self.rounds.len() > 1
@@ -303,39 +321,39 @@ impl Live {
             self.rounds.pop_front();
         }
         if let Some((then, before)) = self.rounds.front() {
-            let span = now.duration_since(*then);
-            let window = Window::Live(span);
+            let window = Window::Live(now.duration_since(*then));
             out.extend(ce_loop::unanswered(
-                &snapshot.loops,
+                &loops,
                 Some(&before.loops),
                 window,
                 t.min_ce,
             ));
-            out.extend(rnic_loop::unanswered(
-                &snapshot.np,
-                &before.np,
-                window,
-                t.min_ce,
-                &|ifname| snapshot.loops.ce_on(Some(&before.loops), ifname),
-            ));
             out.extend(cnp_class::wrong_class(
-                &snapshot.cnps,
+                &cnps,
                 Some(&before.cnps),
                 window,
                 policy,
             ));
-            out.extend(overlay::inner_ce_lost(
-                &snapshot.vteps,
-                &before.vteps,
+            out.extend(overlay::inner_ce_lost(&vteps, &before.vteps, window));
+        }
+        // The NICs' counters against their oldest reading in the window.
+        let nic_before = self
+            .rounds
+            .iter()
+            .find_map(|(at, s)| s.nic.as_ref().map(|n| (at, n, &s.loops)));
+        if let Some((then, before, before_loops)) = nic_before {
+            let span = now.duration_since(*then);
+            let window = Window::Live(span);
+            out.extend(rnic_loop::unanswered(
+                &nic.np,
+                &before.np,
                 window,
+                t.min_ce,
+                &|ifname| loops.ce_on(Some(before_loops), ifname),
             ));
-            out.extend(pauses::watchdog_events(
-                &snapshot.pauses,
-                &before.pauses,
-                window,
-            ));
+            out.extend(pauses::watchdog_events(&nic.pauses, &before.pauses, window));
             out.extend(pauses::slow_receivers(
-                &snapshot.pauses,
+                &nic.pauses,
                 &before.pauses,
                 window,
                 span,
@@ -343,7 +361,15 @@ impl Live {
             ));
         }
         out.extend(entropy::low_entropy(&ports, false, &t));
-        self.rounds.push_back((now, snapshot));
+        self.rounds.push_back((
+            now,
+            Snapshot {
+                loops,
+                cnps,
+                vteps,
+                nic: Some(nic),
+            },
+        ));
         out
     }
 }
@@ -431,6 +457,59 @@ mod tests {
         assert_eq!(checks[0], Vec::<String>::new());
         assert_eq!(checks[1], ["slow_receiver"]);
         assert_eq!(checks[3], ["pause_storm", "slow_receiver"]);
+    }
+
+    #[test]
+    fn a_datapath_counting_from_zero_has_its_first_round_judged_an_adopted_one_not() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // Marks and their way back all counted before the first round: judged.
+        let mut live = Live::default().counting_from_zero(t0);
+        let found = live.round_at_flows(ms(200), marked(50, 0));
+        assert_eq!(found.len(), 1);
+        assert!(
+            found[0].found.starts_with(
+                "50 CE-marked RoCE packets 198.18.0.1→198.18.0.2 in the last 200.0 ms"
+            ),
+            "{}",
+            found[0].found
+        );
+        // And still in the window a round later.
+        assert_eq!(live.round_at_flows(ms(400), marked(50, 0)).len(), 1);
+        // The near miss: an adopted datapath's counts are history of unknown age.
+        let mut adopted = Live::default();
+        assert!(adopted.round_at_flows(ms(200), marked(50, 0)).is_empty());
+        assert!(adopted.round_at_flows(ms(400), marked(50, 0)).is_empty());
+    }
+
+    #[test]
+    fn the_nics_counters_are_judged_from_their_first_reading_not_from_zero() {
+        let t0 = Instant::now();
+        let mut live = Live::default().counting_from_zero(t0);
+        let mut found = Vec::new();
+        // A million pause frames sent since boot, then 1,000 in 0.2 s (5,000 a second).
+        for (i, tx) in [1_000_000, 1_001_000].into_iter().enumerate() {
+            let r = pauses::PauseReading {
+                ifname: "eth1".into(),
+                priority: 3,
+                rx_frames: Some(0),
+                tx_frames: Some(tx),
+                rx_paused_us: Some(0),
+            };
+            let round = live.round_at(
+                t0 + Duration::from_millis(200 * (i as u64 + 1)),
+                |_| {},
+                &HostFacts {
+                    pauses: &[r],
+                    ..HostFacts::default()
+                },
+                &Policy::default(),
+            );
+            found.push(round.into_iter().map(|f| f.found).collect::<Vec<_>>());
+        }
+        assert_eq!(found[0], Vec::<String>::new());
+        assert_eq!(found[1].len(), 1, "{:?}", found[1]);
+        assert!(found[1][0].contains("1000"), "{}", found[1][0]);
     }
 
     #[test]
