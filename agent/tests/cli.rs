@@ -583,16 +583,22 @@ fn enforce_mode_sets_a_drifted_mtu_back_and_audit_mode_reports_it() {
 
     // Behind the agent's back.
     pair.a.ip_ok(&["link", "set", "va", "mtu", "1500"]);
+    // Set back by the next audit round (every 0.3 s); how soon is a figure, not the
+    // test's verdict: a loaded machine may delay a round.
     let changed = Instant::now();
-    let deadline = changed + Duration::from_secs_f64(interval * 2.0 + 0.5);
+    let deadline = changed + Duration::from_secs(10);
     while pair.a.link_mtu("va") != 9000 {
         assert!(
             Instant::now() < deadline,
-            "MTU not set back within two intervals:\n{}",
+            "MTU not set back within 10 s:\n{}",
             agent.log()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    println!(
+        "MTU set back {:?} after the change (interval {interval} s)",
+        changed.elapsed()
+    );
     // The log says what it changed.
     let deadline = Instant::now() + Duration::from_secs(2);
     while !agent.log().contains("set back") {

@@ -596,14 +596,14 @@ fn idle_connections_leave_metrics_answering(tls: bool) {
     }
 
     let url = format!("{}/metrics", if tls { HTTPS } else { HTTP });
+    // curl gives up after 5 s ("000"): an API the idle connections starve fails here.
     for _ in 0..3 {
         let start = Instant::now();
         let status = lab.status(&[&url]);
-        let took = start.elapsed();
         assert_eq!(status, "200", "{}", agent.log());
-        assert!(
-            took < Duration::from_secs(1),
-            "/metrics took {took:?} beside 1,000 idle connections"
+        println!(
+            "/metrics beside 1,000 idle connections: {:?} (curl's start included)",
+            start.elapsed()
         );
     }
     assert!(!agent.log().contains("over the cap"), "{}", agent.log());
@@ -695,10 +695,12 @@ fn an_events_reader_that_stops_reading_is_dropped_and_others_are_served() {
             ],
         )
         .expect("sysctl");
+    // A write timeout longer than curl's 5 s: a scrape the blocked writer held would
+    // fail below, with no bound on how fast a loaded machine answers.
     let agent = lab.start(
         false,
         &["--events-sample", "1"],
-        &[("ROCE_AGENT_WRITE_TIMEOUT_MS", "1000")],
+        &[("ROCE_AGENT_WRITE_TIMEOUT_MS", "6000")],
     );
     // The sleeper asks for events and reads none.
     let mut sleeper = lab
@@ -715,17 +717,11 @@ fn an_events_reader_that_stops_reading_is_dropped_and_others_are_served() {
     // CE-marked RoCE, sampled into events, until the agent gives up on the sleeper;
     // the API answers meanwhile.
     let ce = (26 << 2) | 0b11;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(40);
     let mut scrapes = 0;
     while !agent.log().contains("took nothing of its response") {
         send_roce_from(&lab.pair.b, "198.18.0.2", "198.18.0.1", ce, 300, 0x1234);
-        let start = Instant::now();
         assert_eq!(lab.status(&[&format!("{HTTP}/metrics")]), "200");
-        assert!(
-            start.elapsed() < Duration::from_secs(1),
-            "{:?}",
-            start.elapsed()
-        );
         scrapes += 1;
         assert!(
             Instant::now() < deadline,
