@@ -315,7 +315,7 @@ fn follow_while_sending(pair: &common::Pair, agent: &common::Agent, api: &str) -
         ],
     );
     // All three subscribed before the first packet.
-    std::thread::sleep(Duration::from_millis(1500));
+    agent.wait_for_subscribers(&pair.a, api, 3);
     send_patterned(pair);
     let done = |child: std::process::Child, what: &str| {
         let out = child.wait_with_output().expect("wait");

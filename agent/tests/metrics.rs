@@ -434,6 +434,7 @@ fn exporter(tree: &str) -> metrics::Exporter {
         top_flows: 10,
         reloads: Default::default(),
         events_ring: None,
+        events_feed: None,
     }
 }
 

@@ -10,6 +10,8 @@
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Agent, Pair};
@@ -48,9 +50,22 @@ fn agent_on_fixture(
     pair: &Pair,
     api: &str,
 ) -> (std::path::PathBuf, Agent) {
+    agent_on_fixture_with(dir, name, pair, api, &[])
+}
+
+/// [`agent_on_fixture`] with `extra` arguments.
+fn agent_on_fixture_with(
+    dir: &TempDir,
+    name: &str,
+    pair: &Pair,
+    api: &str,
+    extra: &[&str],
+) -> (std::path::PathBuf, Agent) {
     let root = dir.path().join("sys");
     copy_tree(Path::new(&common::fixture(name)), &root).expect("copying the fixture");
-    let mut agent = Agent::run_on_va(&pair.a, api, &["--sysfs-root", root.to_str().unwrap()]);
+    let mut args = vec!["--sysfs-root", root.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let mut agent = Agent::run_on_va(&pair.a, api, &args);
     agent.wait_ready(&pair.a, api);
     (root, agent)
 }
@@ -76,21 +91,43 @@ fn write_pauses(root: &Path, rx_paused_us: u64, tx_frames: u64) {
     std::fs::rename(&tmp, &path).expect("replacing the statistics");
 }
 
-/// Moves the counters on for `secs` seconds, every 50 ms, at `paused` of the time and
-/// `frames_per_s` pause frames sent, from `(us, frames)`; returns where they ended.
-fn run_nic(root: &Path, secs: f64, paused: f64, frames_per_s: f64, from: (u64, u64)) -> (u64, u64) {
-    let start = Instant::now();
-    let mut at = from;
-    while start.elapsed().as_secs_f64() < secs {
-        std::thread::sleep(Duration::from_millis(50));
-        let t = start.elapsed().as_secs_f64();
-        at = (
-            from.0 + (t * paused * 1e6) as u64,
-            from.1 + (t * frames_per_s) as u64,
-        );
-        write_pauses(root, at.0, at.1);
+/// The port's counters moving on as a NIC's would, every 50 ms in a thread of their
+/// own, until stopped: a verdict judged round by round (a storm) stands only while
+/// they move.
+struct MovingNic {
+    stop: Arc<AtomicBool>,
+    writer: std::thread::JoinHandle<(u64, u64)>,
+}
+
+impl MovingNic {
+    /// Paused `paused` of the time and `frames_per_s` pause frames sent, from
+    /// `(us, frames)`.
+    fn start(root: &Path, paused: f64, frames_per_s: f64, from: (u64, u64)) -> MovingNic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let root = root.to_path_buf();
+        let stopped = stop.clone();
+        let writer = std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut at = from;
+            while !stopped.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                let t = start.elapsed().as_secs_f64();
+                at = (
+                    from.0 + (t * paused * 1e6) as u64,
+                    from.1 + (t * frames_per_s) as u64,
+                );
+                write_pauses(&root, at.0, at.1);
+            }
+            at
+        });
+        MovingNic { stop, writer }
     }
-    at
+
+    /// Stops the counters; where they ended.
+    fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.writer.join().expect("the counter writer")
+    }
 }
 
 #[test]
@@ -103,16 +140,32 @@ fn a_port_paused_round_after_round_is_a_storm_and_one_pausing_thousands_a_second
     let pair = Pair::new(NS);
     let (root, mut agent) = agent_on_fixture(&dir, "mlx5-good", &pair, API);
     write_pauses(&root, 0, 0);
-    // Near misses: paused 30% of the time, 600 pause frames a second sent.
-    let at = run_nic(&root, 2.0, 0.3, 600.0, (0, 0));
-    assert!(findings(&pair.a, "pause_storm").is_empty(), "30% paused");
-    assert!(
-        findings(&pair.a, "slow_receiver").is_empty(),
-        "600 frames/s"
-    );
-    // Paused 90% of the time, 5,000 pause frames a second: both verdicts, on eth1.
-    run_nic(&root, 2.0, 0.9, 5000.0, at);
-    let storm = findings(&pair.a, "pause_storm");
+    // Near misses: paused 30% of the time, 600 pause frames a second sent, for 2 s
+    // (10 rounds), and no verdict at any moment.
+    let nic = MovingNic::start(&root, 0.3, 600.0, (0, 0));
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        assert!(findings(&pair.a, "pause_storm").is_empty(), "30% paused");
+        assert!(
+            findings(&pair.a, "slow_receiver").is_empty(),
+            "600 frames/s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let at = nic.stop();
+    // Paused 90% of the time, 5,000 pause frames a second: both verdicts, on eth1,
+    // while the counters move (a storm needs 3 rounds running).
+    let nic = MovingNic::start(&root, 0.9, 5000.0, at);
+    let start = Instant::now();
+    let (storm, slow) = loop {
+        let storm = findings(&pair.a, "pause_storm");
+        let slow = findings(&pair.a, "slow_receiver");
+        if (!storm.is_empty() && !slow.is_empty()) || start.elapsed() > Duration::from_secs(10) {
+            break (storm, slow);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    nic.stop();
     assert_eq!(storm.len(), 1, "{storm:?}\n{}", agent.log());
     assert_eq!(storm[0].interface.as_deref(), Some("eth1"));
     assert!(
@@ -120,7 +173,6 @@ fn a_port_paused_round_after_round_is_a_storm_and_one_pausing_thousands_a_second
         "{}",
         storm[0].found
     );
-    let slow = findings(&pair.a, "slow_receiver");
     assert_eq!(slow.len(), 1, "{slow:?}");
     assert!(slow[0].found.starts_with("eth1 sent "), "{}", slow[0].found);
     assert!(
@@ -198,6 +250,68 @@ fn an_offloading_rnic_that_counts_marks_and_sends_no_cnp_leaves_them_unanswered(
             start.elapsed() < Duration::from_secs(5),
             "a CNP sent: {:?}",
             findings(&pair.a)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
+}
+
+#[test]
+fn a_reload_keeps_the_verdicts_window_and_applies_its_thresholds() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = TempDir::new("roce-verdicts-reload");
+    let config = dir.path().join("agent.toml");
+    let write = |min_ce: u32| {
+        std::fs::write(&config, format!("[verdicts]\nmin_ce = {min_ce}\n")).expect("the config")
+    };
+    write(10);
+    let pair = Pair::new("roce-vr-");
+    let api = "127.0.0.1:9480";
+    let (root, mut agent) = agent_on_fixture_with(
+        &dir,
+        "mlx5-bad",
+        &pair,
+        api,
+        &["--config", config.to_str().unwrap()],
+    );
+    let findings = |ns: &Netns| findings_at(ns, api, "ce_unanswered");
+    // 249 marks counted after the first reading, no CNP: unanswered.
+    std::thread::sleep(Duration::from_millis(600));
+    write_counter(&root, "np_ecn_marked_roce_packets", 18_489);
+    let start = Instant::now();
+    while findings(&pair.a).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(5), "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A reload whose threshold the marks still pass: the window keeps them, so the
+    // verdict stands round after round (a new window would start empty).
+    write(100);
+    agent.signal(libc::SIGHUP);
+    agent.wait_for_log("configuration reloaded");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1500) {
+        let found = findings(&pair.a);
+        assert_eq!(
+            found.len(),
+            1,
+            "after the reload: {found:?}\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A threshold above them: the same window, judged by the new one, says nothing.
+    write(1000);
+    agent.signal(libc::SIGHUP);
+    let start = Instant::now();
+    while !findings(&pair.a).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "min_ce 1000: {:?}\n{}",
+            findings(&pair.a),
+            agent.log()
         );
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -280,6 +280,7 @@ pub fn child(opts: &Options) -> Result<()> {
         top_flows: 10,
         reloads: Default::default(),
         events_ring: None,
+        events_feed: None,
     });
     let routes = roce_agent::api::server::router(rx.clone(), frx.clone(), None)
         .merge(roce_agent::api::server::metrics_router(rx, frx, exporter));

@@ -159,6 +159,33 @@ impl Rig {
         serde_json::from_slice(&out.stdout).context("roce-gen printed no JSON")
     }
 
+    /// Waits until `n` `GET /events` streams are open, as `/metrics` counts them (10 s
+    /// at most): each receives what is sampled from then on.
+    fn wait_for_subscribers(&self, n: usize) -> Result<()> {
+        let want = format!("roce_agent_events_subscribers {n}");
+        let start = Instant::now();
+        loop {
+            let metrics = self.lab.exec(
+                &self.lab.b.ns,
+                "curl",
+                &["-s", &format!("http://{API}/metrics")],
+            )?;
+            let metrics = String::from_utf8_lossy(&metrics.stdout).into_owned();
+            if metrics.lines().any(|l| l == want) {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "not {want:?} after 10 s: {:?}",
+                    metrics
+                        .lines()
+                        .find(|l| l.starts_with("roce_agent_events_subscribers"))
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// `roce-agent flows --json` of the running agent.
     fn flows_doc(&self) -> Result<Value> {
         let out = self.lab.exec(
@@ -430,7 +457,7 @@ fn sighup_turns_sampled_events_on_without_a_restart() -> Result<()> {
         ]);
         rig.lab.spawn("roce-agent-events", cmd)?
     };
-    std::thread::sleep(Duration::from_millis(500));
+    rig.wait_for_subscribers(1)?;
     rig.gen(&args)?;
     rig.flows_settled(200)?;
     ensure!(

@@ -675,6 +675,7 @@ mod tests {
             top_flows: 10,
             reloads: Default::default(),
             events_ring: None,
+            events_feed: None,
         });
         let (qtx, qrx) = watch::channel(Arc::new(qp_view(&Document::default())));
         let routes = router_with_qps(rx.clone(), frx.clone(), None, Some(qrx.clone()))

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -37,6 +37,15 @@ pub struct PeerPolicy {
 }
 
 /// Audits again and again, remembering what it reported last.
+/// The live verdicts and the rounds of their window, kept across the watchers of
+/// successive configurations (SIGHUP).
+pub type SharedVerdicts = Arc<Mutex<crate::verdict::Live>>;
+
+/// The verdicts, also after a round that panicked while holding them.
+fn lock(v: &SharedVerdicts) -> std::sync::MutexGuard<'_, crate::verdict::Live> {
+    v.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub struct Watcher {
     /// Without peers: those are probed here, on their own schedule.
     opts: AuditOptions,
@@ -52,7 +61,7 @@ pub struct Watcher {
     /// The RDMA ports' GID tables, kept between rounds.
     ports: PortCache,
     /// The fabric verdicts on the flows, each round judging its own window.
-    verdicts: crate::verdict::Live,
+    verdicts: SharedVerdicts,
     /// Where the pause and RNIC counters the verdicts read come from.
     host: crate::telemetry::metrics::HostSources,
 }
@@ -81,7 +90,7 @@ impl Watcher {
             reported: BTreeSet::new(),
             failing: None,
             ports: PortCache::new(GID_TABLES_MAX_AGE),
-            verdicts: crate::verdict::Live::new(thresholds),
+            verdicts: Arc::new(Mutex::new(crate::verdict::Live::new(thresholds))),
             host,
         }
     }
@@ -89,9 +98,26 @@ impl Watcher {
     /// This watcher on a datapath this agent made at `started`, whose counts began
     /// from zero then: the verdicts judge them from that moment on
     /// ([`crate::verdict::Live::counting_from_zero`]).
-    pub fn counting_from_zero(mut self, started: Instant) -> Watcher {
-        self.verdicts = self.verdicts.counting_from_zero(started);
+    pub fn counting_from_zero(self, started: Instant) -> Watcher {
+        {
+            let mut live = lock(&self.verdicts);
+            *live = std::mem::take(&mut *live).counting_from_zero(started);
+        }
         self
+    }
+
+    /// The verdicts this watcher keeps, for the watcher of the next configuration.
+    pub fn verdicts_shared(&self) -> SharedVerdicts {
+        self.verdicts.clone()
+    }
+
+    /// This watcher (of a configuration reloaded) keeping the verdicts an earlier one
+    /// kept, with this configuration's thresholds: a reload does not empty their
+    /// windows, nor make a baseline of its first round.
+    pub fn continuing(self, verdicts: SharedVerdicts) -> Watcher {
+        let thresholds = lock(&self.verdicts).thresholds();
+        lock(&verdicts).set_thresholds(thresholds);
+        Watcher { verdicts, ..self }
     }
 
     /// One round: audit, enforce, judge the flows, log what changed. The findings to
@@ -117,8 +143,7 @@ impl Watcher {
             watchdogs: &watchdogs,
             np: &np,
         };
-        self.verdicts
-            .round(|f| doc.for_each_facts(f), &host, &self.opts.policy)
+        lock(&self.verdicts).round(|f| doc.for_each_facts(f), &host, &self.opts.policy)
     }
 
     /// The peers to probe: the configured ones, then (when asked for) the remote outer

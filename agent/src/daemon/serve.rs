@@ -102,6 +102,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
     if fresh {
         auditor = auditor.counting_from_zero(counting_since);
     }
+    let verdicts = auditor.verdicts_shared();
     let findings = tokio::task::block_in_place(|| auditor.round(None));
     let (findings_tx, findings_rx) =
         watch::channel(Arc::new(crate::doc::finding::Findings { findings }));
@@ -126,6 +127,7 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
         top_flows: settings.top_flows,
         reloads: reloads.clone(),
         events_ring: events.as_ref().and_then(|e| e.progress.clone()),
+        events_feed: events.as_ref().map(|e| e.sender.clone()),
     });
     let feed = events.map(|e| api::server::EventFeed {
         sender: e.sender,
@@ -198,6 +200,12 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
                 let reloaded = tokio::task::block_in_place(|| {
                     reload(&launch, &settings, &mut attachments, collector.loaded_mut())
                 });
+                // The events' settings at once: the log says "configuration reloaded"
+                // already, and a GET /events that follows it must find them.
+                if let Reload::Applied(new) = &reloaded {
+                    events_sample.store(new.events_sample, std::sync::atomic::Ordering::Relaxed);
+                    if let Some(k) = &events_keep { k.set(new); }
+                }
                 let config_ok = match &reloaded {
                     Reload::Applied(_) => Some(true),
                     Reload::Refused => Some(false),
@@ -222,13 +230,11 @@ pub(super) async fn serve(launch: Launch, mut settings: Settings) -> anyhow::Res
                     }
                     audit_task.abort();
                     audit_task = tokio::spawn(crate::daemon::audit_task::every(
-                        launch.auditor(&new),
+                        launch.auditor(&new).continuing(verdicts.clone()),
                         new.interval,
                         rx.clone(),
                         findings_tx.clone(),
                     ));
-                    events_sample.store(new.events_sample, std::sync::atomic::Ordering::Relaxed);
-                    if let Some(k) = &events_keep { k.set(&new); }
                     exporter.set_interfaces(new.tc_interfaces());
                     watched_tx.send_replace(watched_of(&new));
                     settings = *new;

@@ -263,6 +263,16 @@ impl Live {
         }
     }
 
+    pub fn thresholds(&self) -> VerdictThresholds {
+        self.thresholds
+    }
+
+    /// New thresholds (a reload): the rounds kept so far stay, and the next round
+    /// judges its window with these.
+    pub fn set_thresholds(&mut self, thresholds: VerdictThresholds) {
+        self.thresholds = thresholds;
+    }
+
     /// These verdicts on a datapath that began counting from zero at `started` (made by
     /// this agent, not adopted): the first round judges all it counted since, so that
     /// what came before that round is in a window too. For a new `Live` only.

@@ -247,6 +247,34 @@ impl Agent {
         assert_eq!(rc, 0);
     }
 
+    /// Waits until `n` `GET /events` streams are open at `api` in `ns`, as `/metrics`
+    /// counts them (10 seconds at most): each receives what is sampled from then on.
+    pub fn wait_for_subscribers(&self, ns: &Netns, api: &str, n: usize) {
+        let want = format!("roce_agent_events_subscribers {n}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let metrics = ns
+                .enter(|| {
+                    roce_agent::api::client::get_body(api, "/metrics", Duration::from_secs(5))
+                })
+                .expect("enter the namespace")
+                .map(|b| text(&b))
+                .unwrap_or_default();
+            if metrics.lines().any(|l| l == want) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not {want:?} in /metrics: {:?}\n{}",
+                metrics
+                    .lines()
+                    .find(|l| l.starts_with("roce_agent_events_subscribers")),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until the log has a line containing `needle` (10 seconds at most).
     pub fn wait_for_log(&self, needle: &str) {
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -104,6 +104,17 @@ pub(super) fn encode_ring(
     exposition(&registry)
 }
 
+/// `roce_agent_events_subscribers`: the `GET /events` streams open now.
+pub(super) fn encode_subscribers(subscribers: usize) -> Result<String, MetricsError> {
+    let mut registry = Registry::default();
+    registry.register(
+        "roce_agent_events_subscribers",
+        "GET /events streams open now (roce-agent events, curl): each receives the events sampled from its subscription on",
+        ConstGauge::new(i64::try_from(subscribers).unwrap_or(i64::MAX)),
+    );
+    exposition(&registry)
+}
+
 impl Snapshot {
     fn of(inputs: &Inputs<'_>) -> Snapshot {
         let mut s = Snapshot::default();

@@ -34,7 +34,7 @@ use crate::telemetry::ethtool::PfcCounters;
 use crate::telemetry::live::LiveDocument;
 
 pub use encode::encode;
-use encode::{encode_ring, encode_snapshot};
+use encode::{encode_ring, encode_snapshot, encode_subscribers};
 pub use flow_pass::problems;
 pub use host::{HostReadings, HostSources, RnicPortCounters};
 pub use process::ProcessStats;
@@ -98,6 +98,8 @@ pub struct Exporter {
     pub reloads: Arc<ReloadCounts>,
     /// The EVENTS ring's positions, for `roce_agent_events_ring_*` (None: no reader).
     pub events_ring: Option<Arc<crate::telemetry::ring_progress::RingProgress>>,
+    /// The events' broadcast, for `roce_agent_events_subscribers` (None: no reader).
+    pub events_feed: Option<tokio::sync::broadcast::Sender<Arc<crate::doc::event::Event>>>,
 }
 
 /// What the reloads of the configuration file did, for `roce_agent_config_*`.
@@ -178,6 +180,9 @@ impl Exporter {
         text.push_str(&self.reloads.encode()?);
         if let Some(ring) = &self.events_ring {
             text.push_str(&encode_ring(ring.read())?);
+        }
+        if let Some(feed) = &self.events_feed {
+            text.push_str(&encode_subscribers(feed.receiver_count())?);
         }
         if let Some(view) = qps {
             text.push_str(&encode_qps(view, document)?);
