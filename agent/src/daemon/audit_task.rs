@@ -36,7 +36,6 @@ pub struct PeerPolicy {
     pub from_flows: bool,
 }
 
-/// Audits again and again, remembering what it reported last.
 /// The live verdicts and the rounds of their window, kept across the watchers of
 /// successive configurations (SIGHUP).
 pub type SharedVerdicts = Arc<Mutex<crate::verdict::Live>>;
@@ -46,6 +45,7 @@ fn lock(v: &SharedVerdicts) -> std::sync::MutexGuard<'_, crate::verdict::Live> {
     v.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Audits again and again, remembering what it reported last.
 pub struct Watcher {
     /// Without peers: those are probed here, on their own schedule.
     opts: AuditOptions,

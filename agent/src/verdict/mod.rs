@@ -263,6 +263,7 @@ impl Live {
         }
     }
 
+    /// The thresholds the next round judges with.
     pub fn thresholds(&self) -> VerdictThresholds {
         self.thresholds
     }
