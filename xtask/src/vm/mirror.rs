@@ -337,10 +337,10 @@ pub fn mirror(dir: &Path, o: &mut Outcome) -> Result<()> {
     let capture_dropped =
         |ifname: &str| judge::tcpdump_dropped(&dir.join(format!("tcpdump-{ifname}.txt")));
     // veth0's capture holds RoCE only: whatever it lost is a RoCE frame.
-    let dropped = capture_dropped("veth0");
-    if dropped > 0 {
+    let capture_lost = capture_dropped("veth0");
+    if capture_lost > 0 {
         o.problem(format!(
-            "tcpdump on veth0 dropped {dropped} frames: the capture is short, the comparison void"
+            "tcpdump on veth0 dropped {capture_lost} frames: the capture is short, the comparison void"
         ));
     }
     let (sent, _) = tshark_sessions(&dir.join(format!("{COLLECTOR_PEER}.pcap")))?;
@@ -394,17 +394,17 @@ pub fn mirror(dir: &Path, o: &mut Outcome) -> Result<()> {
             "no more RoCE copies are missing than the veth dropped, and the collector's counts must equal the capture",
         ),
     ] {
-        let dropped = capture_dropped(ifname);
-        if dropped == 0 {
+        let capture_lost = capture_dropped(ifname);
+        if capture_lost == 0 {
             continue;
         }
         if complete {
             o.notes.push(format!(
-                "tcpdump on {ifname} lost {dropped} frames outside the comparison: {why}"
+                "tcpdump on {ifname} lost {capture_lost} frames outside the comparison: {why}"
             ));
         } else {
             o.problem(format!(
-                "tcpdump on {ifname} dropped {dropped} frames: the capture is short, the comparison void"
+                "tcpdump on {ifname} dropped {capture_lost} frames: the capture is short, the comparison void"
             ));
         }
     }
