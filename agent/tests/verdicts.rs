@@ -42,6 +42,19 @@ fn findings(ns: &Netns, check: &str) -> Vec<Finding> {
     findings_at(ns, API, check)
 }
 
+/// Reads again every 100 ms until `done` holds of what `read` returns, `limit` at
+/// most: what it read last (the caller's assertions judge it).
+fn read_until<T>(limit: Duration, mut read: impl FnMut() -> T, done: impl Fn(&T) -> bool) -> T {
+    let start = Instant::now();
+    loop {
+        let got = read();
+        if done(&got) || start.elapsed() > limit {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A copy of fixture tree `name` under `dir` (the agent's `--sysfs-root`), and the
 /// agent running on `pair`'s `va` with it, answering at `api` once ready.
 fn agent_on_fixture(
@@ -156,15 +169,16 @@ fn a_port_paused_round_after_round_is_a_storm_and_one_pausing_thousands_a_second
     // Paused 90% of the time, 5,000 pause frames a second: both verdicts, on eth1,
     // while the counters move (a storm needs 3 rounds running).
     let nic = MovingNic::start(&root, 0.9, 5000.0, at);
-    let start = Instant::now();
-    let (storm, slow) = loop {
-        let storm = findings(&pair.a, "pause_storm");
-        let slow = findings(&pair.a, "slow_receiver");
-        if (!storm.is_empty() && !slow.is_empty()) || start.elapsed() > Duration::from_secs(10) {
-            break (storm, slow);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (storm, slow) = read_until(
+        Duration::from_secs(10),
+        || {
+            (
+                findings(&pair.a, "pause_storm"),
+                findings(&pair.a, "slow_receiver"),
+            )
+        },
+        |(storm, slow)| !storm.is_empty() && !slow.is_empty(),
+    );
     nic.stop();
     assert_eq!(storm.len(), 1, "{storm:?}\n{}", agent.log());
     assert_eq!(storm[0].interface.as_deref(), Some("eth1"));
@@ -219,14 +233,11 @@ fn an_offloading_rnic_that_counts_marks_and_sends_no_cnp_leaves_them_unanswered(
     );
     // 240 more marks and still no CNP: unanswered, on the port's netdev.
     write_counter(&root, "np_ecn_marked_roce_packets", 18_489);
-    let start = Instant::now();
-    let found = loop {
-        let found = findings(&pair.a);
-        if !found.is_empty() || start.elapsed() > Duration::from_secs(5) {
-            break found;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let found = read_until(
+        Duration::from_secs(5),
+        || findings(&pair.a),
+        |f| !f.is_empty(),
+    );
     assert_eq!(found.len(), 1, "{found:?}\n{}", agent.log());
     assert_eq!(found[0].interface.as_deref(), Some("eth1"));
     assert!(
@@ -244,15 +255,8 @@ fn an_offloading_rnic_that_counts_marks_and_sends_no_cnp_leaves_them_unanswered(
     );
     // One CNP sent in the window: the notification point answers.
     write_counter(&root, "np_cnp_sent", 1);
-    let start = Instant::now();
-    while !findings(&pair.a).is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "a CNP sent: {:?}",
-            findings(&pair.a)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let left = read_until(Duration::from_secs(5), || findings(&pair.a), Vec::is_empty);
+    assert!(left.is_empty(), "a CNP sent: {left:?}");
     assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
 }
 
@@ -281,11 +285,12 @@ fn a_reload_keeps_the_verdicts_window_and_applies_its_thresholds() {
     // 249 marks counted after the first reading, no CNP: unanswered.
     std::thread::sleep(Duration::from_millis(600));
     write_counter(&root, "np_ecn_marked_roce_packets", 18_489);
-    let start = Instant::now();
-    while findings(&pair.a).is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(5), "{}", agent.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let found = read_until(
+        Duration::from_secs(5),
+        || findings(&pair.a),
+        |f| !f.is_empty(),
+    );
+    assert!(!found.is_empty(), "{}", agent.log());
     // A reload whose threshold the marks still pass: the window keeps them, so the
     // verdict stands round after round (a new window would start empty).
     write(100);
@@ -305,15 +310,7 @@ fn a_reload_keeps_the_verdicts_window_and_applies_its_thresholds() {
     // A threshold above them: the same window, judged by the new one, says nothing.
     write(1000);
     agent.signal(libc::SIGHUP);
-    let start = Instant::now();
-    while !findings(&pair.a).is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "min_ce 1000: {:?}\n{}",
-            findings(&pair.a),
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let left = read_until(Duration::from_secs(5), || findings(&pair.a), Vec::is_empty);
+    assert!(left.is_empty(), "min_ce 1000: {left:?}\n{}", agent.log());
     assert_eq!(agent.terminate().code(), Some(0), "{}", agent.log());
 }

@@ -165,12 +165,7 @@ impl Rig {
         let want = format!("roce_agent_events_subscribers {n}");
         let start = Instant::now();
         loop {
-            let metrics = self.lab.exec(
-                &self.lab.b.ns,
-                "curl",
-                &["-s", &format!("http://{API}/metrics")],
-            )?;
-            let metrics = String::from_utf8_lossy(&metrics.stdout).into_owned();
+            let metrics = self.metrics()?;
             if metrics.lines().any(|l| l == want) {
                 return Ok(());
             }
@@ -184,6 +179,16 @@ impl Rig {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// `GET /metrics` of the running agent.
+    fn metrics(&self) -> Result<String> {
+        let out = self.lab.exec(
+            &self.lab.b.ns,
+            "curl",
+            &["-s", &format!("http://{API}/metrics")],
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// `roce-agent flows --json` of the running agent.
@@ -386,12 +391,7 @@ fn sighup_changes_remarking_on_the_wire_and_a_bad_file_changes_nothing() -> Resu
     );
     let still = rig.wire_dscps("refused", 24, 10)?;
     ensure!(still == vec![0; 10], "after a refused reload: {still:?}");
-    let metrics = rig.lab.exec(
-        &rig.lab.b.ns,
-        "curl",
-        &["-s", &format!("http://{API}/metrics")],
-    )?;
-    let metrics = String::from_utf8_lossy(&metrics.stdout).into_owned();
+    let metrics = rig.metrics()?;
     for line in [
         "roce_agent_config_reloads_total 1",
         "roce_agent_config_reload_failures_total 1",

@@ -438,6 +438,28 @@ mod tests {
         ) -> Vec<Finding> {
             self.round_at(now, for_each, &HostFacts::default(), &Policy::default())
         }
+
+        /// A round of no flows, with eth1's priority 3 having sent `tx_frames` pause
+        /// frames and been paused `rx_paused_us` so far.
+        fn round_at_pauses(
+            &mut self,
+            now: Instant,
+            tx_frames: u64,
+            rx_paused_us: u64,
+        ) -> Vec<Finding> {
+            let r = pauses::PauseReading {
+                ifname: "eth1".into(),
+                priority: 3,
+                rx_frames: Some(0),
+                tx_frames: Some(tx_frames),
+                rx_paused_us: Some(rx_paused_us),
+            };
+            let host = HostFacts {
+                pauses: &[r],
+                ..HostFacts::default()
+            };
+            self.round_at(now, |_| {}, &host, &Policy::default())
+        }
     }
 
     #[test]
@@ -446,22 +468,8 @@ mod tests {
         let mut live = Live::default();
         let mut checks = Vec::new();
         for i in 0..5u64 {
-            let r = pauses::PauseReading {
-                ifname: "eth1".into(),
-                priority: 3,
-                rx_frames: Some(0),
-                tx_frames: Some(i * 1000),
-                rx_paused_us: Some(i * 180_000),
-            };
-            let found = live.round_at(
-                t0 + Duration::from_millis(200 * i),
-                |_| {},
-                &HostFacts {
-                    pauses: &[r],
-                    ..HostFacts::default()
-                },
-                &Policy::default(),
-            );
+            let found =
+                live.round_at_pauses(t0 + Duration::from_millis(200 * i), i * 1000, i * 180_000);
             checks.push(found.into_iter().map(|f| f.check).collect::<Vec<_>>());
         }
         // 90% paused: a storm from the third round on; 5,000 frames a second sent.
@@ -500,22 +508,8 @@ mod tests {
         let mut found = Vec::new();
         // A million pause frames sent since boot, then 1,000 in 0.2 s (5,000 a second).
         for (i, tx) in [1_000_000, 1_001_000].into_iter().enumerate() {
-            let r = pauses::PauseReading {
-                ifname: "eth1".into(),
-                priority: 3,
-                rx_frames: Some(0),
-                tx_frames: Some(tx),
-                rx_paused_us: Some(0),
-            };
-            let round = live.round_at(
-                t0 + Duration::from_millis(200 * (i as u64 + 1)),
-                |_| {},
-                &HostFacts {
-                    pauses: &[r],
-                    ..HostFacts::default()
-                },
-                &Policy::default(),
-            );
+            let round =
+                live.round_at_pauses(t0 + Duration::from_millis(200 * (i as u64 + 1)), tx, 0);
             found.push(round.into_iter().map(|f| f.found).collect::<Vec<_>>());
         }
         assert_eq!(found[0], Vec::<String>::new());
